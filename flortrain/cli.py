@@ -1,0 +1,155 @@
+"""The ``flortrain`` command: click and nothing else. Exit codes: 0 success, 1 a finding or a
+difference, 2 bad input or usage (one line on stderr, never a traceback)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+import click
+
+from flortrain import __version__
+from flortrain.errors import FlortrainError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _one_line_errors(fn: F) -> F:
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FlortrainError as e:
+            click.echo(e.one_line(), err=True)
+            sys.exit(2)
+        except (click.exceptions.Exit, click.ClickException, SystemExit):
+            raise
+        except Exception as e:
+            if os.environ.get("FLORTRAIN_DEBUG"):
+                raise
+            click.echo(f"flortrain: internal error: {type(e).__name__}: {e} (FLORTRAIN_DEBUG=1 shows the traceback)", err=True)
+            sys.exit(2)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="flortrain")
+@click.option("--store", "store", envvar="FLORTRAIN_STORE", default=None, metavar="DIR",
+              help="Store directory (default .flortrain in the working directory).")
+@click.pass_context
+def cli(ctx: click.Context, store: str | None) -> None:
+    """Hindsight logging for PyTorch training: record once, add prints later, replay."""
+    ctx.obj = {"store": store}
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+@_one_line_errors
+def record(ctx: click.Context, script: str, args: tuple[str, ...]) -> None:
+    """Run SCRIPT instrumented, checkpointing its memoized loops. Its stdout is unchanged."""
+    from flortrain.record import record as do_record
+
+    sys.exit(do_record(script, list(args), ctx.obj["store"]))
+
+
+@cli.command()
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--probe", "probes", multiple=True, metavar="LINE:EXPR",
+              help="Log EXPR after the statement ending on LINE, without editing the file.")
+@click.option("--run", "run_id", type=int, default=None, help="Record run to replay (default: latest of SCRIPT).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Parallel replay workers.")
+@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.pass_context
+@_one_line_errors
+def replay(
+    ctx: click.Context, script: str, args: tuple[str, ...], probes: tuple[str, ...], run_id: int | None,
+    jobs: int, backend: str,
+) -> None:
+    """Replay SCRIPT (with added probes) against its record. New script arguments go after `--`."""
+    if jobs != 1 or backend != "local":
+        raise FlortrainError("parallel replay (--jobs > 1, --backend ray) is not available in this version", code="FT040")
+    from flortrain.replay.replayer import replay as do_replay
+
+    sys.exit(do_replay(script, run_id, list(probes), list(args) if args else None, ctx.obj["store"]))
+
+
+@cli.command()
+@click.argument("run_id", type=int, required=False)
+@click.pass_context
+@_one_line_errors
+def diff(ctx: click.Context, run_id: int | None) -> None:
+    """Compare a replay's output with its record's (default: the latest replay)."""
+    from flortrain.replay.diff import diff_runs, resolve_replay
+    from flortrain.store.db import open_store
+
+    store = open_store(ctx.obj["store"])
+    result = diff_runs(store, resolve_replay(store, run_id))
+    for line in result.report():
+        click.echo(line)
+    sys.exit(0 if result.identical else 1)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per run, as a list.")
+@click.pass_context
+@_one_line_errors
+def runs(ctx: click.Context, as_json: bool) -> None:
+    """List recorded and replayed runs."""
+    from flortrain.store.db import open_store
+
+    store = open_store(ctx.obj["store"])
+    rows = [
+        {
+            "id": r.id,
+            "script": r.script,
+            "kind": r.kind,
+            "status": r.effective_status,
+            "started": dt.datetime.fromtimestamp(r.started, dt.UTC).isoformat(timespec="seconds"),
+            "duration": None if r.duration is None else round(r.duration, 3),
+            "exit_code": r.exit_code,
+            "replays": r.parent,
+            "argv": r.argv,
+        }
+        for r in store.runs()
+    ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"no runs in {store.root}")
+        return
+    click.echo(f"{'id':>4}  {'kind':<7} {'status':<10} {'started':<25} {'duration':>9}  script")
+    for r in rows:
+        d = "" if r["duration"] is None else f"{r['duration']:.2f}s"
+        kind = r["kind"] if r["replays"] is None else f"{r['kind']}"
+        extra = f" (of {r['replays']})" if r["replays"] else ""
+        click.echo(f"{r['id']:>4}  {kind:<7} {r['status']:<10} {r['started']:<25} {d:>9}  {r['script']}{extra}")
+
+
+@cli.command()
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.option("--explain", is_flag=True, help="Print the plan instead of the code.")
+@_one_line_errors
+def instrument(script: str, explain: bool) -> None:
+    """Print SCRIPT instrumented for record (or, with --explain, the plan)."""
+    from flortrain.instrument import instrument_file
+
+    result = instrument_file(script)
+    click.echo(result.plan.explain() if explain else result.code_text, nl=not explain or True)
+
+
+def main() -> None:
+    cli(prog_name="flortrain")
+
+
+if __name__ == "__main__":
+    main()

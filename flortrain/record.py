@@ -1,0 +1,59 @@
+"""``flortrain record``: run a script instrumented, checkpointing its memoized loops."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+
+from flortrain.instrument import compile_for, instrument_file
+from flortrain.runtime.launch import execute, intra_op_threads
+from flortrain.runtime.session import Session
+from flortrain.static.source import read_text
+from flortrain.store.db import open_store
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["torch"] = str(torch.__version__)
+    return out
+
+
+def record(script: str, args: list[str], store_dir: str | None) -> int:
+    text = read_text(script)
+    inst = instrument_file(script, text)
+    code = compile_for(script, inst.code_text, text)
+    store = open_store(store_dir)
+    threads = intra_op_threads()
+    plan = inst.plan
+    meta = {
+        "versions": _versions(),
+        "main_loops": [m.id for m in plan.main_loops],
+        "blocks": [b.id for b in plan.blocks],
+        "refused": [f"{r.span.line}: {r.reason}" for r in plan.refused],
+    }
+    run_id = store.begin_run("record", os.path.abspath(script), args, text, None, threads, meta)
+    print(
+        f"flortrain: record run {run_id}: {len(plan.main_loops)} main loop(s), {len(plan.blocks)} memoized"
+        f" loop(s), {len(plan.refused)} refused (see `flortrain instrument --explain`)",
+        file=sys.stderr,
+    )
+    for r in plan.refused:
+        print(f"flortrain: {script}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
+    session = Session("record", store, run_id)
+    t0 = time.perf_counter()
+    status = execute(session, code, script, args)
+    elapsed = time.perf_counter() - t0
+    store.finish_run(run_id, "complete" if status == 0 else "failed", status)
+    c = session.counts
+    n_blocks = c.get("checkpointed", 0) + c.get("recorded", 0)
+    print(
+        f"flortrain: record run {run_id} {'complete' if status == 0 else f'failed (exit {status})'}"
+        f" in {elapsed:.2f}s: {c.get('checkpointed', 0)} of {n_blocks} block instances checkpointed",
+        file=sys.stderr,
+    )
+    store.close()
+    return status

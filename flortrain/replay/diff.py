@@ -1,0 +1,91 @@
+"""``flortrain diff``: Flor's deferred correctness check.
+
+The record's and the replay's captured output are compared entry by entry over the regions both
+executed (top-level code, main-loop bodies, and block instances the replay re-executed), probe
+output excluded. RNG stream digests taken at every main-loop iteration boundary are compared too:
+a skipped block that restored the wrong state shows up there even when nothing printed differs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from flortrain.errors import FlortrainError
+from flortrain.store.db import LogEntry, Run, Store
+
+
+@dataclass
+class DiffResult:
+    record: Run
+    replay: Run
+    compared: int = 0
+    differences: list[tuple[LogEntry | None, LogEntry | None]] = field(default_factory=list)
+    rng_checked: int = 0
+    rng_mismatches: list[tuple[str, int, int]] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences and not self.rng_mismatches
+
+    def report(self, limit: int = 5) -> list[str]:
+        rec, rep = self.record.id, self.replay.id
+        if self.identical:
+            return [
+                f"replay {rep} matches record {rec}: {self.compared} output lines compared,"
+                f" RNG streams equal at {self.rng_checked} main-loop iteration boundaries"
+            ]
+        out = [f"replay {rep} differs from record {rec}:"]
+        for a, b in self.differences[:limit]:
+            where = (a or b).context() if (a or b) is not None else "?"  # type: ignore[union-attr]
+            out.append(f"  at {where}:")
+            out.append(f"    record: {a.text if a else '(no line)'}")
+            out.append(f"    replay: {b.text if b else '(no line)'}")
+        if len(self.differences) > limit:
+            out.append(f"  ... {len(self.differences) - limit} more differing lines")
+        for m, entry, it in self.rng_mismatches[:limit]:
+            out.append(f"  RNG streams differ at the start of {m} iteration {it} (entry {entry})")
+        return out
+
+
+def resolve_replay(store: Store, run_id: int | None) -> Run:
+    if run_id is None:
+        run = store.latest("replay")
+        if run is None:
+            raise FlortrainError("no replay to diff; run `flortrain replay SCRIPT` first", code="FT030")
+        return run
+    run = store.run(run_id)
+    if run.kind != "replay":
+        raise FlortrainError(f"run {run_id} is a {run.kind}, not a replay", code="FT030")
+    return run
+
+
+def diff_runs(store: Store, replay: Run) -> DiffResult:
+    if replay.parent is None:
+        raise FlortrainError(f"replay {replay.id} has no record", code="FT030")
+    if replay.effective_status in ("running", "incomplete"):
+        raise FlortrainError(f"replay {replay.id} is {replay.effective_status}; nothing to compare yet", code="FT030")
+    record = store.run(replay.parent)
+    executed = {b["key"] for b in store.blocks(replay.id) if b["state"] == "executed"}
+
+    def comparable(e: LogEntry) -> bool:
+        return not e.probe and (e.region is None or e.region in executed)
+
+    a = [e for e in store.logs(record.id) if comparable(e)]
+    b = [e for e in store.logs(replay.id) if comparable(e)]
+    result = DiffResult(record, replay, compared=min(len(a), len(b)))
+    for x, y in zip(a, b, strict=False):
+        if (x.text, x.main_id, x.main_inst, x.iteration, x.region) != (y.text, y.main_id, y.main_inst, y.iteration, y.region):
+            result.differences.append((x, y))
+    for x in a[len(b):]:
+        result.differences.append((x, None))
+    for y in b[len(a):]:
+        result.differences.append((None, y))
+    ra = {k: json.loads(v) for k, v in store.iteration_hashes(record.id).items()}
+    rb = {k: json.loads(v) for k, v in store.iteration_hashes(replay.id).items()}
+    moving = {s for s in {s for d in ra.values() for s in d} if len({d.get(s) for d in ra.values()}) > 1}
+    for key in sorted(set(ra) & set(rb)):
+        result.rng_checked += 1
+        if any(ra[key].get(s) != rb[key].get(s) for s in moving):
+            result.rng_mismatches.append(key)
+    return result

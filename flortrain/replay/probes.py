@@ -1,0 +1,201 @@
+"""Probes: the statements added to a script since it was recorded.
+
+Replaying different training code would be a lie, so the current script must be the recorded one
+plus whole added statements. Blank and comment-only lines are ignored; any other change (an edited,
+deleted or re-indented line, an edit inside an existing statement) is refused with the lines named.
+A probe may bind new names for its own use but not rebind a name the training code uses, and may
+not change control flow (``return``, ``break``, ``yield`` ...).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from flortrain.errors import FlortrainError, Located
+from flortrain.static.source import Source, parse
+
+
+@dataclass(frozen=True)
+class Probe:
+    number: int
+    line: int  # first line in the current script
+    end_line: int
+    code: str
+    node: cst.BaseStatement
+
+
+@dataclass(frozen=True)
+class ProbeSet:
+    line_map: dict[int, int]  # recorded line -> current line, for unchanged lines
+    probes: tuple[Probe, ...]
+    current: Source
+
+
+def _significant(text: str) -> list[tuple[int, str]]:
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if s and not s.startswith("#"):
+            out.append((i, line.rstrip()))
+    return out
+
+
+def _statements(module: cst.Module) -> Iterator[cst.BaseStatement]:
+    def walk(node: cst.CSTNode) -> Iterator[cst.BaseStatement]:
+        if isinstance(node, cst.BaseStatement):
+            yield node
+        for c in node.children:
+            yield from walk(c)
+
+    yield from walk(module)
+
+
+_CONTROL = (cst.Return, cst.Break, cst.Continue, cst.Yield, cst.Await, cst.Global, cst.Nonlocal, cst.Del)
+
+
+def _bound_names(node: cst.CSTNode) -> Iterator[str]:
+    if isinstance(node, cst.AssignTarget | cst.AugAssign | cst.AnnAssign | cst.NamedExpr):
+        t = node.target
+        yield from (n.value for n in _walk(t) if isinstance(n, cst.Name) and not _is_attr_name(t, n))
+    elif isinstance(node, cst.For):
+        yield from (n.value for n in _walk(node.target) if isinstance(n, cst.Name))
+    elif isinstance(node, cst.AsName):
+        yield from (n.value for n in _walk(node.name) if isinstance(n, cst.Name))
+    elif isinstance(node, cst.FunctionDef | cst.ClassDef):
+        yield node.name.value
+    for c in node.children:
+        yield from _bound_names(c)
+
+
+def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    yield node
+    for c in node.children:
+        yield from _walk(c)
+
+
+def _is_attr_name(target: cst.CSTNode, name: cst.Name) -> bool:
+    # in `a.b = 1` or `a[i] = 1` nothing is *bound*; the object is mutated: not a rebinding
+    return not isinstance(target, cst.Name | cst.Tuple | cst.List | cst.StarredElement)
+
+
+def _names_used(text: str) -> set[str]:
+    module = cst.parse_module(text)
+    return {n.value for n in _walk(module) if isinstance(n, cst.Name)}
+
+
+def find_probes(recorded: str, current_text: str, path: str, run_id: int) -> ProbeSet:
+    a = _significant(recorded)
+    b = _significant(current_text)
+    sm = difflib.SequenceMatcher(a=[x for _, x in a], b=[x for _, x in b], autojunk=False)
+    line_map: dict[int, int] = {}
+    inserted: set[int] = set()
+    changed: list[str] = []
+    first_changed: int | None = None
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            for k in range(i2 - i1):
+                line_map[a[i1 + k][0]] = b[j1 + k][0]
+        elif tag == "insert":
+            inserted.update(ln for ln, _ in b[j1:j2])
+        else:
+            for ln, code in a[i1:i2]:
+                changed.append(f"recorded line {ln} `{code.strip()}`")
+            for ln, code in b[j1:j2]:
+                first_changed = first_changed or ln
+                changed.append(f"line {ln} `{code.strip()}`")
+            if first_changed is None:
+                first_changed = b[j1][0] if j1 < len(b) else (b[-1][0] if b else 1)
+    if changed:
+        shown = "; ".join(changed[:4]) + (" ..." if len(changed) > 4 else "")
+        raise FlortrainError(
+            f"the script changed since record run {run_id} beyond added statements ({shown});"
+            " only added statements (probes) can be replayed",
+            Located(path, first_changed or 1, 1),
+            "FT020",
+        )
+    current = parse(path, current_text)
+    pos = current.wrapper.resolve(PositionProvider)
+    probes: list[Probe] = []
+    covered: set[int] = set()
+    sig_lines = {ln for ln, _ in b}
+    for stmt in _statements(current.module):
+        r = pos[stmt]
+        lines = {ln for ln in range(r.start.line, r.end.line + 1) if ln in sig_lines}
+        if not lines or not lines <= inserted or lines & covered:
+            continue
+        covered |= lines
+        probes.append(Probe(0, r.start.line, r.end.line, current.code(stmt).strip(), stmt))
+    stray = sorted(inserted - covered)
+    if stray:
+        raise FlortrainError(
+            f"line {stray[0]} edits an existing statement since record run {run_id}; only whole added"
+            " statements (probes) can be replayed",
+            Located(path, stray[0], 1),
+            "FT021",
+        )
+    probes.sort(key=lambda p: p.line)
+    used = _names_used(recorded)
+    out: list[Probe] = []
+    for n, p in enumerate(probes, 1):
+        for node in _walk(p.node):
+            if isinstance(node, _CONTROL) and not _inside_def(p.node, node):
+                kind = type(node).__name__.lower()
+                raise FlortrainError(f"probe uses `{kind}`, which changes control flow", Located(path, p.line, 1), "FT022")
+        rebinds = sorted(set(_bound_names(p.node)) & used)
+        if rebinds:
+            raise FlortrainError(
+                f"probe rebinds `{rebinds[0]}`, which the recorded script uses; give probe variables new names",
+                Located(path, p.line, 1),
+                "FT023",
+            )
+        out.append(Probe(n, p.line, p.end_line, p.code, p.node))
+    return ProbeSet(line_map, tuple(out), current)
+
+
+def _inside_def(root: cst.CSTNode, target: cst.CSTNode) -> bool:
+    def search(node: cst.CSTNode, in_def: bool) -> bool | None:
+        if node is target:
+            return in_def
+        for c in node.children:
+            r = search(c, in_def or isinstance(node, cst.FunctionDef | cst.Lambda))
+            if r is not None:
+                return r
+        return None
+
+    return bool(search(root, False))
+
+
+def add_cli_probe(text: str, spec: str, path: str) -> str:
+    """``--probe LINE:EXPR``: print EXPR's value after the simple statement ending on LINE."""
+    line_s, sep, expr = spec.partition(":")
+    if not sep or not line_s.strip().isdigit() or not expr.strip():
+        raise FlortrainError(f"--probe {spec!r}: expected LINE:EXPR, e.g. 57:grad_norm", Located(path), "FT024")
+    line = int(line_s)
+    expr = expr.strip()
+    try:
+        cst.parse_expression(expr)
+    except cst.ParserSyntaxError:
+        raise FlortrainError(f"--probe {spec!r}: `{expr}` is not a Python expression", Located(path, line, 1), "FT024") from None
+    src = parse(path, text)
+    pos = src.wrapper.resolve(PositionProvider)
+    target: cst.SimpleStatementLine | None = None
+    for stmt in _statements(src.module):
+        if isinstance(stmt, cst.SimpleStatementLine) and pos[stmt].end.line == line:
+            target = stmt
+    if target is None:
+        raise FlortrainError(
+            f"--probe {spec!r}: line {line} does not end a simple statement", Located(path, line, 1), "FT024"
+        )
+    lines = text.splitlines(keepends=True)
+    first = lines[pos[target].start.line - 1]
+    indent = first[: len(first) - len(first.lstrip())]
+    stmt = f"{indent}print({expr!r} + ' =', ({expr}))\n"
+    if lines and not lines[line - 1].endswith("\n"):
+        lines[line - 1] += "\n"
+    lines.insert(line, stmt)
+    return "".join(lines)

@@ -1,0 +1,95 @@
+"""``flortrain replay``: run the current script against a record, skipping what it can."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from flortrain.errors import FlortrainError, Located
+from flortrain.instrument import compile_for
+from flortrain.replay.diff import diff_runs
+from flortrain.replay.planner import plan_replay
+from flortrain.replay.probes import add_cli_probe, find_probes
+from flortrain.runtime.launch import execute, pin_threads
+from flortrain.runtime.session import ReplaySource, Session
+from flortrain.static.analysis import analyse
+from flortrain.static.source import parse, read_text
+from flortrain.static.transform import transform
+from flortrain.store.db import Run, Store, open_store
+
+
+def find_record(store: Store, script: str, run_id: int | None) -> Run:
+    if run_id is not None:
+        run = store.run(run_id)
+        if run.kind != "record":
+            raise FlortrainError(f"run {run_id} is a {run.kind}; replay needs a record run", code="FT031")
+        return run
+    abspath = os.path.abspath(script)
+    run = store.latest("record", abspath, "complete") or store.latest("record", abspath)
+    if run is None:
+        raise FlortrainError(
+            f"no recorded run of this script in {store.root}; run `flortrain record {script}` first",
+            Located(script),
+            "FT031",
+        )
+    return run
+
+
+def _costs(store: Store, run_id: int) -> dict[str, tuple[int, int, float, float]]:
+    out: dict[str, tuple[int, int, float, float]] = {}
+    for b in store.blocks(run_id):
+        n, k, c, r = out.get(b["block_id"], (0, 0, 0.0, 0.0))
+        ck = b["state"] == "checkpointed"
+        m = b["materialize_s"] or 0.0
+        out[b["block_id"]] = (n + 1, k + int(ck), c + (b["compute_s"] or 0.0), r + (1.38 * m if ck else 0.0))
+    return out
+
+
+def replay(
+    script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None
+) -> int:
+    store = open_store(store_dir)
+    record = find_record(store, script, run_id)
+    if record.effective_status != "complete":
+        print(f"flortrain: record run {record.id} is {record.effective_status}; replaying what it recorded", file=sys.stderr)
+    recorded_text = store.source(record.source_sha)
+    disk_text = read_text(script)
+    current_text = disk_text
+    for spec in cli_probes:
+        current_text = add_cli_probe(current_text, spec, script)
+    probes = find_probes(recorded_text, current_text, script, record.id)
+    plan = analyse(parse(script, recorded_text))
+    rplan = plan_replay(plan, probes)
+    for line in rplan.describe(plan, _costs(store, record.id)):
+        print(f"flortrain: {line}", file=sys.stderr)
+    code_text = transform(probes.current, rplan.instrumentation)
+    code = compile_for(script, code_text, disk_text)
+    args = record.argv if new_args is None else new_args
+    pin_threads(record.threads)
+    run = store.begin_run(
+        "replay", os.path.abspath(script), args, current_text, record.id, record.threads,
+        {"probes": [p.code for p in probes.probes], "execute": rplan.execute},
+    )
+    source = ReplaySource(
+        record.id, frozenset(rplan.execute), store.checkpoints(record.id), store.iteration_hashes(record.id)
+    )
+    session = Session("replay", store, run, replay=source)
+    t0 = time.perf_counter()
+    status = execute(session, code, script, args)
+    elapsed = time.perf_counter() - t0
+    store.finish_run(run, "complete" if status == 0 else "failed", status)
+    c = session.counts
+    print(
+        f"flortrain: replay run {run} of record {record.id} {'complete' if status == 0 else f'failed (exit {status})'}"
+        f" in {elapsed:.2f}s: {c.get('skipped', 0)} block instances skipped, {c.get('executed', 0)} executed",
+        file=sys.stderr,
+    )
+    if status == 0 and new_args is None:
+        result = diff_runs(store, store.run(run))
+        for line in result.report(limit=3):
+            print(f"flortrain: {line}", file=sys.stderr)
+        if not result.identical:
+            print("flortrain: warning: the replay is not faithful; see `flortrain diff`", file=sys.stderr)
+    store.close()
+    return status

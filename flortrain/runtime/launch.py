@@ -1,0 +1,58 @@
+"""Set up a session around a script run and tear it down, for record and replay alike."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from types import CodeType
+
+from flortrain.runtime import session as _session
+from flortrain.runtime.capture import Tee
+from flortrain.runtime.runner import run_as_main
+from flortrain.runtime.session import Session
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def intra_op_threads() -> int | None:
+    """Intra-op threads change float reductions bitwise (RepDL): recorded, pinned on replay."""
+    if not torch_available():
+        return None
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+def pin_threads(n: int | None) -> None:
+    if n is not None and torch_available():
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def execute(session: Session, code: CodeType, script: str, args: list[str]) -> int:
+    """Run the script under ``session``; always finalize what was captured."""
+    if torch_available():
+        session.registry.install()
+    tee = Tee(sys.stdout, session.context, lambda entries: session.store.put_logs(session.run_id, entries))
+    session.tee = tee
+    saved_stdout = sys.stdout
+    sys.stdout = tee
+    _session.current = session
+    status = 1
+    try:
+        status = run_as_main(code, script, args)
+    finally:
+        _session.current = None
+        sys.stdout = saved_stdout
+        with contextlib.suppress(Exception):
+            saved_stdout.flush()
+        session.flush()
+        session.registry.uninstall()
+    return status

@@ -1,0 +1,63 @@
+"""Materialization: turning a captured checkpoint into a committed blob in the store.
+
+One interface, so the fork-based background materializer (Flor thesis, Chapter 4) can replace
+the synchronous one without touching SkipBlocks: ``submit`` takes a payload that references live
+tensors and must be done with them (serialized, or safely forked) before it returns; ``flush``
+waits for everything submitted and reports failures. The synchronous materializer serializes and
+writes on the training thread.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from flortrain.store.db import Store
+
+
+@dataclass
+class Materialized:
+    key: str
+    nbytes: int
+    seconds: float  # time the training thread spent (the M_i of Flor's Eq. 4)
+
+
+class Materializer(Protocol):
+    def submit(self, key: str, payload: dict[str, Any]) -> Materialized: ...
+
+    def flush(self) -> None: ...
+
+
+def serialize(payload: dict[str, Any]) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    return buf.getvalue()
+
+
+def deserialize(data: bytes) -> dict[str, Any]:
+    import torch
+
+    out: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
+    return out
+
+
+class SyncMaterializer:
+    """Serialize, write, commit: the blob first, the row that makes it a checkpoint last."""
+
+    def __init__(self, store: Store, run_id: int) -> None:
+        self.store = store
+        self.run_id = run_id
+
+    def submit(self, key: str, payload: dict[str, Any]) -> Materialized:
+        t0 = time.perf_counter()
+        data = serialize(payload)
+        rel, sha = self.store.write_blob(self.run_id, key, data)
+        self.store.commit_checkpoint(self.run_id, key, rel, sha, len(data))
+        return Materialized(key, len(data), time.perf_counter() - t0)
+
+    def flush(self) -> None:
+        return None

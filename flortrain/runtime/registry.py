@@ -1,0 +1,103 @@
+"""Flor's registry of live modules and optimizers.
+
+The changeset rules see names; training state is also reachable through aliases they cannot
+see (``for p in params: p.data.add_(..)`` with ``params`` built elsewhere, an optimizer held by a
+callback). The registry numbers every ``nn.Module`` and ``Optimizer`` in creation order (stable
+across record and replay of a deterministic script) so that:
+
+- an optimizer in a changeset brings the modules whose parameters it updates (Flor's library
+  augmentation), and a scheduler brings its optimizer;
+- an optimizer that steps during a block joins that block's changeset even if no rule named it;
+- for the first instances of each block, modules and optimizers outside the changeset are
+  compared before and after, and any that changed join the block's changeset from then on.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._objects: list[weakref.ref[Any]] = []
+        self._index: dict[int, int] = {}
+        self.paused = 0
+        self.stepped: set[int] = set()  # registry ids of optimizers stepped since last reset
+        self._undo: list[Callable[[], None]] = []
+
+    def install(self) -> None:
+        """Patch ``Module.__init__`` and ``Optimizer.__init__`` and hook optimizer steps."""
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        reg = self
+
+        def wrap(cls: Any) -> None:
+            original = cls.__init__
+
+            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+                original(self, *args, **kwargs)
+                reg.add(self)
+
+            cls.__init__ = __init__
+            self._undo.append(lambda: setattr(cls, "__init__", original))
+
+        wrap(torch.nn.Module)
+        wrap(torch.optim.Optimizer)
+
+        def on_step(opt: Any, args: Any, kwargs: Any) -> None:
+            i = reg.id_of(opt)
+            if i is not None:
+                reg.stepped.add(i)
+
+        handle = register_optimizer_step_post_hook(on_step)
+        self._undo.append(handle.remove)
+
+    def uninstall(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def add(self, obj: Any) -> None:
+        if self.paused or id(obj) in self._index and self.get(self._index[id(obj)]) is obj:
+            return
+        self._index[id(obj)] = len(self._objects)
+        self._objects.append(weakref.ref(obj))
+
+    def id_of(self, obj: Any) -> int | None:
+        i = self._index.get(id(obj))
+        if i is None or self.get(i) is not obj:
+            return None
+        return i
+
+    def get(self, i: int) -> Any:
+        return self._objects[i]() if 0 <= i < len(self._objects) else None
+
+    def live(self) -> Iterator[tuple[int, Any]]:
+        for i, ref in enumerate(self._objects):
+            obj = ref()
+            if obj is not None:
+                yield i, obj
+
+    def root_modules(self) -> list[tuple[int, Any]]:
+        """Live modules that are not a submodule of another live module."""
+        import torch
+
+        modules = [(i, m) for i, m in self.live() if isinstance(m, torch.nn.Module)]
+        children: set[int] = set()
+        for _, m in modules:
+            for sub in m.modules():
+                if sub is not m:
+                    children.add(id(sub))
+        return [(i, m) for i, m in modules if id(m) not in children]
+
+    def optimizers(self) -> list[tuple[int, Any]]:
+        import torch
+
+        return [(i, o) for i, o in self.live() if isinstance(o, torch.optim.Optimizer)]
+
+    def modules_of(self, optimizer: Any) -> list[tuple[int, Any]]:
+        """The root modules owning any parameter this optimizer updates."""
+        params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        return [(i, m) for i, m in self.root_modules() if any(id(p) in params for p in m.parameters())]

@@ -1,0 +1,67 @@
+"""Global random number streams: the part of training state no changeset names.
+
+A skipped block must leave every global stream where the recorded block left it (a DataLoader
+draws its shuffle order and worker seeds from torch's stream), and a probe must leave them where
+it found them. CUDA streams are captured when CUDA is available (untested here: no GPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import random
+import sys
+from typing import Any
+
+
+def capture() -> dict[str, Any]:
+    state: dict[str, Any] = {"random": random.getstate()}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        state["numpy"] = np.random.get_state()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        state["torch"] = torch.get_rng_state()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore(state: dict[str, Any]) -> None:
+    random.setstate(state["random"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "torch" in state:
+        import torch
+
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def encode(state: dict[str, Any]) -> bytes:
+    """Stable bytes for hashing and storing (tensors as raw bytes, not pickled objects)."""
+    flat: dict[str, Any] = {}
+    for k, v in state.items():
+        if k == "torch":
+            flat[k] = bytes(v.numpy().tobytes())
+        elif k == "cuda":
+            flat[k] = [bytes(t.numpy().tobytes()) for t in v]
+        elif k == "numpy":
+            flat[k] = (v[0], v[1].tobytes(), *v[2:])
+        else:
+            flat[k] = v
+    return pickle.dumps(flat, protocol=4)
+
+
+def digests(state: dict[str, Any]) -> str:
+    """Per-stream digests as JSON: a stream the script never uses (numpy's global one, seeded from
+    OS entropy at import) differs between processes and must not count as a divergence; ``diff``
+    compares only streams that move during the record."""
+    out = {}
+    for k in state:
+        out[k] = hashlib.sha256(encode({k: state[k]})).hexdigest()[:32]
+    return json.dumps(out, sort_keys=True)

@@ -1,0 +1,67 @@
+"""Run compiled script code as ``__main__``, the way ``python SCRIPT ARGS`` would.
+
+``sys.argv``, ``__file__``, ``sys.path[0]`` and ``sys.modules['__main__']`` are set as Python sets
+them (so classes defined in the script pickle, and DataLoader workers find them). An uncaught
+exception prints the traceback Python would print, starting at the user's frame, and exits 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+import types
+from pathlib import Path
+from types import CodeType, TracebackType
+
+_PKG = str(Path(__file__).resolve().parent.parent)
+
+
+def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PKG):
+        tb = tb.tb_next
+    return tb
+
+
+def exit_code(e: SystemExit) -> int:
+    code = e.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def run_as_main(code: CodeType, script: str, args: list[str]) -> int:
+    """Execute; return the exit status Python would have exited with."""
+    module = types.ModuleType("__main__")
+    module.__file__ = script
+    module.__dict__["__builtins__"] = __builtins__
+    module.__dict__["__spec__"] = None
+    saved_main = sys.modules.get("__main__")
+    saved_argv = sys.argv[:]
+    saved_path = sys.path[:]
+    sys.modules["__main__"] = module
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        exec(code, module.__dict__)
+        return 0
+    except SystemExit as e:
+        return exit_code(e)
+    except KeyboardInterrupt as e:
+        traceback.print_exception(type(e), e, _user_traceback(e.__traceback__))
+        return 130
+    except BaseException as e:
+        traceback.print_exception(type(e), e, _user_traceback(e.__traceback__))
+        return 1
+    finally:
+        try:
+            sys.stdout.flush()
+        except Exception:
+            pass
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main

@@ -1,0 +1,192 @@
+"""The session: everything one record or replay process knows at run time.
+
+Instrumented code calls the functions in :mod:`flortrain.runtime`; they act on the one active
+session (none when instrumented code runs under plain ``python``: then every hook is a no-op and
+every loop runs as written).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from flortrain.runtime import rng
+from flortrain.runtime.adaptive import AdaptivePeriod
+from flortrain.runtime.capture import Tee
+from flortrain.runtime.materializer import Materializer, SyncMaterializer
+from flortrain.runtime.registry import Registry
+from flortrain.runtime.skipblock import SkipBlock, State
+from flortrain.store.db import Store
+
+
+@dataclass
+class ReplaySource:
+    """What a replay reads from the record it replays."""
+
+    run_id: int
+    execute: frozenset[str]  # block ids that must run (probed)
+    checkpoints: dict[str, tuple[str, str, int]]
+    iteration_hashes: dict[tuple[str, int, int], str]
+
+
+@dataclass
+class Session:
+    mode: str  # "record" | "replay"
+    store: Store
+    run_id: int
+    replay: ReplaySource | None = None
+    registry: Registry = field(default_factory=Registry)
+    adaptive: AdaptivePeriod = field(default_factory=AdaptivePeriod)
+    materializer: Materializer | None = None  # type: ignore[assignment]
+    main: list[Any] | None = None  # [main id, entry, iteration]
+    main_entries: dict[str, int] = field(default_factory=dict)
+    occurrences: dict[str, int] = field(default_factory=dict)
+    frames: list[SkipBlock] = field(default_factory=list)
+    probe_depth: int = 0
+    learned: dict[str, set[int]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    tee: Tee | None = None
+    _warned: set[str] = field(default_factory=set)
+    _iterations: list[tuple[str, int, int, str, bytes | None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.materializer is None:
+            self.materializer = SyncMaterializer(self.store, self.run_id)
+
+    # -- main loop ---------------------------------------------------------------------------------
+    def main_enter(self, main_id: str) -> None:
+        entry = self.main_entries.get(main_id, 0)
+        self.main_entries[main_id] = entry + 1
+        self.main = [main_id, entry, -1]
+        self.frames.clear()
+
+    def main_iteration(self, main_id: str) -> None:
+        if self.main is None or self.main[0] != main_id:
+            self.main_enter(main_id)
+        assert self.main is not None
+        self.main[2] += 1
+        self.occurrences.clear()
+        self.frames.clear()
+        state = rng.capture()
+        key = (main_id, self.main[1], self.main[2])
+        self._iterations.append((*key, rng.digests(state), rng.encode(state)))
+
+    def main_exit(self, main_id: str) -> None:
+        self.main = None
+        self.frames.clear()
+
+    def next_key(self, block_id: str) -> str:
+        assert self.main is not None
+        occ = self.occurrences.get(block_id, 0)
+        self.occurrences[block_id] = occ + 1
+        m, entry, it = self.main
+        return f"{block_id}@{m}.{entry}.{it}#{occ}"
+
+    # -- blocks ------------------------------------------------------------------------------------
+    def initial_state(self, block: SkipBlock) -> State:
+        if self.mode == "record":
+            return State.RECORD
+        assert self.replay is not None
+        if block.id in self.replay.execute:
+            return State.EXECUTE
+        ck = self.replay.checkpoints.get(block.key)
+        if ck is None:
+            return State.EXECUTE
+        data = self.store.read_blob(ck[0], ck[1])
+        if data is None:
+            self.warn_once(f"corrupt:{block.key}", f"checkpoint {block.key} is missing or corrupt; re-executing it")
+            return State.EXECUTE
+        return State.SKIP if block.load(data) else State.EXECUTE
+
+    def block_done(self, block: SkipBlock, state: str, **costs: Any) -> None:
+        self.counts[state] = self.counts.get(state, 0) + 1
+        assert self.main is not None
+        m, entry, it = self.main
+        occ = int(block.key.rsplit("#", 1)[1])
+        self.store.put_block(self.run_id, block.key, block.id, m, entry, it, occ, state, **costs)
+
+    def region(self) -> str | None:
+        for f in self.frames:
+            if f.state is not State.PASSTHROUGH:
+                return f.key
+        return None
+
+    def context(self) -> tuple[str | None, int | None, int | None, str | None, bool]:
+        if self.main is None:
+            return None, None, None, None, self.probe_depth > 0
+        return self.main[0], self.main[1], self.main[2], self.region(), self.probe_depth > 0
+
+    # -- library augmentation and the registry -----------------------------------------------------
+    def watchable(self) -> Iterator[tuple[int, Any]]:
+        yield from self.registry.root_modules()
+        yield from self.registry.optimizers()
+
+    def augmentation(self, block_id: str, objs: list[Any]) -> list[tuple[str, int, Any]]:
+        """Objects a block changes beyond its named changeset: the modules an optimizer updates,
+        the optimizer a scheduler drives, optimizers that stepped, and learned aliases."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return []
+        covered = {id(o) for o in objs}
+        out: list[tuple[str, int, Any]] = []
+
+        def add(obj: Any) -> None:
+            if id(obj) in covered:
+                return
+            i = self.registry.id_of(obj)
+            if i is None:
+                return
+            covered.add(id(obj))
+            kind = "module" if isinstance(obj, torch.nn.Module) else "optimizer"
+            out.append((kind, i, obj))
+            if isinstance(obj, torch.optim.Optimizer):
+                for _, m in self.registry.modules_of(obj):
+                    add(m)
+
+        def expand(obj: Any) -> None:
+            if isinstance(obj, torch.optim.Optimizer):
+                for _, m in self.registry.modules_of(obj):
+                    add(m)
+            elif hasattr(obj, "optimizer") and isinstance(obj.optimizer, torch.optim.Optimizer):
+                add(obj.optimizer)
+
+        for o in objs:
+            expand(o)
+        for i in sorted(self.registry.stepped):
+            add(self.registry.get(i))
+        for i in sorted(self.learned.get(block_id, ())):
+            obj = self.registry.get(i)
+            if obj is not None:
+                add(obj)
+        return out
+
+    def learn(self, block_id: str, registry_id: int, type_name: str) -> None:
+        if registry_id not in self.learned.setdefault(block_id, set()):
+            self.learned[block_id].add(registry_id)
+            self.warn(
+                f"block {block_id} changed a {type_name} (registry #{registry_id}) that its changeset"
+                " does not name; it is checkpointed with the block from now on"
+            )
+
+    # -- messages and shutdown ---------------------------------------------------------------------
+    def warn(self, msg: str) -> None:
+        print(f"flortrain: {msg}", file=sys.__stderr__, flush=True)
+
+    def warn_once(self, tag: str, msg: str) -> None:
+        if tag not in self._warned:
+            self._warned.add(tag)
+            self.warn(msg)
+
+    def flush(self) -> None:
+        if self.materializer is not None:
+            self.materializer.flush()
+        if self.tee is not None:
+            self.tee.close_capture()
+        self.store.put_iterations(self.run_id, self._iterations)
+        self._iterations = []
+
+
+#: The active session of this process, set by the runner.
+current: Session | None = None

@@ -1,0 +1,187 @@
+"""The SkipBlock: one memoized loop instance and its state machine.
+
+========== =====================================================================
+RECORD     execute; at the end, maybe materialize changeset + RNG (Eq. 4)
+SKIP       replay: iterate nothing; at the end, restore the checkpoint in place
+EXECUTE    replay: run the loop (it is probed, or this instance has no checkpoint)
+PASSTHROUGH outside a main-loop iteration, or nested in another block: plain code
+========== =====================================================================
+
+Pseudoresume (a replay worker starting mid-run) is SKIP for every instance before its segment,
+whatever the probes; the main-loop context decides it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from flortrain import knobs
+from flortrain.runtime import rng
+from flortrain.runtime.materializer import deserialize
+from flortrain.runtime.state import Unrestorable, capture, clone_state, restore_into, snapshot_equal
+
+if TYPE_CHECKING:
+    from flortrain.runtime.session import Session
+
+Getters = Mapping[str, Callable[[], Any]]
+
+
+class State(str, Enum):
+    RECORD = "record"
+    SKIP = "skip"
+    EXECUTE = "execute"
+    PASSTHROUGH = "passthrough"
+
+
+class Ref:
+    """A rebound name that held one of the block's in-place objects: restore the live object."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+
+class SkipBlock:
+    def __init__(self, session: Session | None, block_id: str) -> None:
+        self.session = session
+        self.id = block_id
+        self.values: dict[str, Any] = {}
+        self.payload: dict[str, Any] | None = None
+        self.watch: dict[int, Any] | None = None
+        self.key = ""
+        self.t0 = time.perf_counter()
+        if session is None or session.main is None or session.frames:
+            self.state = State.PASSTHROUGH
+        else:
+            self.key = session.next_key(block_id)
+            self.state = session.initial_state(self)
+        if session is not None:
+            session.frames.append(self)
+            if self.state is State.RECORD:
+                session.registry.stepped.clear()
+                if session.adaptive.costs.get(block_id) is None or (
+                    session.adaptive.costs[block_id].n < knobs.ALIAS_WATCH_INSTANCES
+                ):
+                    self.watch = {i: clone_state(o) for i, o in session.watchable()}
+        self.t0 = time.perf_counter()
+
+    # -- what the instrumented loop calls ------------------------------------------------------
+    def iterate(self, iterable: Any) -> Any:
+        return iter(()) if self.state is State.SKIP else iterable
+
+    def live(self) -> bool:
+        return self.state is not State.SKIP
+
+    def end(self, objects: Getters, names: Getters) -> bool:
+        s = self.session
+        if s is None:
+            return False
+        if s.frames and s.frames[-1] is self:
+            s.frames.pop()
+        if self.state is State.RECORD:
+            self._record(s, objects, names)
+            return False
+        if self.state is State.SKIP:
+            self._restore(s, objects)
+            return True
+        if self.state is State.EXECUTE:
+            s.block_done(self, "executed", compute_s=time.perf_counter() - self.t0)
+        return False
+
+    def value(self, name: str) -> Any:
+        return self.values[name]
+
+    # -- record ----------------------------------------------------------------------------------
+    def _record(self, s: Session, objects: Getters, names: Getters) -> None:
+        compute = time.perf_counter() - self.t0
+        s.adaptive.executed(self.id, compute)
+        if self.watch is not None:
+            self._learn_aliases(s, objects)
+        if not s.adaptive.should_materialize(self.id):
+            s.block_done(self, "recorded", compute_s=compute)
+            return
+        try:
+            payload = self._payload(s, objects, names)
+            m = s.materializer.submit(self.key, payload)
+        except Exception as e:  # any failure to checkpoint leaves the instance to re-execute
+            s.warn_once(self.id, f"block {self.id} not checkpointed: {e}")
+            s.block_done(self, "recorded", compute_s=compute, note=str(e))
+            return
+        s.adaptive.materialized(self.id, m.seconds)
+        s.block_done(self, "checkpointed", compute_s=compute, materialize_s=m.seconds)
+
+    def _resolve(self, getters: Getters) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for expr, get in getters.items():
+            try:
+                out[expr] = get()
+            except (NameError, AttributeError) as e:
+                raise Unrestorable(f"`{expr}` is not bound at the end of the loop ({e})") from None
+        return out
+
+    def _payload(self, s: Session, objects: Getters, names: Getters) -> dict[str, Any]:
+        objs = self._resolve(objects)
+        vals = self._resolve(names)
+        memo: dict[int, str] = {}
+        captured = {expr: capture(o, memo, expr) for expr, o in objs.items()}
+        extra = {
+            f"{kind}#{i}": capture(o, memo, f"{kind}#{i}")
+            for kind, i, o in s.augmentation(self.id, list(objs.values()))
+        }
+        by_id = {id(o): expr for expr, o in objs.items()}
+        rebound: dict[str, Any] = {}
+        for expr, v in vals.items():
+            rebound[expr] = Ref(by_id[id(v)]) if id(v) in by_id else _picklable(v)
+        return {"objects": captured, "extra": extra, "names": rebound, "rng": rng.capture()}
+
+    def _learn_aliases(self, s: Session, objects: Getters) -> None:
+        assert self.watch is not None
+        try:
+            objs = list(self._resolve(objects).values())
+        except Unrestorable:
+            return
+        covered = {i for _, i, _ in s.augmentation(self.id, objs)} | {
+            i for o in objs if (i := s.registry.id_of(o)) is not None
+        }
+        for i, before in self.watch.items():
+            if i in covered:
+                continue
+            obj = s.registry.get(i)
+            if obj is not None and not snapshot_equal(clone_state(obj), before):
+                s.learn(self.id, i, type(obj).__name__)
+
+    # -- replay ----------------------------------------------------------------------------------
+    def load(self, data: bytes) -> bool:
+        try:
+            self.payload = deserialize(data)
+        except Exception:
+            return False
+        return True
+
+    def _restore(self, s: Session, objects: Getters) -> None:
+        t0 = time.perf_counter()
+        payload = self.payload
+        assert payload is not None
+        objs = self._resolve(objects)
+        for expr, st in payload["objects"].items():
+            if expr in objs:
+                restore_into(objs[expr], st)
+        for ref, st in payload["extra"].items():
+            obj = s.registry.get(int(ref.split("#", 1)[1]))
+            if obj is None:
+                raise RuntimeError(f"flortrain: {ref} of block {self.key} does not exist on replay")
+            restore_into(obj, st)
+        for expr, v in payload["names"].items():
+            self.values[expr] = objs[v.where] if isinstance(v, Ref) else v
+        rng.restore(payload["rng"])
+        s.block_done(self, "skipped", restore_s=time.perf_counter() - t0)
+
+
+def _picklable(v: Any) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, torch.Tensor) and v.grad_fn is not None:
+        return v.detach()  # the autograd graph cannot be stored; the values can
+    return v

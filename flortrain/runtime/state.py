@@ -1,0 +1,209 @@
+"""Capturing the state of changeset objects, and restoring it *into* live objects.
+
+In-place restoration keeps identity: the optimizer still references the model's parameters after a
+skipped block, because the parameters were overwritten, not replaced. Each kind of object is
+captured through the interface its library gives it (``state_dict`` for modules, optimizers and
+schedulers) plus what that interface leaves out and training reads (gradients, train/eval mode,
+``requires_grad``). Containers are captured element-wise so their elements are restored in place.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import sys
+from typing import Any
+
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range, frozenset)
+
+
+class Unrestorable(Exception):
+    """An object the checkpoint cannot hold faithfully: the block instance is not memoized."""
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def _is_data_source(obj: Any) -> bool:
+    """Data loaders and datasets are inputs, re-created or re-iterated by the script itself."""
+    torch = _torch()
+    return torch is not None and isinstance(obj, torch.utils.data.DataLoader | torch.utils.data.Dataset)
+
+
+def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dict[str, Any]:
+    """A picklable description of ``obj``'s state, referencing (not copying) its tensors: the
+    materializer serializes it before training continues (or forks, for copy-on-write)."""
+    memo = {} if memo is None else memo
+    if isinstance(obj, _IMMUTABLE):
+        return {"kind": "value", "value": obj}
+    if id(obj) in memo:
+        return {"kind": "ref", "path": memo[id(obj)]}
+    memo[id(obj)] = path
+    torch = _torch()
+    if torch is not None:
+        if isinstance(obj, torch.nn.Module):
+            return {
+                "kind": "module",
+                "state": obj.state_dict(),
+                "grads": {n: p.grad for n, p in obj.named_parameters() if p.grad is not None},
+                "training": [m.training for m in obj.modules()],
+                "requires_grad": [p.requires_grad for p in obj.parameters()],
+            }
+        if isinstance(obj, torch.optim.Optimizer):
+            # `_opt_called` tells an LR scheduler the optimizer stepped; without it a skipped
+            # block makes the scheduler warn about a call order the user never had
+            return {"kind": "optimizer", "state": obj.state_dict(), "called": getattr(obj, "_opt_called", None)}
+        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or type(obj).__name__ == "ReduceLROnPlateau":
+            return {"kind": "scheduler", "state": obj.state_dict()}
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach()
+            return {"kind": "tensor", "value": t, "grad": obj.grad, "requires_grad": obj.requires_grad}
+        if isinstance(obj, torch.Generator):
+            return {"kind": "generator", "state": obj.get_state()}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        if isinstance(obj, np.ndarray):
+            return {"kind": "ndarray", "value": obj}
+        if isinstance(obj, np.random.RandomState):
+            return {"kind": "np_randomstate", "state": obj.get_state()}
+        if isinstance(obj, np.random.Generator):
+            return {"kind": "np_generator", "state": obj.bit_generator.state}
+    if isinstance(obj, random.Random):
+        return {"kind": "random", "state": obj.getstate()}
+    if _is_data_source(obj):
+        return {"kind": "data_source"}
+    if isinstance(obj, list):
+        return {"kind": "list", "items": [capture(x, memo, f"{path}[{i}]") for i, x in enumerate(obj)]}
+    if isinstance(obj, tuple):
+        return {"kind": "tuple", "items": [capture(x, memo, f"{path}[{i}]") for i, x in enumerate(obj)]}
+    if isinstance(obj, dict):
+        return {"kind": "dict", "items": {k: capture(v, memo, f"{path}[{k!r}]") for k, v in obj.items()}}
+    if isinstance(obj, set):
+        return {"kind": "set", "value": obj}
+    if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+        return {"kind": "stateful", "state": obj.state_dict()}
+    if hasattr(obj, "__dict__") and not isinstance(obj, type):
+        return {"kind": "object", "items": {k: capture(v, memo, f"{path}.{k}") for k, v in vars(obj).items()}}
+    raise Unrestorable(f"cannot capture a {type(obj).__name__}")
+
+
+def rebuild(state: dict[str, Any]) -> Any:
+    """A fresh object from a captured state, for slots whose live value is not restorable in place."""
+    kind = state["kind"]
+    if kind in ("value", "ndarray", "set"):
+        return state["value"]
+    if kind == "tensor":
+        t = state["value"]
+        if state["requires_grad"] and t.is_floating_point():
+            t = t.detach().requires_grad_(True)
+            t.grad = state["grad"]
+        return t
+    if kind == "list":
+        return [rebuild(s) for s in state["items"]]
+    if kind == "tuple":
+        return tuple(rebuild(s) for s in state["items"])
+    if kind == "dict":
+        return {k: rebuild(v) for k, v in state["items"].items()}
+    if kind == "random":
+        r = random.Random()
+        r.setstate(state["state"])
+        return r
+    raise Unrestorable(f"cannot rebuild a {kind} without a live object")
+
+
+def restore_into(live: Any, state: dict[str, Any]) -> Any:
+    """Load ``state`` into ``live`` in place when its kind allows; return the object the slot
+    holding ``live`` should now hold (``live`` itself unless it had to be rebuilt)."""
+    kind = state["kind"]
+    if kind in ("value", "ref", "data_source"):
+        return state.get("value", live) if kind == "value" else live
+    if kind == "module":
+        live.load_state_dict(state["state"])
+        for (n, p), rg in zip(live.named_parameters(), state["requires_grad"], strict=True):
+            p.requires_grad_(rg)
+            g = state["grads"].get(n)
+            p.grad = None if g is None else g.clone()
+        for m, training in zip(live.modules(), state["training"], strict=True):
+            m.training = training
+        return live
+    if kind in ("optimizer", "scheduler", "stateful"):
+        live.load_state_dict(copy.deepcopy(state["state"]) if kind == "scheduler" else state["state"])
+        if kind == "optimizer" and state.get("called") is not None:
+            live._opt_called = state["called"]
+        return live
+    if kind == "tensor":
+        torch = _torch()
+        assert torch is not None
+        if isinstance(live, torch.Tensor) and live.shape == state["value"].shape and live.dtype == state["value"].dtype:
+            with torch.no_grad():
+                live.copy_(state["value"])
+            live.grad = state["grad"]
+            return live
+        return rebuild(state)
+    if kind == "generator":
+        live.set_state(state["state"])
+        return live
+    if kind == "np_randomstate":
+        live.set_state(state["state"])
+        return live
+    if kind == "np_generator":
+        live.bit_generator.state = state["state"]
+        return live
+    if kind == "random":
+        live.setstate(state["state"])
+        return live
+    if kind == "ndarray":
+        if live is not None and getattr(live, "shape", None) == state["value"].shape:
+            live[...] = state["value"]
+            return live
+        return state["value"]
+    if kind == "set":
+        live.clear()
+        live.update(state["value"])
+        return live
+    if kind == "list":
+        items = state["items"]
+        if isinstance(live, list) and len(live) == len(items):
+            for i, s in enumerate(items):
+                live[i] = restore_into(live[i], s)
+        else:
+            live[:] = [rebuild(s) for s in items]
+        return live
+    if kind == "tuple":
+        return tuple(restore_into(x, s) for x, s in zip(live, state["items"], strict=False)) if (
+            isinstance(live, tuple) and len(live) == len(state["items"])
+        ) else rebuild(state)
+    if kind == "dict":
+        items = state["items"]
+        for k in [k for k in live if k not in items]:
+            del live[k]
+        for k, s in items.items():
+            live[k] = restore_into(live[k], s) if k in live else rebuild(s)
+        return live
+    if kind == "object":
+        d = vars(live)
+        for k, s in state["items"].items():
+            d[k] = restore_into(d[k], s) if k in d else rebuild(s)
+        return live
+    raise Unrestorable(f"unknown state kind {kind}")
+
+
+def snapshot_equal(a: Any, b: Any) -> bool:
+    """Exact comparison of two captured states (used by the alias watch)."""
+    torch = _torch()
+    if torch is not None and isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(snapshot_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return isinstance(b, list | tuple) and len(a) == len(b) and all(snapshot_equal(x, y) for x, y in zip(a, b, strict=True))
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def clone_state(obj: Any) -> Any:
+    """A deep copy of an object's captured state, for before/after comparison."""
+    return copy.deepcopy(capture(obj))

@@ -1,0 +1,71 @@
+"""From a parsed script to its :class:`~flortrain.static.plan.Plan`: the one entry point of the
+static analyses."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from flortrain.static.changeset import NoEstimate, loop_changeset
+from flortrain.static.loops import LoopForest
+from flortrain.static.plan import Block, FunctionSpan, MainLoop, Plan, Refusal, Span
+from flortrain.static.program import MODULE, Loop, Program, index
+from flortrain.static.source import Source
+
+
+def _span(prog: Program, node: cst.CSTNode) -> Span:
+    r = prog.range(node)
+    return Span(r.start.line, r.start.column + 1, r.end.line)
+
+
+def _kind(loop: Loop) -> str:
+    return "for" if isinstance(loop, cst.For) else "while"
+
+
+def loop_id(prefix: str, line: int) -> str:
+    """Stable ids: the loop's line in the recorded script."""
+    return f"{prefix}{line}"
+
+
+def analyse(source: Source) -> Plan:
+    prog = index(source)
+    forest = LoopForest(prog)
+    mains: list[MainLoop] = []
+    blocks: list[Block] = []
+    refused: list[Refusal] = []
+    taken: set[Loop] = set()
+    for m in forest.main_loops():
+        ms = prog.loop_scope[m]
+        if isinstance(m, cst.For) and m.asynchronous is not None:
+            continue
+        if m in prog.class_body_loops:
+            continue
+        main = MainLoop(loop_id("M", prog.line(m)), _kind(m), _span(prog, m), ms.qualname)
+        mains.append(main)
+        for cand in forest.candidates(m):
+            if cand.loop in taken:
+                continue
+            taken.add(cand.loop)
+            span = _span(prog, cand.loop)
+            try:
+                cs = loop_changeset(prog, cand.loop)
+            except NoEstimate as e:
+                refused.append(Refusal(span, cand.scope.qualname, str(e), main.id))
+                continue
+            blocks.append(
+                Block(
+                    id=loop_id("L", span.line),
+                    kind=_kind(cand.loop),
+                    span=span,
+                    function=cand.scope.qualname,
+                    changeset=cs.changes,
+                    reaches=cs.reaches,
+                    bound=cs.bound,
+                    main=main.id,
+                )
+            )
+    functions = tuple(
+        FunctionSpan(s.qualname, _span(prog, s.node))
+        for s in prog.scopes.values()
+        if s.qualname != MODULE and isinstance(s.node, cst.FunctionDef)
+    )
+    return Plan(source.path, tuple(mains), tuple(blocks), tuple(refused), functions)

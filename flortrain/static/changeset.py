@@ -1,0 +1,550 @@
+"""The changeset of a loop: Flor's Table 2 rules, the loop-scoped filter, and interprocedural
+mapping of callee effects onto caller arguments.
+
+Table 2, highest precedence first; at most one rule fires per statement:
+
+====  ==========================================  =====================================
+rule  statement                                   change
+====  ==========================================  =====================================
+0     ``v = ...`` where ``v`` is already mutated  no estimate (which object to restore
+      in place by this loop                       into is ambiguous)
+1     ``v1, .., vn = obj.method(...)``            ``{obj, v1, .., vn}``
+2     ``v1, .., vn = func(...)``                  ``{v1, .., vn}``
+3     ``v1, .., vn = u1, .., um``                 ``{v1, .., vn}``
+4     ``obj.method(...)``                         ``{obj}``
+5     ``func(...)``                               no estimate
+====  ==========================================  =====================================
+
+Rule 0 fires for names mutated in place earlier in the walk; rebinding an accumulator twice
+(``total += a; total += b``) is harmless and allowed. Calls to module-local functions are not rule 5:
+their bodies are analysed and their effects on parameters mapped to the caller's arguments (and on
+module globals kept as globals). Known library behaviour (``flortrain.static.library``) refines rules
+1, 4 and 5. Mutations through a loop-scoped alias (``for p in model.parameters(): p.data.add_(..)``)
+are charged to the object the alias came from (``model``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from flortrain.static import library
+from flortrain.static.plan import Change, Restore
+from flortrain.static.program import MODULE, Loop, Program, Scope
+
+#: Attributes that view the same storage: mutating ``p.data`` or ``p.grad`` mutates ``p``'s state.
+_VIEW_ATTRS = frozenset({"data", "grad"})
+
+RULE_ALIAS = 6
+RULE_CALLEE = 7
+
+
+class NoEstimate(Exception):
+    """A statement for which no safe changeset exists: the loop is refused."""
+
+
+def object_expr(node: cst.BaseExpression, code: cst.Module) -> str | None:
+    """The object a mutation lands on: ``self.hist[k]`` -> ``self.hist``, ``p.data`` -> ``p``,
+    ``model.parameters()`` -> ``model``. None when there is no named object (``f(x).add_()``)."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        inner = object_expr(node.value, code)
+        if inner is None:
+            return None
+        if node.attr.value in _VIEW_ATTRS:
+            return inner
+        return f"{inner}.{node.attr.value}"
+    if isinstance(node, cst.Subscript):
+        return object_expr(node.value, code)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        return object_expr(node.func.value, code)
+    return None
+
+
+def root(expr: str) -> str:
+    return expr.split(".", 1)[0]
+
+
+def dotted(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        inner = dotted(node.value)
+        return None if inner is None else f"{inner}.{node.attr.value}"
+    return None
+
+
+def _target_exprs(node: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
+    if isinstance(node, cst.Tuple | cst.List):
+        for el in node.elements:
+            yield from _target_exprs(el.value)
+    elif isinstance(node, cst.StarredElement):
+        yield from _target_exprs(node.value)
+    else:
+        yield node
+
+
+def _walk_no_defs(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    if isinstance(node, cst.FunctionDef | cst.ClassDef | cst.Lambda):
+        return
+    yield node
+    for c in node.children:
+        yield from _walk_no_defs(c)
+
+
+@dataclass
+class Effects:
+    """What a stretch of code changes, in the terms of its own scope."""
+
+    changes: dict[str, Change] = field(default_factory=dict)
+    bound: set[str] = field(default_factory=set)
+    aliases: dict[str, str] = field(default_factory=dict)  # loop-scoped name -> object it views
+    reaches: set[str] = field(default_factory=set)
+
+
+class _Walker:
+    """Walks statements applying the rules; raises :class:`NoEstimate` to refuse."""
+
+    def __init__(
+        self, prog: Program, scope: Scope, callee_stack: frozenset[str], in_loop: bool = True
+    ) -> None:
+        self.in_loop = in_loop  # `return` ends a callee normally, but escapes a skipped loop
+        self.prog = prog
+        self.scope = scope
+        self.fx = Effects()
+        self.callee_stack = callee_stack
+        self.module = prog.source.module
+
+    # -- recording ---------------------------------------------------------------------------
+    def add(self, expr: str, restore: Restore, rule: int, line: int, is_global: bool = False) -> None:
+        if root(expr) in self.fx.aliases and (restore is Restore.IN_PLACE or "." in expr):
+            # mutating a view (or setting an attribute on it) changes the object it views;
+            # rebinding the view's own name changes nothing else
+            expr = self._through_alias(root(expr))
+            restore = Restore.IN_PLACE
+        old = self.fx.changes.get(expr)
+        if old is None:
+            self.fx.changes[expr] = Change(expr, restore, rule, line, is_global)
+        elif restore is Restore.REBOUND and old.restore is Restore.IN_PLACE:
+            # A name both mutated and (later) rebound is restored by rebinding: its final object
+            # carries every in-place change made to it.
+            self.fx.changes[expr] = Change(expr, restore, rule, line, is_global)
+
+    def _through_alias(self, expr: str) -> str:
+        seen: set[str] = set()
+        while root(expr) in self.fx.aliases and root(expr) not in seen:
+            seen.add(root(expr))
+            expr = self.fx.aliases[root(expr)]
+        return expr
+
+    def bind(self, names: Iterable[str]) -> None:
+        self.fx.bound.update(names)
+
+    # -- statements --------------------------------------------------------------------------
+    def statements(self, stmts: Sequence[cst.CSTNode]) -> None:
+        for s in stmts:
+            self.statement(s)
+
+    def statement(self, s: cst.CSTNode) -> None:
+        if isinstance(s, cst.SimpleStatementLine | cst.SimpleStatementSuite):
+            for small in s.body:
+                self.small(small, self.prog.line(s))
+        elif isinstance(s, cst.For):
+            self.for_target(s.target, s.iter)
+            self.expr_effects(s.iter, self.prog.line(s))
+            self.suite(s.body)
+            if s.orelse is not None:
+                self.suite(s.orelse.body)
+        elif isinstance(s, cst.While):
+            self.expr_effects(s.test, self.prog.line(s))
+            self.suite(s.body)
+            if s.orelse is not None:
+                self.suite(s.orelse.body)
+        elif isinstance(s, cst.If):
+            self.expr_effects(s.test, self.prog.line(s))
+            self.suite(s.body)
+            if isinstance(s.orelse, cst.If):
+                self.statement(s.orelse)
+            elif s.orelse is not None:
+                self.suite(s.orelse.body)
+        elif isinstance(s, cst.With):
+            for item in s.items:
+                self.expr_effects(item.item, self.prog.line(s))
+                if item.asname is not None:
+                    self.bind(_names_of(item.asname.name))
+            self.suite(s.body)
+        elif isinstance(s, cst.Try | cst.TryStar):
+            self.suite(s.body)
+            for h in s.handlers:
+                if h.name is not None:
+                    self.bind(_names_of(h.name.name))
+                self.suite(h.body)
+            if s.orelse is not None:
+                self.suite(s.orelse.body)
+            if s.finalbody is not None:
+                self.suite(s.finalbody.body)
+        elif isinstance(s, cst.FunctionDef | cst.ClassDef):
+            self.bind([s.name.value])
+        elif isinstance(s, cst.Match):
+            for case in s.cases:
+                self.bind(n.value for n in _walk_no_defs(case.pattern) if isinstance(n, cst.Name))
+                self.suite(case.body)
+        else:
+            raise NoEstimate(f"unsupported statement {type(s).__name__} at line {self.prog.line(s)}")
+
+    def suite(self, suite: cst.BaseSuite) -> None:
+        if isinstance(suite, cst.IndentedBlock):
+            self.statements(suite.body)
+        else:
+            self.statements([suite])
+
+    def for_target(self, target: cst.BaseExpression, it: cst.BaseExpression) -> None:
+        names = list(_names_of(target))
+        self.bind(names)
+        src = self._alias_source(it)
+        if src is not None:
+            for n in names:
+                self.fx.aliases[n] = src
+
+    def _alias_source(self, value: cst.BaseExpression) -> str | None:
+        """The outer object a loop-scoped name views: ``model.parameters()`` -> ``model``."""
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
+            # zip(a.parameters(), ...), enumerate(x), list(model.parameters())
+            for a in value.args:
+                src = self._alias_source(a.value)
+                if src is not None:
+                    return src
+            return None
+        if isinstance(value, cst.Name | cst.Attribute | cst.Subscript) or (
+            isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+        ):
+            expr = object_expr(value, self.module)
+            if expr is not None and root(expr) not in self.prog.imported:
+                return self._through_alias(expr)
+        return None
+
+    def small(self, s: cst.BaseSmallStatement, line: int) -> None:
+        self.check_escapes(s, line)
+        if isinstance(s, cst.Assign):
+            targets = [t for tgt in s.targets for t in _target_exprs(tgt.target)]
+            self.assign(targets, s.value, line)
+        elif isinstance(s, cst.AnnAssign):
+            if s.value is not None:
+                self.assign(list(_target_exprs(s.target)), s.value, line)
+        elif isinstance(s, cst.AugAssign):
+            self.assign(list(_target_exprs(s.target)), s.value, line, augmented=True)
+        elif isinstance(s, cst.Expr):
+            if isinstance(s.value, cst.Call):
+                self.bare_call(s.value, line)
+            else:
+                self.expr_effects(s.value, line)
+        elif isinstance(s, cst.Del):
+            for t in _target_exprs(s.target):
+                if isinstance(t, cst.Name):
+                    if t.value not in self.fx.bound:
+                        raise NoEstimate(f"line {line}: `del {t.value}` unbinds a name the loop does not own")
+                else:
+                    obj = object_expr(t, self.module)
+                    if obj is None:
+                        raise NoEstimate(f"line {line}: `del` of an unnamed object")
+                    self.add_target_object(obj, t, line, 4)
+        elif isinstance(s, cst.Import | cst.ImportFrom):
+            names: list[str] = []
+            if isinstance(s, cst.Import):
+                for a in s.names:
+                    names += list(_names_of(a.asname.name)) if a.asname else [_top(a.name)]
+            elif not isinstance(s.names, cst.ImportStar):
+                for a in s.names:
+                    names += list(_names_of(a.asname.name if a.asname else a.name))
+            self.bind(names)
+        elif isinstance(s, cst.Global | cst.Nonlocal):
+            raise NoEstimate(f"line {line}: `{type(s).__name__.lower()}` inside the loop")
+        # pass, break, continue, raise, assert: no state change
+
+    def check_escapes(self, s: cst.CSTNode, line: int) -> None:
+        if not self.in_loop:
+            return
+        for n in _walk_no_defs(s):
+            if isinstance(n, cst.Return):
+                raise NoEstimate(f"line {line}: `return` inside the loop leaves it without finishing")
+            if isinstance(n, cst.Yield):
+                raise NoEstimate(f"line {line}: `yield` inside the loop suspends it midway")
+            if isinstance(n, cst.Await):
+                raise NoEstimate(f"line {line}: `await` inside the loop")
+
+    def assign(
+        self, targets: list[cst.BaseExpression], value: cst.BaseExpression, line: int, augmented: bool = False
+    ) -> None:
+        for t in targets:
+            if isinstance(t, cst.Name):
+                old = self.fx.changes.get(self._through_alias(t.value))
+                if old is not None and old.restore is Restore.IN_PLACE and t.value not in self.fx.bound:
+                    raise NoEstimate(
+                        f"line {line}: rule 0: `{t.value}` is rebound after the loop mutated it in place"
+                    )
+        rule = 3
+        if isinstance(value, cst.Call):
+            rule = self.call(value, line, assigned=True)
+        else:
+            self.expr_effects(value, line)
+        for t in targets:
+            self.assign_target(t, value, line, rule, augmented)
+
+    def assign_target(
+        self, t: cst.BaseExpression, value: cst.BaseExpression, line: int, rule: int, augmented: bool
+    ) -> None:
+        if isinstance(t, cst.Name):
+            name = t.value
+            if not augmented and len(_names_of(t)) == 1:
+                src = self._alias_source(value) if _is_view(value) else None
+                if src is not None:
+                    self.fx.aliases[name] = src
+                else:
+                    self.fx.aliases.pop(name, None)
+            was_bound = name in self.fx.bound
+            self.bind([name])
+            if augmented and was_bound and name in self.fx.aliases:
+                return  # `w += 1` on a view of an outer object: charged to that object already
+            if not self.scope.is_local(name) and self.scope.qualname != MODULE:
+                self.add(name, Restore.REBOUND, rule, line, is_global=True)
+            else:
+                self.add(name, Restore.REBOUND, rule, line)
+        elif isinstance(t, cst.Attribute):
+            expr = object_expr(t, self.module)
+            if expr is None:
+                raise NoEstimate(f"line {line}: assignment to an attribute of an unnamed object")
+            if t.attr.value in _VIEW_ATTRS:
+                self.add_target_object(expr, t, line, rule)
+            else:
+                self.add(expr, Restore.REBOUND, rule, line)
+        elif isinstance(t, cst.Subscript):
+            obj = object_expr(t.value, self.module)
+            if obj is None:
+                raise NoEstimate(f"line {line}: item assignment into an unnamed object")
+            self.add_target_object(obj, t, line, rule)
+        else:
+            raise NoEstimate(f"line {line}: unsupported assignment target")
+
+    def add_target_object(self, obj: str, node: cst.CSTNode, line: int, rule: int) -> None:
+        if root(obj) in self.prog.imported:
+            raise NoEstimate(f"line {line}: the loop mutates module `{root(obj)}`")
+        self.add(obj, Restore.IN_PLACE, rule, line)
+
+    # -- calls --------------------------------------------------------------------------------
+    def bare_call(self, call: cst.Call, line: int) -> None:
+        self.call(call, line, assigned=False)
+
+    def call(self, call: cst.Call, line: int, assigned: bool) -> int:
+        """Apply rules 1/2/4/5 to a call; return the rule that fired (for assignment)."""
+        for a in call.args:
+            self.expr_effects(a.value, line)
+        resolved = self.prog.resolve_call(call, self.scope)
+        if resolved is not None:
+            self.callee(call, resolved[0], resolved[1], line)
+        func = call.func
+        if isinstance(func, cst.Attribute):
+            self.expr_effects(func.value, line)
+            obj = object_expr(func.value, self.module)
+            name = dotted(func)
+            if obj is not None and root(obj) in self.prog.imported:
+                self.library_call(name or func.attr.value, call, line)
+                return 2
+            if func.attr.value in library.PURE_METHODS:
+                return 2
+            if obj is None:
+                return 2 if assigned else 4  # a method of a temporary: nothing named changes
+            self.add_target_object(obj, func, line, 1 if assigned else 4)
+            return 1 if assigned else 4
+        if isinstance(func, cst.Name):
+            name = func.value
+            if resolved is not None or assigned:
+                return 2
+            if name in library.PURE_BUILTINS and not self.scope_shadows(name):
+                return 2
+            if name in library.MUTATING_BUILTINS and not self.scope_shadows(name):
+                self.mutated_arg(call, library.MUTATING_BUILTINS[name], line)
+                return 2
+            if name in self.prog.imported:
+                self.library_call(name, call, line)
+                return 2
+            raise NoEstimate(f"line {line}: rule 5: call to `{name}()` has no side-effect estimate")
+        self.expr_effects(func, line)
+        if not assigned:
+            raise NoEstimate(f"line {line}: rule 5: call to `{self.prog.code(func)}` has no side-effect estimate")
+        return 2
+
+    def scope_shadows(self, name: str) -> bool:
+        return name in self.scope.bound or name in self.prog.scopes[MODULE].bound
+
+    def library_call(self, name: str, call: cst.Call, line: int) -> None:
+        if name.rsplit(".", 1)[-1] in library.RNG_SEEDERS:
+            return
+        idx = library.mutating_library_arg(name)
+        if idx is not None:
+            self.mutated_arg(call, idx, line)
+
+    def mutated_arg(self, call: cst.Call, idx: int, line: int) -> None:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        if idx < len(positional):
+            obj = object_expr(positional[idx].value, self.module)
+            if obj is not None:
+                self.add_target_object(obj, call, line, 4)
+
+    def expr_effects(self, node: cst.BaseExpression, line: int) -> None:
+        """Effects hidden inside expressions: walrus bindings and calls of local functions."""
+        for n in _walk_no_defs(node):
+            if isinstance(n, cst.NamedExpr):
+                self.bind(_names_of(n.target))
+                if isinstance(n.target, cst.Name):
+                    self.add(n.target.value, Restore.REBOUND, 3, line)
+            elif isinstance(n, cst.Call) and n is not node:
+                r = self.prog.resolve_call(n, self.scope)
+                if r is not None:
+                    self.callee(n, r[0], r[1], line)
+        if isinstance(node, cst.Call):
+            r = self.prog.resolve_call(node, self.scope)
+            if r is not None:
+                self.callee(node, r[0], r[1], line)
+
+    def callee(self, call: cst.Call, qual: str, receiver: cst.BaseExpression | None, line: int) -> None:
+        """Map a local callee's effects on its parameters and globals onto this scope."""
+        self.fx.reaches.add(qual)
+        if qual in self.callee_stack:
+            return  # recursion: its effects are already being collected
+        scope = self.prog.scopes[qual]
+        try:
+            fx = function_effects(self.prog, scope, self.callee_stack | {qual})
+        except NoEstimate as e:
+            raise NoEstimate(f"line {line}: in `{qual}()`: {e}") from None
+        self.fx.reaches.update(fx.reaches)
+        binding = _bind_params(call, scope, receiver)
+        for ch in fx.changes.values():
+            r = root(ch.expr)
+            rest = ch.expr[len(r):]
+            if ch.is_global or (scope.qualname != MODULE and r not in scope.bound and r in self.prog.scopes[MODULE].bound):
+                # a module-level object: the same name here (unless it is local here)
+                if ch.restore is Restore.IN_PLACE or rest:
+                    self.add(ch.expr, ch.restore, RULE_CALLEE, line)
+                else:
+                    is_global = self.scope.qualname != MODULE
+                    self.add(ch.expr, ch.restore, RULE_CALLEE, line, is_global=is_global)
+                continue
+            if r not in scope.params:
+                continue  # the callee's own local
+            if ch.restore is Restore.REBOUND and not rest:
+                continue  # rebinding a parameter is invisible to the caller
+            if r not in binding:
+                if r in _unmappable_params(call, scope, receiver):
+                    raise NoEstimate(f"line {line}: cannot map `{qual}()`'s arguments (*args/**kwargs)")
+                continue  # a default value: not the caller's object
+            arg = binding[r]
+            obj = object_expr(arg, self.module)
+            if obj is None:
+                continue
+            self.add(obj + rest, ch.restore if rest else Restore.IN_PLACE, RULE_CALLEE, line)
+
+
+def _top(node: cst.BaseExpression) -> str:
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else ""
+
+
+def _names_of(node: cst.CSTNode) -> list[str]:
+    if isinstance(node, cst.Name):
+        return [node.value]
+    if isinstance(node, cst.Tuple | cst.List):
+        return [n for el in node.elements for n in _names_of(el.value)]
+    if isinstance(node, cst.StarredElement):
+        return _names_of(node.value)
+    return []
+
+
+def _is_view(value: cst.BaseExpression) -> bool:
+    """Whether ``x = value`` makes ``x`` another name for (part of) an existing object."""
+    if isinstance(value, cst.Name | cst.Attribute | cst.Subscript):
+        return True
+    return (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in {"parameters", "named_parameters", "buffers", "modules", "children", "values", "items", "view", "view_as", "detach", "__getitem__"}
+    )
+
+
+def _bind_params(call: cst.Call, scope: Scope, receiver: cst.BaseExpression | None) -> dict[str, cst.BaseExpression]:
+    params = list(scope.params)
+    out: dict[str, cst.BaseExpression] = {}
+    if receiver is not None and params:
+        out[params[0]] = receiver
+        params = params[1:]
+    pos = [a for a in call.args if a.keyword is None]
+    for p, a in zip(params, pos, strict=False):
+        if a.star:
+            break
+        out[p] = a.value
+    for a in call.args:
+        if a.keyword is not None:
+            out[a.keyword.value] = a.value
+    return out
+
+
+def _unmappable_params(call: cst.Call, scope: Scope, receiver: cst.BaseExpression | None) -> set[str]:
+    if any(a.star for a in call.args):
+        return set(scope.params)
+    return set()
+
+
+def function_effects(prog: Program, scope: Scope, stack: frozenset[str]) -> Effects:
+    w = _Walker(prog, scope, stack, in_loop=False)
+    w.statements(list(scope.body))
+    return w.fx
+
+
+@dataclass(frozen=True)
+class LoopChangeset:
+    changes: tuple[Change, ...]
+    bound: tuple[str, ...]
+    reaches: tuple[str, ...]
+
+
+def loop_changeset(prog: Program, loop: Loop) -> LoopChangeset:
+    """The filtered changeset of a candidate loop; raises :class:`NoEstimate` to refuse it."""
+    scope = prog.loop_scope[loop]
+    if loop.orelse is not None:
+        raise NoEstimate("a loop with an `else:` clause cannot be skipped as one block")
+    if isinstance(loop, cst.For) and loop.asynchronous is not None:
+        raise NoEstimate("`async for` loops are not memoized")
+    if loop in prog.class_body_loops:
+        raise NoEstimate("loops in a class body are not memoized")
+    w = _Walker(prog, scope, frozenset({scope.qualname}))
+    w.statement(loop)
+    fx = w.fx
+    rng = prog.range(loop)
+    start, end = rng.start.line, rng.end.line
+    used_outside = _names_used_outside(prog, scope, start, end)
+    kept: list[Change] = []
+    for ch in fx.changes.values():
+        r = root(ch.expr)
+        if r in fx.bound and r not in used_outside and not ch.is_global:
+            continue  # loop-scoped: local to the loop body, not read after it
+        if r in prog.imported and not ch.is_global:
+            continue
+        kept.append(ch)
+    return LoopChangeset(tuple(kept), tuple(sorted(fx.bound)), tuple(sorted(fx.reaches)))
+
+
+def _names_used_outside(prog: Program, scope: Scope, start: int, end: int) -> set[str]:
+    used = {n for n, line in scope.names if not start <= line <= end}
+    prefix = scope.qualname + "."
+    for other in prog.scopes.values():
+        if other is scope:
+            continue
+        if scope.qualname == MODULE or other.qualname.startswith(prefix):
+            used.update(n for n, _ in other.names if not other.is_local(n) or n in other.declared_global)
+    return used
+
+
+__all__ = ["Effects", "LoopChangeset", "NoEstimate", "function_effects", "loop_changeset", "object_expr"]

@@ -1,0 +1,118 @@
+"""The plan: every fact the analyses found, as frozen, located records.
+
+Analyses produce a :class:`Plan`; the transform and the replay planner consume it and never
+re-derive facts. Block and main-loop ids are made from the line of the loop in the *recorded*
+script, so a replayed copy with probes added maps back to the same ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Restore(str, Enum):
+    """How a changeset element is put back when its block is skipped."""
+
+    #: The object is mutated in place (``opt.step()``, ``lst.append``): load state *into* it, so
+    #: every alias (an optimizer's reference to the parameters) sees the restored values.
+    IN_PLACE = "in_place"
+    #: The name or attribute is rebound (``total += x``, ``self.step = s``): assign the value back.
+    REBOUND = "rebound"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One element of a loop's changeset."""
+
+    expr: str  # "model", "self.optimizer", "total"
+    restore: Restore
+    rule: int  # the Table 2 rule (1-4) that put it there; 6 = alias, 7 = callee
+    line: int  # where in the loop the statement that activated the rule is
+    is_global: bool = False  # a module-level name rebound from inside a function (via a callee)
+
+
+@dataclass(frozen=True)
+class Span:
+    line: int
+    col: int
+    end_line: int
+
+
+@dataclass(frozen=True)
+class Block:
+    """A memoized loop: skipped and restored on replay unless probed."""
+
+    id: str
+    kind: str  # "for" | "while"
+    span: Span
+    function: str  # qualified name of the enclosing function, "<module>" at top level
+    changeset: tuple[Change, ...]
+    reaches: tuple[str, ...]  # local functions reachable by calls from the loop body
+    bound: tuple[str, ...]  # names bound in the loop body (loop-scoped or not)
+    main: str  # id of the main loop it belongs to
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A candidate loop that will not be memoized, and why (it runs as plain code)."""
+
+    span: Span
+    function: str
+    reason: str
+    main: str
+
+
+@dataclass(frozen=True)
+class MainLoop:
+    id: str
+    kind: str
+    span: Span
+    function: str
+
+
+@dataclass(frozen=True)
+class FunctionSpan:
+    qualname: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class Plan:
+    path: str
+    main_loops: tuple[MainLoop, ...] = ()
+    blocks: tuple[Block, ...] = ()
+    refused: tuple[Refusal, ...] = ()
+    functions: tuple[FunctionSpan, ...] = field(default_factory=tuple)
+
+    def block(self, block_id: str) -> Block:
+        for b in self.blocks:
+            if b.id == block_id:
+                return b
+        raise KeyError(block_id)
+
+    def explain(self) -> str:
+        """The plan as a person reads it (``flortrain instrument --explain``)."""
+        out: list[str] = []
+        if not self.main_loops:
+            out.append(f"{self.path}: no main loop (no loop contains another loop); nothing is memoized")
+        for m in self.main_loops:
+            out.append(
+                f"{self.path}:{m.span.line}:{m.span.col} main loop {m.id} ({m.kind}) in {m.function}"
+            )
+            for b in (b for b in self.blocks if b.main == m.id):
+                out.append(
+                    f"  {self.path}:{b.span.line}:{b.span.col} memoized {b.kind} loop {b.id} in {b.function}"
+                )
+                if not b.changeset:
+                    out.append("    changeset: (empty)")
+                for c in b.changeset:
+                    scope = " global" if c.is_global else ""
+                    out.append(
+                        f"    changeset: {c.expr} [{c.restore.value}{scope}] rule {c.rule} line {c.line}"
+                    )
+            for r in (r for r in self.refused if r.main == m.id):
+                out.append(
+                    f"  {self.path}:{r.span.line}:{r.span.col} refused loop in {r.function}: {r.reason}"
+                )
+        return "\n".join(out)

@@ -1,0 +1,365 @@
+"""An index of a parsed script: its functions (scopes), classes, imported names, loops, and how
+calls resolve to module-local functions and methods.
+
+Everything later analyses ask ("which function does ``self.fit()`` call?", "is ``loss`` used outside
+this loop?") is answered here once, so analyses stay small pure functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import CodeRange, PositionProvider
+
+from flortrain.static.source import Source
+
+MODULE = "<module>"
+
+Loop = cst.For | cst.While
+
+
+@dataclass
+class Scope:
+    """A function (or the module body): where names are bound and loops live."""
+
+    qualname: str
+    node: cst.FunctionDef | cst.Module
+    cls: str | None  # qualname of the class a method belongs to
+    params: list[str] = field(default_factory=list)
+    declared_global: set[str] = field(default_factory=set)
+    bound: set[str] = field(default_factory=set)  # names bound anywhere in this scope
+    loops: list[Loop] = field(default_factory=list)
+    # every Name occurrence that belongs to this scope, with its line
+    names: list[tuple[str, int]] = field(default_factory=list)
+    # name -> local class qualname, from `name = Class(...)`
+    types: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def body(self) -> Sequence[cst.BaseStatement]:
+        if isinstance(self.node, cst.Module):
+            return self.node.body
+        body = self.node.body
+        if isinstance(body, cst.IndentedBlock):
+            return body.body
+        return [cst.SimpleStatementLine(body=body.body)]
+
+    def is_local(self, name: str) -> bool:
+        if self.qualname == MODULE:
+            return True
+        return name in self.bound and name not in self.declared_global
+
+
+@dataclass
+class ClassInfo:
+    qualname: str
+    bases: list[str]
+    methods: dict[str, str] = field(default_factory=dict)  # name -> scope qualname
+    attr_types: dict[str, str] = field(default_factory=dict)  # self.attr -> class qualname
+
+
+def _target_names(node: cst.CSTNode) -> Iterator[str]:
+    if isinstance(node, cst.Name):
+        yield node.value
+    elif isinstance(node, cst.Tuple | cst.List):
+        for el in node.elements:
+            yield from _target_names(el.value)
+    elif isinstance(node, cst.StarredElement):
+        yield from _target_names(node.value)
+
+
+class Program:
+    """The index. Build with :func:`index`."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.pos = source.wrapper.resolve(PositionProvider)
+        self.scopes: dict[str, Scope] = {}
+        self.classes: dict[str, ClassInfo] = {}
+        self.imported: set[str] = set()  # names bound by import statements at module level
+        self.loop_scope: dict[Loop, Scope] = {}
+        self.loop_parent: dict[Loop, Loop | None] = {}
+        self.class_body_loops: set[Loop] = set()
+
+    # -- positions -------------------------------------------------------------------------
+    def range(self, node: cst.CSTNode) -> CodeRange:
+        return self.pos[node]
+
+    def line(self, node: cst.CSTNode) -> int:
+        return self.pos[node].start.line
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self.source.code(node)
+
+    # -- call resolution -------------------------------------------------------------------
+    def resolve_call(self, call: cst.Call, scope: Scope) -> tuple[str, cst.BaseExpression | None] | None:
+        """The module-local function a call runs, and the receiver bound to its ``self``."""
+        func = call.func
+        if isinstance(func, cst.Name):
+            name = func.value
+            if scope.qualname != MODULE and name in scope.bound and name not in scope.declared_global:
+                nested = f"{scope.qualname}.{name}"
+                return (nested, None) if nested in self.scopes else None
+            if name in self.scopes:
+                return name, None
+            if name in self.classes:
+                init = self.method(name, "__init__")
+                return (init, None) if init else None
+            return None
+        if isinstance(func, cst.Attribute):
+            cls = self.type_of(func.value, scope)
+            if cls is not None:
+                m = self.method(cls, func.attr.value)
+                if m is not None:
+                    return m, func.value
+        return None
+
+    def method(self, cls: str, name: str, _seen: frozenset[str] = frozenset()) -> str | None:
+        info = self.classes.get(cls)
+        if info is None or cls in _seen:
+            return None
+        if name in info.methods:
+            return info.methods[name]
+        for base in info.bases:
+            m = self.method(base, name, _seen | {cls})
+            if m is not None:
+                return m
+        return None
+
+    def type_of(self, expr: cst.BaseExpression, scope: Scope) -> str | None:
+        """The local class an expression is an instance of, when assignments make it plain."""
+        if isinstance(expr, cst.Name):
+            if scope.cls is not None and isinstance(scope.node, cst.FunctionDef):
+                if scope.params and expr.value == scope.params[0]:
+                    return scope.cls
+            if expr.value in scope.types:
+                return scope.types[expr.value]
+            return self.scopes[MODULE].types.get(expr.value)
+        if isinstance(expr, cst.Attribute):
+            owner = self.type_of(expr.value, scope)
+            if owner is not None and owner in self.classes:
+                return self.classes[owner].attr_types.get(expr.attr.value)
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name):
+            if expr.func.value in self.classes:
+                return expr.func.value
+        return None
+
+    def calls_in(self, nodes: Sequence[cst.CSTNode]) -> Iterator[cst.Call]:
+        """Calls made by these statements, not counting bodies of nested defs and lambdas."""
+        for n in nodes:
+            yield from _calls(n)
+
+    def callees(self, nodes: Sequence[cst.CSTNode], scope: Scope) -> Iterator[str]:
+        for call in self.calls_in(nodes):
+            r = self.resolve_call(call, scope)
+            if r is not None:
+                yield r[0]
+
+    def reachable(self, nodes: Sequence[cst.CSTNode], scope: Scope) -> set[str]:
+        """Local functions reachable from these statements through calls, transitively."""
+        seen: set[str] = set()
+        stack = list(self.callees(nodes, scope))
+        while stack:
+            q = stack.pop()
+            if q in seen or q not in self.scopes:
+                continue
+            seen.add(q)
+            s = self.scopes[q]
+            stack.extend(self.callees(list(s.body), s))
+        return seen
+
+
+def _calls(node: cst.CSTNode) -> Iterator[cst.Call]:
+    if isinstance(node, cst.FunctionDef | cst.ClassDef | cst.Lambda):
+        return
+    if isinstance(node, cst.Call):
+        yield node
+    for child in node.children:
+        yield from _calls(child)
+
+
+class _Indexer(cst.CSTVisitor):
+    def __init__(self, prog: Program) -> None:
+        self.prog = prog
+        self.scope_stack: list[Scope] = []
+        self.class_stack: list[ClassInfo] = []
+        self.loop_stack: list[list[Loop]] = [[]]
+        # whether the innermost enclosing definition is a class body (loops there are not memoized)
+        self.in_class_body: list[bool] = [False]
+
+    @property
+    def scope(self) -> Scope:
+        return self.scope_stack[-1]
+
+    def visit_Module(self, node: cst.Module) -> None:
+        s = Scope(MODULE, node, None)
+        self.prog.scopes[MODULE] = s
+        self.scope_stack.append(s)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        outer = self.class_stack[-1].qualname + "." if self.class_stack else ""
+        if self.scope.qualname != MODULE and not self.class_stack:
+            outer = self.scope.qualname + "."
+        qual = outer + node.name.value
+        bases = [a.value.value for a in node.bases if isinstance(a.value, cst.Name)]
+        self.prog.classes[qual] = ClassInfo(qual, bases)
+        self.class_stack.append(self.prog.classes[qual])
+        self.scope.bound.add(node.name.value)
+        self.in_class_body.append(True)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.class_stack.pop()
+        self.in_class_body.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        cls = self.class_stack[-1] if self.in_class_body[-1] and self.class_stack else None
+        if cls is not None:
+            qual = f"{cls.qualname}.{node.name.value}"
+            cls.methods.setdefault(node.name.value, qual)
+        elif self.scope.qualname != MODULE:
+            qual = f"{self.scope.qualname}.{node.name.value}"
+            self.scope.bound.add(node.name.value)
+        else:
+            qual = node.name.value
+            self.scope.bound.add(node.name.value)
+        params = [p.name.value for p in (*node.params.posonly_params, *node.params.params)]
+        if isinstance(node.params.star_arg, cst.Param):
+            params.append(node.params.star_arg.name.value)
+        params += [p.name.value for p in node.params.kwonly_params]
+        if node.params.star_kwarg is not None:
+            params.append(node.params.star_kwarg.name.value)
+        s = Scope(qual, node, cls.qualname if cls else None, params=params)
+        s.bound.update(params)
+        # Later definitions with the same name win, as at run time.
+        self.prog.scopes[qual] = s
+        self.scope_stack.append(s)
+        self.loop_stack.append([])
+        self.in_class_body.append(False)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.scope_stack.pop()
+        self.loop_stack.pop()
+        self.in_class_body.pop()
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        # A lambda's parameters are its own; its body's free names still count as uses.
+        for n in _names(node.body):
+            self.scope.names.append((n.value, self.prog.line(n)))
+        return False
+
+    def _visit_loop(self, node: Loop) -> None:
+        parent = self.loop_stack[-1][-1] if self.loop_stack[-1] else None
+        self.prog.loop_parent[node] = parent
+        self.prog.loop_scope[node] = self.scope
+        if self.in_class_body[-1]:
+            self.prog.class_body_loops.add(node)
+        self.scope.loops.append(node)
+        self.loop_stack[-1].append(node)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._visit_loop(node)
+        self.scope.bound.update(_target_names(node.target))
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self.loop_stack[-1].pop()
+
+    def visit_While(self, node: cst.While) -> None:
+        self._visit_loop(node)
+
+    def leave_While(self, original_node: cst.While) -> None:
+        self.loop_stack[-1].pop()
+
+    def visit_Global(self, node: cst.Global) -> None:
+        self.scope.declared_global.update(n.name.value for n in node.names)
+
+    def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+        self.scope.declared_global.update(n.name.value for n in node.names)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.scope.names.append((node.value, self.prog.line(node)))
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        # `x.model` does not use a variable called `model`: only the value side holds names.
+        node.value.visit(self)
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for t in node.targets:
+            names = list(_target_names(t.target))
+            self.scope.bound.update(names)
+            self._note_type(t.target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.scope.bound.update(_target_names(node.target))
+        if node.value is not None:
+            self._note_type(node.target, node.value)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.scope.bound.update(_target_names(node.target))
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.scope.bound.update(_target_names(node.target))
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self.scope.bound.update(_target_names(node.name))
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        pass  # comprehension variables live in their own scope
+
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            if alias.asname is not None:
+                names = list(_target_names(alias.asname.name))
+            else:
+                top = alias.name
+                while isinstance(top, cst.Attribute):
+                    top = top.value
+                names = [top.value] if isinstance(top, cst.Name) else []
+            self.scope.bound.update(names)
+            if self.scope.qualname == MODULE:
+                self.prog.imported.update(names)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            return
+        for alias in node.names:
+            target = alias.asname.name if alias.asname else alias.name
+            names = list(_target_names(target))
+            self.scope.bound.update(names)
+            if self.scope.qualname == MODULE:
+                self.prog.imported.update(names)
+
+    def _note_type(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+            return
+        cls = value.func.value
+        if cls not in self.prog.classes:
+            return
+        if isinstance(target, cst.Name):
+            self.scope.types[target.value] = cls
+        elif (
+            isinstance(target, cst.Attribute)
+            and isinstance(target.value, cst.Name)
+            and self.scope.cls is not None
+            and self.scope.params
+            and target.value.value == self.scope.params[0]
+        ):
+            self.prog.classes[self.scope.cls].attr_types[target.attr.value] = cls
+
+
+def _names(node: cst.CSTNode) -> Iterator[cst.Name]:
+    if isinstance(node, cst.Name):
+        yield node
+    for c in node.children:
+        yield from _names(c)
+
+
+def index(source: Source) -> Program:
+    prog = Program(source)
+    source.wrapper.visit(_Indexer(prog))
+    return prog

@@ -1,0 +1,187 @@
+"""The one transform: apply a plan to a script in a single libcst pass.
+
+Memoized loops become SkipBlocks without re-indenting the user's code::
+
+    _flortrain_L24 = __flortrain__.block("L24")
+    for batch in _flortrain_L24.iterate(loader):        # empty when the block is skipped
+        ...
+    if _flortrain_L24.end({"opt": lambda: opt}, {"total": lambda: total}):
+        total = _flortrain_L24.value("total")           # rebound names come back by assignment
+
+``while`` loops test ``_flortrain_L24.live() and (cond)``. The main loop is bracketed by
+``main_enter``/``main_exit`` and its body starts with ``main_iteration``. Probes (statements added
+since the record) run inside ``with __flortrain__.probe(n):``. Lambdas defer reading each
+changeset element to block end, so a name the loop never bound is detected, not a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from flortrain.static.plan import Block, MainLoop, Restore
+from flortrain.static.source import Source
+
+RUNTIME = "__flortrain__"
+IMPORT = f"import flortrain.runtime as {RUNTIME}"
+
+
+@dataclass(frozen=True)
+class Instrumentation:
+    """What to apply, keyed by start line in the script being transformed."""
+
+    blocks: Mapping[int, Block] = field(default_factory=dict)
+    mains: Mapping[int, MainLoop] = field(default_factory=dict)
+    probes: Mapping[int, int] = field(default_factory=dict)  # statement line -> probe number
+
+
+def _stmt(code: str) -> cst.BaseStatement:
+    return cst.parse_statement(code)
+
+
+def _frame(block: Block) -> str:
+    return f"_flortrain_{block.id}"
+
+
+def _end_statement(block: Block) -> cst.BaseStatement:
+    var = _frame(block)
+    objs = ", ".join(f'"{c.expr}": lambda: {c.expr}' for c in block.changeset if c.restore is Restore.IN_PLACE)
+    names = ", ".join(f'"{c.expr}": lambda: {c.expr}' for c in block.changeset if c.restore is Restore.REBOUND)
+    call = f"{var}.end({{{objs}}}, {{{names}}})"
+    rebound = [c for c in block.changeset if c.restore is Restore.REBOUND]
+    if not rebound:
+        return _stmt(call + "\n")
+    lines = [f"if {call}:"]
+    for c in rebound:
+        target = f'globals()["{c.expr}"]' if c.is_global else c.expr
+        lines.append(f'    {target} = {var}.value("{c.expr}")')
+    return _stmt("\n".join(lines) + "\n")
+
+
+def _prepend(body: cst.BaseSuite, stmt: cst.BaseStatement) -> cst.BaseSuite:
+    if isinstance(body, cst.IndentedBlock):
+        return body.with_changes(body=[stmt, *body.body])
+    assert isinstance(body, cst.SimpleStatementSuite)
+    return cst.IndentedBlock(body=[stmt, cst.SimpleStatementLine(body=body.body)])
+
+
+class _Transformer(cst.CSTTransformer):
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, inst: Instrumentation) -> None:
+        super().__init__()
+        self.inst = inst
+        self.applied: set[int] = set()
+
+    def _line(self, node: cst.CSTNode) -> int:
+        return self.get_metadata(PositionProvider, node).start.line
+
+    def _loop(
+        self, original: cst.For | cst.While, updated: cst.For | cst.While
+    ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        line = self._line(original)
+        lead = updated.leading_lines
+        if line in self.inst.blocks:
+            block = self.inst.blocks[line]
+            self.applied.add(line)
+            var = _frame(block)
+            if isinstance(updated, cst.For):
+                it = cst.parse_expression(f"{var}.iterate(0)")
+                assert isinstance(it, cst.Call)
+                loop: cst.For | cst.While = updated.with_changes(
+                    iter=it.with_changes(args=[cst.Arg(updated.iter)]), leading_lines=[]
+                )
+            else:
+                test = cst.BooleanOperation(
+                    left=cst.parse_expression(f"{var}.live()"),
+                    operator=cst.And(),
+                    right=updated.test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
+                )
+                loop = updated.with_changes(test=test, leading_lines=[])
+            enter = _stmt(f'{var} = {RUNTIME}.block("{block.id}")\n')
+            assert isinstance(enter, cst.SimpleStatementLine)
+            return cst.FlattenSentinel([enter.with_changes(leading_lines=lead), loop, _end_statement(block)])
+        if line in self.inst.mains:
+            main = self.inst.mains[line]
+            self.applied.add(line)
+            body = _prepend(updated.body, _stmt(f'{RUNTIME}.main_iteration("{main.id}")\n'))
+            enter = _stmt(f'{RUNTIME}.main_enter("{main.id}")\n')
+            assert isinstance(enter, cst.SimpleStatementLine)
+            return cst.FlattenSentinel(
+                [
+                    enter.with_changes(leading_lines=lead),
+                    updated.with_changes(body=body, leading_lines=[]),
+                    _stmt(f'{RUNTIME}.main_exit("{main.id}")\n'),
+                ]
+            )
+        return updated
+
+    def leave_For(
+        self, original_node: cst.For, updated_node: cst.For
+    ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        return self._probe(original_node, self._loop(original_node, updated_node))
+
+    def leave_While(
+        self, original_node: cst.While, updated_node: cst.While
+    ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        return self._probe(original_node, self._loop(original_node, updated_node))
+
+    def _probe(
+        self,
+        original: cst.BaseStatement,
+        updated: cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement],
+    ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        line = self._line(original)
+        if line not in self.inst.probes or not isinstance(updated, cst.BaseStatement):
+            return updated
+        self.applied.add(line)
+        lead = updated.leading_lines
+        inner = updated.with_changes(leading_lines=[])
+        wrapper = _stmt(f"with {RUNTIME}.probe({self.inst.probes[line]}):\n    pass\n")
+        assert isinstance(wrapper, cst.With)
+        return wrapper.with_changes(body=cst.IndentedBlock(body=[inner]), leading_lines=lead)
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[no-untyped-def]
+        updated = super().on_leave(original_node, updated_node)
+        if (
+            isinstance(original_node, cst.SimpleStatementLine | cst.If | cst.With | cst.Try)
+            and isinstance(updated, cst.BaseStatement)
+        ):
+            return self._probe(original_node, updated)
+        return updated
+
+
+def _import_index(body: Sequence[cst.BaseStatement]) -> int:
+    i = 0
+    if body and isinstance(body[0], cst.SimpleStatementLine):
+        first = body[0].body[0] if body[0].body else None
+        if isinstance(first, cst.Expr) and isinstance(first.value, cst.SimpleString | cst.ConcatenatedString):
+            i = 1
+    while i < len(body):
+        s = body[i]
+        if (
+            isinstance(s, cst.SimpleStatementLine)
+            and isinstance(s.body[0], cst.ImportFrom)
+            and isinstance(s.body[0].module, cst.Name)
+            and s.body[0].module.value == "__future__"
+        ):
+            i += 1
+            continue
+        break
+    return i
+
+
+def transform(source: Source, inst: Instrumentation) -> str:
+    """The instrumented code as text; every requested loop and probe must have been found."""
+    t = _Transformer(inst)
+    module = source.wrapper.visit(t)
+    missing = (set(inst.blocks) | set(inst.mains) | set(inst.probes)) - t.applied
+    if missing:
+        raise ValueError(f"instrumentation points not found at lines {sorted(missing)}")
+    body = list(module.body)
+    at = _import_index(body)
+    body.insert(at, _stmt(IMPORT + "\n"))
+    return module.with_changes(body=body).code

@@ -1,0 +1,322 @@
+"""SQLite schema and queries. One :class:`Store` per process; forked children (DataLoader
+workers, materializers) never touch the parent's connection."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flortrain import knobs
+from flortrain.errors import FlortrainError, Located
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sources (sha TEXT PRIMARY KEY, text TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,               -- record | replay
+    script TEXT NOT NULL,             -- absolute path
+    cwd TEXT NOT NULL,
+    argv TEXT NOT NULL,               -- JSON list, sys.argv[1:]
+    source_sha TEXT NOT NULL REFERENCES sources(sha),
+    parent INTEGER REFERENCES runs(id),   -- for a replay: the record it replays
+    started REAL NOT NULL,
+    finished REAL,
+    status TEXT NOT NULL,             -- running | complete | failed
+    exit_code INTEGER,
+    threads INTEGER,
+    pid INTEGER NOT NULL,
+    host TEXT NOT NULL,
+    meta TEXT NOT NULL DEFAULT '{}'   -- JSON: versions, plan summary, probes
+);
+CREATE TABLE IF NOT EXISTS blocks (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    key TEXT NOT NULL,
+    block_id TEXT NOT NULL,
+    main_id TEXT NOT NULL,
+    main_inst INTEGER NOT NULL,
+    iteration INTEGER NOT NULL,
+    occurrence INTEGER NOT NULL,
+    state TEXT NOT NULL,              -- recorded | checkpointed | skipped | executed | failed
+    compute_s REAL,
+    materialize_s REAL,
+    restore_s REAL,
+    note TEXT,
+    PRIMARY KEY (run_id, key)
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    key TEXT NOT NULL,
+    path TEXT NOT NULL,               -- relative to the store
+    sha256 TEXT NOT NULL,
+    nbytes INTEGER NOT NULL,
+    PRIMARY KEY (run_id, key)
+);
+CREATE TABLE IF NOT EXISTS iterations (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    main_id TEXT NOT NULL,
+    main_inst INTEGER NOT NULL,
+    iteration INTEGER NOT NULL,
+    rng_sha TEXT NOT NULL,
+    rng BLOB,
+    PRIMARY KEY (run_id, main_id, main_inst, iteration)
+);
+CREATE TABLE IF NOT EXISTS logs (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    seq INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    main_id TEXT,
+    main_inst INTEGER,
+    iteration INTEGER,
+    region TEXT,                      -- key of the outermost block instance it was printed in
+    probe INTEGER NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+"""
+
+
+def store_path(explicit: str | None = None) -> Path:
+    raw = explicit or os.environ.get(knobs.STORE_ENV) or knobs.STORE_DIRNAME
+    return Path(raw).resolve()
+
+
+@dataclass(frozen=True)
+class Run:
+    id: int
+    kind: str
+    script: str
+    cwd: str
+    argv: list[str]
+    source_sha: str
+    parent: int | None
+    started: float
+    finished: float | None
+    status: str
+    exit_code: int | None
+    threads: int | None
+    pid: int
+    host: str
+    meta: dict[str, Any]
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.finished is None else self.finished - self.started
+
+    @property
+    def effective_status(self) -> str:
+        """``running`` only while its process lives; a killed run reads as ``incomplete``."""
+        if self.status != "running":
+            return self.status
+        if self.host == socket.gethostname() and _alive(self.pid):
+            return "running"
+        return "incomplete"
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    seq: int
+    text: str
+    main_id: str | None
+    main_inst: int | None
+    iteration: int | None
+    region: str | None
+    probe: bool
+
+    def context(self) -> str:
+        if self.main_id is None:
+            return "outside the main loop"
+        where = f"{self.main_id} iteration {self.iteration}"
+        if self.main_inst:
+            where += f" (entry {self.main_inst})"
+        return where + (f", block {self.region}" if self.region else "")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Store:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.blobs = root / "blobs"
+        self.pid = os.getpid()
+        try:
+            self.blobs.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(root / "flortrain.db", timeout=30, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+        except (OSError, sqlite3.Error) as e:
+            raise FlortrainError(f"cannot open store: {e}", Located(str(root)), "FT010") from None
+
+    def owned(self) -> bool:
+        """False in a forked child: it must not write through the parent's connection."""
+        return os.getpid() == self.pid
+
+    def close(self) -> None:
+        if self.owned():
+            self.db.close()
+
+    # -- runs --------------------------------------------------------------------------------
+    def put_source(self, text: str) -> str:
+        sha = hashlib.sha256(text.encode()).hexdigest()
+        self.db.execute("INSERT OR IGNORE INTO sources VALUES (?, ?)", (sha, text))
+        return sha
+
+    def source(self, sha: str) -> str:
+        row = self.db.execute("SELECT text FROM sources WHERE sha=?", (sha,)).fetchone()
+        if row is None:
+            raise FlortrainError(f"source snapshot {sha[:12]} missing", Located(str(self.root)), "FT011")
+        return str(row[0])
+
+    def begin_run(
+        self, kind: str, script: str, argv: list[str], source: str, parent: int | None,
+        threads: int | None, meta: dict[str, Any],
+    ) -> int:
+        sha = self.put_source(source)
+        cur = self.db.execute(
+            "INSERT INTO runs (kind, script, cwd, argv, source_sha, parent, started, status, threads,"
+            " pid, host, meta) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (kind, script, os.getcwd(), json.dumps(argv), sha, parent, time.time(), "running",
+             threads, os.getpid(), socket.gethostname(), json.dumps(meta)),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def update_meta(self, run_id: int, **meta: Any) -> None:
+        run = self.run(run_id)
+        merged = {**run.meta, **meta}
+        self.db.execute("UPDATE runs SET meta=? WHERE id=?", (json.dumps(merged), run_id))
+
+    def finish_run(self, run_id: int, status: str, exit_code: int) -> None:
+        self.db.execute(
+            "UPDATE runs SET finished=?, status=?, exit_code=? WHERE id=?",
+            (time.time(), status, exit_code, run_id),
+        )
+
+    def _run(self, row: tuple[Any, ...]) -> Run:
+        (rid, kind, script, cwd, argv, sha, parent, started, finished, status, code, threads, pid,
+         host, meta) = row
+        return Run(rid, kind, script, cwd, json.loads(argv), sha, parent, started, finished, status,
+                   code, threads, pid, host, json.loads(meta))
+
+    def run(self, run_id: int) -> Run:
+        row = self.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        if row is None:
+            raise FlortrainError(f"no run {run_id}", Located(str(self.root)), "FT012")
+        return self._run(row)
+
+    def runs(self) -> list[Run]:
+        return [self._run(r) for r in self.db.execute("SELECT * FROM runs ORDER BY id")]
+
+    def latest(self, kind: str, script: str | None = None, status: str | None = None) -> Run | None:
+        for r in reversed(self.runs()):
+            if r.kind == kind and (script is None or r.script == script) and (
+                status is None or r.effective_status == status
+            ):
+                return r
+        return None
+
+    # -- blocks and checkpoints ------------------------------------------------------------------
+    def put_block(self, run_id: int, key: str, block_id: str, main_id: str, main_inst: int,
+                  iteration: int, occurrence: int, state: str, compute_s: float | None = None,
+                  materialize_s: float | None = None, restore_s: float | None = None,
+                  note: str | None = None) -> None:
+        if not self.owned():
+            return
+        self.db.execute(
+            "INSERT OR REPLACE INTO blocks VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (run_id, key, block_id, main_id, main_inst, iteration, occurrence, state, compute_s,
+             materialize_s, restore_s, note),
+        )
+
+    def blocks(self, run_id: int) -> list[dict[str, Any]]:
+        cur = self.db.execute("SELECT * FROM blocks WHERE run_id=? ORDER BY rowid", (run_id,))
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r, strict=True)) for r in cur]
+
+    def write_blob(self, run_id: int, key: str, data: bytes) -> tuple[str, str]:
+        """Write a checkpoint blob durably under a temporary name, then rename it into place."""
+        rel = f"{run_id}/{_safe(key)}.pt"
+        path = self.blobs / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return rel, hashlib.sha256(data).hexdigest()
+
+    def commit_checkpoint(self, run_id: int, key: str, rel: str, sha: str, nbytes: int) -> None:
+        """The commit marker: a checkpoint exists only once this row does."""
+        self.db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?)", (run_id, key, rel, sha, nbytes))
+
+    def checkpoints(self, run_id: int) -> dict[str, tuple[str, str, int]]:
+        return {
+            k: (p, s, n)
+            for k, p, s, n in self.db.execute(
+                "SELECT key, path, sha256, nbytes FROM checkpoints WHERE run_id=?", (run_id,)
+            )
+        }
+
+    def read_blob(self, rel: str, sha: str) -> bytes | None:
+        """The blob, or None when it is missing or does not match its recorded hash."""
+        try:
+            data = (self.blobs / rel).read_bytes()
+        except OSError:
+            return None
+        return data if hashlib.sha256(data).hexdigest() == sha else None
+
+    # -- iterations ------------------------------------------------------------------------------
+    def put_iterations(self, run_id: int, rows: Iterable[tuple[str, int, int, str, bytes | None]]) -> None:
+        if not self.owned():
+            return
+        self.db.executemany(
+            "INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?)", [(run_id, *r) for r in rows]
+        )
+
+    def iteration_hashes(self, run_id: int) -> dict[tuple[str, int, int], str]:
+        return {
+            (m, i, it): sha
+            for m, i, it, sha in self.db.execute(
+                "SELECT main_id, main_inst, iteration, rng_sha FROM iterations WHERE run_id=?", (run_id,)
+            )
+        }
+
+    # -- logs ------------------------------------------------------------------------------------
+    def put_logs(self, run_id: int, entries: Iterable[LogEntry]) -> None:
+        if not self.owned():
+            return
+        self.db.execute("BEGIN")
+        self.db.executemany(
+            "INSERT OR REPLACE INTO logs VALUES (?,?,?,?,?,?,?,?)",
+            [(run_id, e.seq, e.text, e.main_id, e.main_inst, e.iteration, e.region, int(e.probe)) for e in entries],
+        )
+        self.db.execute("COMMIT")
+
+    def logs(self, run_id: int) -> Iterator[LogEntry]:
+        for seq, text, m, mi, it, region, probe in self.db.execute(
+            "SELECT seq, text, main_id, main_inst, iteration, region, probe FROM logs WHERE run_id=? ORDER BY seq",
+            (run_id,),
+        ):
+            yield LogEntry(seq, text, m, mi, it, region, bool(probe))
+
+
+def _safe(key: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+
+
+def open_store(explicit: str | None = None) -> Store:
+    return Store(store_path(explicit))
