@@ -53,7 +53,15 @@ def _ancestors(node: cst.CSTNode, parents: Any) -> Iterator[cst.CSTNode]:
 
 
 def _names_read(node: cst.CSTNode) -> set[str]:
+    """Free names a probe reads: not attribute names, not its own comprehension/lambda variables."""
     out: set[str] = set()
+    own: set[str] = set()
+
+    def targets(n: cst.CSTNode) -> None:
+        if isinstance(n, cst.Name):
+            own.add(n.value)
+        for c in n.children:
+            targets(c)
 
     def walk(n: cst.CSTNode) -> None:
         if isinstance(n, cst.Name):
@@ -61,11 +69,16 @@ def _names_read(node: cst.CSTNode) -> set[str]:
         if isinstance(n, cst.Attribute):
             walk(n.value)
             return
+        if isinstance(n, cst.CompFor):
+            targets(n.target)
+        if isinstance(n, cst.Lambda):
+            for p in n.params.params:
+                own.add(p.name.value)
         for c in n.children:
             walk(c)
 
     walk(node)
-    return out
+    return out - own
 
 
 def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:

@@ -204,6 +204,8 @@ class _Walker:
     def for_target(self, target: cst.BaseExpression, it: cst.BaseExpression) -> None:
         names = list(_names_of(target))
         self.bind(names)
+        for n in names:  # the loop variable keeps its last value after the loop (rule 3)
+            self.add(n, Restore.REBOUND, 3, self.prog.line(target))
         src = self._alias_source(it)
         if src is not None:
             for n in names:

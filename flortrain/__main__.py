@@ -1,0 +1,5 @@
+"""``python -m flortrain`` is the ``flortrain`` command."""
+
+from flortrain.cli import main
+
+main()

@@ -1,0 +1,88 @@
+"""The correctness protocol of DESIGN.md, as reusable steps.
+
+Ground truth is always a plain ``python SCRIPT`` run in a fresh process:
+1. ``flortrain record S`` prints the same bytes as ``python S``;
+2. ``flortrain replay S'`` prints the probe lines ``python S'`` prints, identical and in order;
+3. ``flortrain diff`` exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+MARKER = re.compile(r"^(?P<indent>[ \t]*)# flortrain-probe (?P<kind>outer|inner): (?P<stmt>.+)$")
+
+
+def fixture_names() -> list[str]:
+    return sorted(p.stem for p in FIXTURES.glob("*.py"))
+
+
+def with_probe(text: str, kind: str) -> str:
+    """The fixture with one marker comment turned into its probe statement."""
+    out = []
+    found = 0
+    for line in text.splitlines(keepends=True):
+        m = MARKER.match(line.rstrip("\n"))
+        if m and m.group("kind") == kind:
+            out.append(f"{m.group('indent')}{m.group('stmt')}\n")
+            found += 1
+        else:
+            out.append(line)
+    assert found == 1, f"expected one {kind} marker, found {found}"
+    return "".join(out)
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> Result:
+    full_env = {**os.environ, **(env or {})}
+    p = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return Result(p.returncode, p.stdout, p.stderr)
+
+
+def plain(script: Path, args: list[str] | None = None) -> Result:
+    return run([sys.executable, script.name, *(args or [])], script.parent)
+
+
+def flortrain(cwd: Path, *args: str, env: dict[str, str] | None = None) -> Result:
+    return run([sys.executable, "-m", "flortrain", *args], cwd, env)
+
+
+def probe_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith("PROBE")]
+
+
+def copy_fixture(name: str, into: Path) -> Path:
+    dst = into / f"{name}.py"
+    shutil.copy(FIXTURES / f"{name}.py", dst)
+    return dst
+
+
+def block_states(store: Path, run_id: int) -> dict[str, int]:
+    db = sqlite3.connect(store / "flortrain.db")
+    try:
+        rows = db.execute("SELECT state, COUNT(*) FROM blocks WHERE run_id=? GROUP BY state", (run_id,))
+        return {s: n for s, n in rows}
+    finally:
+        db.close()
+
+
+def latest_run(cwd: Path) -> dict[str, object]:
+    r = flortrain(cwd, "runs", "--json")
+    assert r.code == 0, r.err
+    runs: list[dict[str, object]] = json.loads(r.out)
+    return runs[-1]
