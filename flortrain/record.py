@@ -27,7 +27,8 @@ def record(script: str, args: list[str], store_dir: str | None) -> int:
     inst = instrument_file(script, text)
     code = compile_for(script, inst.code_text, text)
     store = open_store(store_dir)
-    threads = intra_op_threads()
+    uses_torch = "torch" in text
+    threads = intra_op_threads(uses_torch)
     plan = inst.plan
     meta = {
         "versions": _versions(),
@@ -45,7 +46,7 @@ def record(script: str, args: list[str], store_dir: str | None) -> int:
         print(f"flortrain: {script}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
     session = Session("record", store, run_id)
     t0 = time.perf_counter()
-    status = execute(session, code, script, args)
+    status = execute(session, code, script, args, uses_torch)
     elapsed = time.perf_counter() - t0
     store.finish_run(run_id, "complete" if status == 0 else "failed", status)
     c = session.counts

@@ -76,7 +76,7 @@ def replay(
     )
     session = Session("replay", store, run, replay=source)
     t0 = time.perf_counter()
-    status = execute(session, code, script, args)
+    status = execute(session, code, script, args, "torch" in current_text)
     elapsed = time.perf_counter() - t0
     store.finish_run(run, "complete" if status == 0 else "failed", status)
     c = session.counts

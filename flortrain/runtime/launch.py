@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import sys
 from types import CodeType
 
@@ -13,16 +14,12 @@ from flortrain.runtime.session import Session
 
 
 def torch_available() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("torch") is not None
 
 
-def intra_op_threads() -> int | None:
+def intra_op_threads(uses_torch: bool = True) -> int | None:
     """Intra-op threads change float reductions bitwise (RepDL): recorded, pinned on replay."""
-    if not torch_available():
+    if not uses_torch or not torch_available():
         return None
     import torch
 
@@ -36,9 +33,12 @@ def pin_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-def execute(session: Session, code: CodeType, script: str, args: list[str]) -> int:
-    """Run the script under ``session``; always finalize what was captured."""
-    if torch_available():
+def execute(session: Session, code: CodeType, script: str, args: list[str], uses_torch: bool = True) -> int:
+    """Run the script under ``session``; always finalize what was captured.
+
+    The registry must be in place before the script builds its first module, so torch is imported
+    up front when the script uses it (and not at all for a script that never mentions it)."""
+    if uses_torch and torch_available():
         session.registry.install()
     tee = Tee(sys.stdout, session.context, lambda entries: session.store.put_logs(session.run_id, entries))
     session.tee = tee

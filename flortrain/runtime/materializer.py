@@ -10,6 +10,8 @@ writes on the training thread.
 from __future__ import annotations
 
 import io
+import pickle
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,17 +33,23 @@ class Materializer(Protocol):
 
 
 def serialize(payload: dict[str, Any]) -> bytes:
-    import torch
-
+    """torch.save when the script uses torch (tensors serialize by storage), plain pickle
+    otherwise; one leading byte says which."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return b"P" + pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
     buf = io.BytesIO()
     torch.save(payload, buf)
-    return buf.getvalue()
+    return b"T" + buf.getvalue()
 
 
 def deserialize(data: bytes) -> dict[str, Any]:
+    if data[:1] == b"P":
+        out: dict[str, Any] = pickle.loads(data[1:])
+        return out
     import torch
 
-    out: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
+    out = torch.load(io.BytesIO(data[1:]), weights_only=False, map_location="cpu")
     return out
 
 

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run every check: lint, types, and the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check flortrain tests benchmarks
+.venv/bin/mypy
+.venv/bin/python -m pytest -n 2 -q "$@"
