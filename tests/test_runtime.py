@@ -1,0 +1,190 @@
+"""Runtime guarantees on real PyTorch training, each against a plain run as ground truth:
+probe isolation, alias detection through the registry, crash safety, corrupt checkpoints,
+the adaptive period, and pinned intra-op threads."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import textwrap
+from pathlib import Path
+
+from tests.protocol import block_states, flortrain, latest_run, plain, probe_lines
+
+EVERY = {"FLORTRAIN_PERIOD": "every"}
+
+BASE = textwrap.dedent(
+    """\
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    X = torch.randn(64, 8)
+    Y = (X.sum(1, keepdim=True) > 0).float()
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(4):
+        perm = torch.randperm(64)
+        for i in range(0, 64, 16):
+            idx = perm[i:i + 16]
+            opt.zero_grad()
+            loss = nn.functional.binary_cross_entropy_with_logits(model(X[idx]), Y[idx])
+            loss.backward()
+            opt.step()
+        print(f"epoch {epoch} loss {loss.item():.10f}")
+        #PROBE
+    """
+)
+
+
+def _write(tmp: Path, text: str) -> Path:
+    p = tmp / "train.py"
+    p.write_text(text)
+    return p
+
+
+def test_probe_is_isolated_from_rng_and_module_mode(tmp_path: Path) -> None:
+    script = _write(tmp_path, BASE)
+    truth = plain(script).out
+    assert flortrain(tmp_path, "record", "train.py", env=EVERY).out == truth
+    # A careless probe: switches the model to eval mode, draws random numbers. In a plain run it
+    # would change training; under replay it must not.
+    _write(tmp_path, BASE.replace("    #PROBE", "    print('PROBE', model.eval() is model, torch.rand(1).item() < 2, float(model(X[:2]).sum()) == float(model(X[:2]).sum()))"))
+    rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
+    assert rep.code == 0, rep.err
+    assert probe_lines(rep.out) == ["PROBE True True True"] * 4
+    # the training lines the replay printed equal the record's exactly
+    assert [ln for ln in rep.out.splitlines() if not ln.startswith("PROBE")] == truth.splitlines()
+    assert flortrain(tmp_path, "diff").code == 0
+
+
+HIDDEN = textwrap.dedent(
+    """\
+    import torch
+    from torch import nn
+    from helper import sgd_step
+
+    torch.manual_seed(0)
+    X = torch.randn(32, 4)
+    Y = X @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    model = nn.Linear(4, 1)
+    params = list(model.parameters())
+    for epoch in range(4):
+        total = 0.0
+        for i in range(0, 32, 8):
+            loss = ((model(X[i:i + 8]) - Y[i:i + 8]) ** 2).mean()
+            loss.backward()
+            sgd_step(params, 0.05)
+            total += loss.item()
+        print(f"epoch {epoch} total {total:.10f}")
+        #PROBE
+    """
+)
+
+HELPER = textwrap.dedent(
+    """\
+    import torch
+
+    def sgd_step(params, lr):
+        with torch.no_grad():
+            for p in params:
+                p -= lr * p.grad
+                p.grad = None
+    """
+)
+
+
+def test_state_changed_through_an_unseen_alias_is_not_missed(tmp_path: Path) -> None:
+    # `sgd_step` lives in another module: the changeset rules cannot see that it updates the
+    # model (the loop never names it). The registry's watch must catch it.
+    (tmp_path / "helper.py").write_text(HELPER)
+    script = _write(tmp_path, HIDDEN)
+    truth = plain(script).out
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert rec.out == truth
+    assert "changed a Linear" in rec.err
+    probed = HIDDEN.replace("    #PROBE", "    print('PROBE', repr(model.weight.sum().item()), repr(model.bias.item()))")
+    _write(tmp_path, probed)
+    want = probe_lines(plain(script).out)
+    rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
+    assert rep.code == 0, rep.err
+    assert probe_lines(rep.out) == want
+    assert block_states(tmp_path / ".flortrain", int(latest_run(tmp_path)["id"])).get("skipped") == 4  # type: ignore[arg-type]
+    assert flortrain(tmp_path, "diff").code == 0
+
+
+KILLED = BASE.replace(
+    '    print(f"epoch {epoch} loss {loss.item():.10f}")\n',
+    '    print(f"epoch {epoch} loss {loss.item():.10f}", flush=True)\n'
+    "    if epoch == 2:\n"
+    "        import os, signal\n"
+    "        os.kill(os.getpid(), signal.SIGKILL)\n",
+)
+assert KILLED != BASE
+
+
+def test_killed_record_stays_readable_and_replayable(tmp_path: Path) -> None:
+    script = _write(tmp_path, KILLED)
+    truth = plain(script)
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert rec.code == -9 and truth.code == -9
+    assert rec.out == truth.out
+    run = latest_run(tmp_path)
+    assert run["status"] == "incomplete" and run["duration"] is None
+    states = block_states(tmp_path / ".flortrain", int(run["id"]))  # type: ignore[arg-type]
+    assert states.get("checkpointed", 0) >= 2, states
+    _write(tmp_path, KILLED.replace("    #PROBE", "    print('PROBE', repr(model[0].weight.sum().item()))"))
+    want = probe_lines(plain(script).out)
+    rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
+    assert "incomplete" in rep.err
+    assert probe_lines(rep.out) == want and len(want) == 2  # the kill comes before the probe in epoch 2
+
+
+def test_corrupt_checkpoint_is_reexecuted_not_trusted(tmp_path: Path) -> None:
+    script = _write(tmp_path, BASE)
+    flortrain(tmp_path, "record", "train.py", env=EVERY)
+    db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
+    [(rel,)] = db.execute("SELECT path FROM checkpoints WHERE key LIKE '%.1#0'").fetchall()
+    db.close()
+    blob = tmp_path / ".flortrain" / "blobs" / rel
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    _write(tmp_path, BASE.replace("    #PROBE", "    print('PROBE', repr(model[2].weight.sum().item()))"))
+    want = probe_lines(plain(script).out)
+    rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
+    assert "missing or corrupt" in rep.err
+    assert probe_lines(rep.out) == want
+    states = block_states(tmp_path / ".flortrain", int(latest_run(tmp_path)["id"]))  # type: ignore[arg-type]
+    assert states == {"skipped": 3, "executed": 1}
+    assert flortrain(tmp_path, "diff").code == 0
+
+
+def test_adaptive_period_checkpoints_fewer_and_replays_exactly(tmp_path: Path) -> None:
+    # A wide model and a one-batch loop: materializing costs far more than computing, so Eq. 4
+    # allows only the first checkpoint; replay re-executes the rest and is still exact.
+    text = BASE.replace("nn.Linear(8, 16), nn.Dropout(0.2), nn.Linear(16, 1)", "nn.Linear(8, 2048), nn.Dropout(0.2), nn.Linear(2048, 1)").replace("range(0, 64, 16)", "range(0, 16, 16)").replace("range(4)", "range(6)")
+    script = _write(tmp_path, text)
+    truth = plain(script).out
+    assert flortrain(tmp_path, "record", "train.py").out == truth
+    states = block_states(tmp_path / ".flortrain", int(latest_run(tmp_path)["id"]))  # type: ignore[arg-type]
+    assert 1 <= states.get("checkpointed", 0) < 6, states
+    _write(tmp_path, text.replace("    #PROBE", "    print('PROBE', repr(model[2].weight.sum().item()))"))
+    want = probe_lines(plain(script).out)
+    rep = flortrain(tmp_path, "replay", "train.py")
+    assert probe_lines(rep.out) == want
+    assert flortrain(tmp_path, "diff").code == 0
+
+
+def test_intra_op_threads_are_pinned_on_replay(tmp_path: Path) -> None:
+    _write(tmp_path, BASE)
+    flortrain(tmp_path, "record", "train.py", env={**EVERY, "OMP_NUM_THREADS": "1"})
+    run = latest_run(tmp_path)
+    db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
+    [(threads,)] = db.execute("SELECT threads FROM runs WHERE id=?", (run["id"],)).fetchall()
+    db.close()
+    assert threads == 1
+    _write(tmp_path, BASE.replace("    #PROBE", "    print('PROBE', torch.get_num_threads())"))
+    rep = flortrain(tmp_path, "replay", "train.py", env={**EVERY, "OMP_NUM_THREADS": "2"})
+    assert probe_lines(rep.out) == ["PROBE 1"] * 4
+    assert json.loads(flortrain(tmp_path, "runs", "--json").out)[-1]["kind"] == "replay"
