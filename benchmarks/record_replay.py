@@ -1,0 +1,156 @@
+"""Record overhead and replay speedup, measured side by side in one run.
+
+For each workload, R repetitions of (interleaved, so drift affects all equally):
+- ``python S``                      plain run (ground truth and baseline)
+- ``flortrain record S``            record with the default adaptive period
+- ``python S'``                     plain run of S with an outer probe (what a user would re-run)
+- ``flortrain replay S'``           partial replay: memoized loops skipped
+- ``python S''`` / ``replay S''``   an inner probe: the probed loop re-executes
+
+Wall-clock medians end to end, process start-up included (that is what a user waits for).
+Writes benchmarks/results/record_replay.json and .png.
+
+    python benchmarks/record_replay.py [--reps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "results"
+
+WORKLOADS = {
+    # name: (source file, args, outer probe (after, statement), inner probe (after, statement))
+    "example-12-epochs": (
+        ROOT / "examples" / "train.py",
+        ["--epochs", "12"],
+        ("        scheduler.step()\n", "        print('PROBE', model[0].weight.norm().item())\n"),
+        ("        loss.backward()\n", "        print('PROBE', model[0].weight.grad.norm().item())\n"),
+    ),
+    "fixture-module-level": (
+        ROOT / "fixtures" / "module_level.py",
+        ["--epochs", "8"],
+        None,
+        None,
+    ),
+}
+
+
+def _marker(text: str, kind: str) -> str:
+    out = []
+    for line in text.splitlines(keepends=True):
+        s = line.strip()
+        prefix = f"# flortrain-probe {kind}: "
+        if s.startswith(prefix):
+            indent = line[: len(line) - len(line.lstrip())]
+            out.append(indent + s[len(prefix):] + "\n")
+        else:
+            out.append(line)
+    return "".join(out)
+
+
+def _insert(text: str, after: str, stmt: str) -> str:
+    assert after in text, after
+    return text.replace(after, after + stmt, 1)
+
+
+def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stderr}")
+    return dt
+
+
+def bench(name: str, reps: int) -> dict[str, object]:
+    src, args, outer, inner = WORKLOADS[name]
+    base = src.read_text()
+    s_outer = _insert(base, *outer) if outer else _marker(base, "outer")
+    s_inner = _insert(base, *inner) if inner else _marker(base, "inner")
+    env = {**os.environ}
+    ft = [sys.executable, "-m", "flortrain"]
+    times: dict[str, list[float]] = {k: [] for k in ("plain", "record", "plain_outer", "replay_outer", "plain_inner", "replay_inner")}
+    with tempfile.TemporaryDirectory() as d:
+        cwd = Path(d)
+        script = cwd / "train.py"
+        for _ in range(reps):
+            shutil.rmtree(cwd / ".flortrain", ignore_errors=True)
+            script.write_text(base)
+            times["plain"].append(timed([sys.executable, "train.py", *args], cwd, env))
+            times["record"].append(timed([*ft, "record", "train.py", *args], cwd, env))
+            script.write_text(s_outer)
+            times["plain_outer"].append(timed([sys.executable, "train.py", *args], cwd, env))
+            times["replay_outer"].append(timed([*ft, "replay", "train.py"], cwd, env))
+            script.write_text(s_inner)
+            times["plain_inner"].append(timed([sys.executable, "train.py", *args], cwd, env))
+            times["replay_inner"].append(timed([*ft, "replay", "train.py"], cwd, env))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "workload": name,
+        "reps": reps,
+        "median_s": med,
+        "samples_s": times,
+        "record_overhead": med["record"] / med["plain"] - 1.0,
+        "outer_probe_speedup": med["plain_outer"] / med["replay_outer"],
+        "inner_probe_speedup": med["plain_inner"] / med["replay_inner"],
+    }
+
+
+def plot(results: list[dict[str, object]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = ["plain", "record", "plain_outer", "replay_outer", "plain_inner", "replay_inner"]
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+    for ax, r in zip(axes[0], results, strict=True):
+        med = r["median_s"]
+        assert isinstance(med, dict)
+        ax.bar(labels, [med[k] for k in labels], color=["#888", "#c44", "#888", "#48c", "#888", "#48c"])
+        ax.set_title(
+            f"{r['workload']}: record +{100 * float(r['record_overhead']):.0f}%, outer probe"
+            f" {float(r['outer_probe_speedup']):.2f}x",
+            fontsize=9,
+        )
+        ax.set_ylabel("median wall time (s)")
+        ax.tick_params(axis="x", rotation=30, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
+    a = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    results = [bench(w, a.reps) for w in (a.workload or list(WORKLOADS))]
+    doc = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}, "results": results}
+    (OUT / "record_replay.json").write_text(json.dumps(doc, indent=2))
+    plot(results, OUT / "record_replay.png")
+    for r in results:
+        med = r["median_s"]
+        assert isinstance(med, dict)
+        print(
+            f"{r['workload']}: plain {med['plain']:.2f}s record {med['record']:.2f}s"
+            f" (+{100 * float(r['record_overhead']):.1f}%); outer probe {med['plain_outer']:.2f}s ->"
+            f" {med['replay_outer']:.2f}s ({float(r['outer_probe_speedup']):.2f}x); inner probe"
+            f" {med['plain_inner']:.2f}s -> {med['replay_inner']:.2f}s ({float(r['inner_probe_speedup']):.2f}x)"
+        )
+
+
+if __name__ == "__main__":
+    main()
