@@ -194,8 +194,8 @@ def add_cli_probe(text: str, spec: str, path: str) -> str:
     lines = text.splitlines(keepends=True)
     first = lines[pos[target].start.line - 1]
     indent = first[: len(first) - len(first.lstrip())]
-    stmt = f"{indent}print({expr!r} + ' =', ({expr}))\n"
+    added = f"{indent}print({expr!r} + ' =', ({expr}))\n"
     if lines and not lines[line - 1].endswith("\n"):
         lines[line - 1] += "\n"
-    lines.insert(line, stmt)
+    lines.insert(line, added)
     return "".join(lines)

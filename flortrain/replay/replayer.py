@@ -26,14 +26,14 @@ def find_record(store: Store, script: str, run_id: int | None) -> Run:
             raise FlortrainError(f"run {run_id} is a {run.kind}; replay needs a record run", code="FT031")
         return run
     abspath = os.path.abspath(script)
-    run = store.latest("record", abspath, "complete") or store.latest("record", abspath)
-    if run is None:
+    latest = store.latest("record", abspath, "complete") or store.latest("record", abspath)
+    if latest is None:
         raise FlortrainError(
             f"no recorded run of this script in {store.root}; run `flortrain record {script}` first",
             Located(script),
             "FT031",
         )
-    return run
+    return latest
 
 
 def _costs(store: Store, run_id: int) -> dict[str, tuple[int, int, float, float]]:

@@ -60,7 +60,7 @@ class Registry:
             self._undo.pop()()
 
     def add(self, obj: Any) -> None:
-        if self.paused or id(obj) in self._index and self.get(self._index[id(obj)]) is obj:
+        if self.paused or (id(obj) in self._index and self.get(self._index[id(obj)]) is obj):
             return
         self._index[id(obj)] = len(self._objects)
         self._objects.append(weakref.ref(obj))

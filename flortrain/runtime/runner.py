@@ -7,6 +7,7 @@ exception prints the traceback Python would print, starting at the user's frame,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -57,10 +58,8 @@ def run_as_main(code: CodeType, script: str, args: list[str]) -> int:
         traceback.print_exception(type(e), e, _user_traceback(e.__traceback__))
         return 1
     finally:
-        try:
+        with contextlib.suppress(Exception):
             sys.stdout.flush()
-        except Exception:
-            pass
         sys.argv = saved_argv
         sys.path[:] = saved_path
         if saved_main is not None:

@@ -39,7 +39,7 @@ class Session:
     replay: ReplaySource | None = None
     registry: Registry = field(default_factory=Registry)
     adaptive: AdaptivePeriod = field(default_factory=AdaptivePeriod)
-    materializer: Materializer | None = None  # type: ignore[assignment]
+    materializer: Materializer | None = None
     main: list[Any] | None = None  # [main id, entry, iteration]
     main_entries: dict[str, int] = field(default_factory=dict)
     occurrences: dict[str, int] = field(default_factory=dict)

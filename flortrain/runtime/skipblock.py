@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from flortrain import knobs
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 Getters = Mapping[str, Callable[[], Any]]
 
 
-class State(str, Enum):
+class State(StrEnum):
     RECORD = "record"
     SKIP = "skip"
     EXECUTE = "execute"
@@ -105,6 +105,7 @@ class SkipBlock:
             return
         try:
             payload = self._payload(s, objects, names)
+            assert s.materializer is not None
             m = s.materializer.submit(self.key, payload)
         except Exception as e:  # any failure to checkpoint leaves the instance to re-execute
             s.warn_once(self.id, f"block {self.id} not checkpointed: {e}")
