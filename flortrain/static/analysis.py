@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from flortrain.errors import FlortrainError, Located
 from flortrain.static.changeset import NoEstimate, loop_changeset
 from flortrain.static.loops import LoopForest
 from flortrain.static.plan import Block, FunctionSpan, MainLoop, Plan, Refusal, Span
@@ -27,6 +28,17 @@ def loop_id(prefix: str, line: int) -> str:
 
 
 def analyse(source: Source) -> Plan:
+    """Every static fact about ``source``. A file too deeply nested for libcst's recursive walks
+    (``pydoc_data/topics.py``'s thousand-line string concatenation) is a one-line refusal."""
+    try:
+        return _analyse(source)
+    except RecursionError:
+        raise FlortrainError(
+            "too deeply nested for the static pass", Located(source.path), "FT004"
+        ) from None
+
+
+def _analyse(source: Source) -> Plan:
     prog = index(source)
     forest = LoopForest(prog)
     mains: list[MainLoop] = []

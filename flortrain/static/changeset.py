@@ -133,6 +133,13 @@ class _Walker:
             # carries every in-place change made to it.
             self.fx.changes[expr] = Change(expr, restore, rule, line, is_global)
 
+    def _mutated_in_place(self, expr: str) -> Change | None:
+        """An in-place change to ``expr`` or to something reached through it (``model.fc``)."""
+        for ch in self.fx.changes.values():
+            if ch.restore is Restore.IN_PLACE and (ch.expr == expr or ch.expr.startswith(expr + ".")):
+                return ch
+        return None
+
     def _through_alias(self, expr: str) -> str:
         seen: set[str] = set()
         while root(expr) in self.fx.aliases and root(expr) not in seen:
@@ -142,6 +149,24 @@ class _Walker:
 
     def bind(self, names: Iterable[str]) -> None:
         self.fx.bound.update(names)
+
+    def is_global(self, name: str) -> bool:
+        """Whether rebinding ``name`` here rebinds a module global (restored through ``globals()``).
+        A ``nonlocal`` name is not: the restore statement sits in this same function, where plain
+        assignment reaches the enclosing function's variable."""
+        return (
+            self.scope.qualname != MODULE
+            and not self.scope.is_local(name)
+            and name not in self.scope.declared_nonlocal
+        )
+
+    def rebind(self, names: Iterable[str], line: int) -> None:
+        """Names a statement binds without an ``=`` (``with ... as``, ``import``, ``def``, ``class``,
+        ``case`` captures) keep their last value after the loop, like ``v = u`` (rule 3); the
+        loop-scoped filter drops those nobody reads after the loop."""
+        for n in names:
+            self.bind([n])
+            self.add(n, Restore.REBOUND, 3, line, is_global=self.is_global(n))
 
     # -- statements --------------------------------------------------------------------------
     def statements(self, stmts: Sequence[cst.CSTNode]) -> None:
@@ -174,7 +199,7 @@ class _Walker:
             for item in s.items:
                 self.expr_effects(item.item, self.prog.line(s))
                 if item.asname is not None:
-                    self.bind(_names_of(item.asname.name))
+                    self.rebind(_names_of(item.asname.name), self.prog.line(s))
             self.suite(s.body)
         elif isinstance(s, cst.Try | cst.TryStar):
             self.suite(s.body)
@@ -187,10 +212,11 @@ class _Walker:
             if s.finalbody is not None:
                 self.suite(s.finalbody.body)
         elif isinstance(s, cst.FunctionDef | cst.ClassDef):
-            self.bind([s.name.value])
+            self.rebind([s.name.value], self.prog.line(s))
         elif isinstance(s, cst.Match):
+            self.expr_effects(s.subject, self.prog.line(s))
             for case in s.cases:
-                self.bind(n.value for n in _walk_no_defs(case.pattern) if isinstance(n, cst.Name))
+                self.rebind(_pattern_captures(case.pattern), self.prog.line(case))
                 self.suite(case.body)
         else:
             raise NoEstimate(f"unsupported statement {type(s).__name__} at line {self.prog.line(s)}")
@@ -205,11 +231,36 @@ class _Walker:
         names = list(_names_of(target))
         self.bind(names)
         for n in names:  # the loop variable keeps its last value after the loop (rule 3)
-            self.add(n, Restore.REBOUND, 3, self.prog.line(target))
+            self.add(n, Restore.REBOUND, 3, self.prog.line(target), is_global=self.is_global(n))
+        for n, src in self._alias_pairs(target, it):
+            self.fx.aliases[n] = src
+
+    def _alias_pairs(self, target: cst.BaseExpression, it: cst.BaseExpression) -> Iterator[tuple[str, str]]:
+        """Which loop-scoped names view which outer objects (``for p in model.parameters()``:
+        ``p`` views ``model``). ``zip``/``enumerate`` are destructured element by element, so in
+        ``for p, e in zip(model.parameters(), ema.parameters())`` a change through ``e`` is charged
+        to ``ema``, not to the first argument."""
+        if (
+            isinstance(it, cst.Call)
+            and isinstance(it.func, cst.Name)
+            and it.func.value in {"zip", "enumerate"}
+            and not self.scope_shadows(it.func.value)
+            and isinstance(target, cst.Tuple | cst.List)
+            and not any(isinstance(el, cst.StarredElement) for el in target.elements)
+        ):
+            args = [a.value for a in it.args if a.keyword is None and not a.star]
+            elements = [el.value for el in target.elements]
+            if it.func.value == "zip" and len(args) == len(elements) == len(it.args):
+                for el, arg in zip(elements, args, strict=True):
+                    yield from self._alias_pairs(el, arg)
+                return
+            if it.func.value == "enumerate" and len(elements) == 2 and args:
+                yield from self._alias_pairs(elements[1], args[0])  # the index views nothing
+                return
         src = self._alias_source(it)
         if src is not None:
-            for n in names:
-                self.fx.aliases[n] = src
+            for n in _names_of(target):
+                yield n, src
 
     def _alias_source(self, value: cst.BaseExpression) -> str | None:
         """The outer object a loop-scoped name views: ``model.parameters()`` -> ``model``."""
@@ -261,10 +312,9 @@ class _Walker:
             elif not isinstance(s.names, cst.ImportStar):
                 for a in s.names:
                     names += list(_names_of(a.asname.name if a.asname else a.name))
-            self.bind(names)
-        elif isinstance(s, cst.Global | cst.Nonlocal):
-            raise NoEstimate(f"line {line}: `{type(s).__name__.lower()}` inside the loop")
-        # pass, break, continue, raise, assert: no state change
+            self.rebind(names, line)
+        # pass, break, continue, raise, assert: no state change. `global`/`nonlocal` neither: the
+        # index applies them to the whole function (as Python does), and `is_global` reads that.
 
     def check_escapes(self, s: cst.CSTNode, line: int) -> None:
         if not self.in_loop:
@@ -281,11 +331,23 @@ class _Walker:
         self, targets: list[cst.BaseExpression], value: cst.BaseExpression, line: int, augmented: bool = False
     ) -> None:
         for t in targets:
+            # Rule 0: rebinding what the loop already mutated in place leaves the old object (which
+            # others may still reference) changed, and restoring only the new binding misses it.
+            # An object the loop itself created (its root bound in the loop) is exempt.
             if isinstance(t, cst.Name):
-                old = self.fx.changes.get(self._through_alias(t.value))
-                if old is not None and old.restore is Restore.IN_PLACE and t.value not in self.fx.bound:
+                expr: str | None = self._through_alias(t.value)
+            elif isinstance(t, cst.Attribute) and t.attr.value not in _VIEW_ATTRS:
+                expr = object_expr(t, self.module)
+                if expr is not None and root(expr) in self.fx.aliases:
+                    expr = None  # a view's attribute: charged to the viewed object in place anyway
+            else:
+                expr = None
+            if expr is not None and root(expr) not in self.fx.bound:
+                old = self._mutated_in_place(expr)
+                if old is not None:
                     raise NoEstimate(
-                        f"line {line}: rule 0: `{t.value}` is rebound after the loop mutated it in place"
+                        f"line {line}: rule 0: `{self.prog.code(t)}` is rebound after the loop mutated"
+                        f" `{old.expr}` in place"
                     )
         rule = 3
         if isinstance(value, cst.Call):
@@ -310,10 +372,7 @@ class _Walker:
             self.bind([name])
             if augmented and was_bound and name in self.fx.aliases:
                 return  # `w += 1` on a view of an outer object: charged to that object already
-            if not self.scope.is_local(name) and self.scope.qualname != MODULE:
-                self.add(name, Restore.REBOUND, rule, line, is_global=True)
-            else:
-                self.add(name, Restore.REBOUND, rule, line)
+            self.add(name, Restore.REBOUND, rule, line, is_global=self.is_global(name))
         elif isinstance(t, cst.Attribute):
             expr = object_expr(t, self.module)
             if expr is None:
@@ -343,6 +402,17 @@ class _Walker:
         """Apply rules 1/2/4/5 to a call; return the rule that fired (for assignment)."""
         for a in call.args:
             self.expr_effects(a.value, line)
+            if (
+                a.keyword is not None
+                and a.keyword.value in library.MUTATED_KEYWORDS
+                and isinstance(a.value, cst.Name | cst.Attribute | cst.Subscript)
+            ):
+                # `torch.randn(.., generator=g)` advances g; `torch.add(a, b, out=c)` writes c.
+                # A library's own object (`torch.default_generator`) is global RNG state, which
+                # every checkpoint captures anyway.
+                obj = object_expr(a.value, self.module)
+                if obj is not None and root(obj) not in self.prog.imported:
+                    self.add(obj, Restore.IN_PLACE, 4, line)
         resolved = self.prog.resolve_call(call, self.scope)
         if resolved is not None:
             self.callee(call, resolved[0], resolved[1], line)
@@ -354,6 +424,9 @@ class _Walker:
             if obj is not None and root(obj) in self.prog.imported:
                 self.library_call(name or func.attr.value, call, line)
                 return 2
+            if func.attr.value in library.MUTATING_LIBRARY:
+                # `rng.shuffle(idx)` on a local Generator/Random changes idx as well as rng
+                self.mutated_arg(call, library.MUTATING_LIBRARY[func.attr.value], line)
             if func.attr.value in library.PURE_METHODS:
                 return 2
             if obj is None:
@@ -423,11 +496,35 @@ class _Walker:
             raise NoEstimate(f"line {line}: in `{qual}()`: {e}") from None
         self.fx.reaches.update(fx.reaches)
         binding = _bind_params(call, scope, receiver)
+        module = self.prog.scopes[MODULE]
         for ch in fx.changes.values():
             r = root(ch.expr)
             rest = ch.expr[len(r):]
-            if ch.is_global or (scope.qualname != MODULE and r not in scope.bound and r in self.prog.scopes[MODULE].bound):
-                # a module-level object: the same name here (unless it is local here)
+            owner = module if ch.is_global else self.prog.binding_scope(scope, r)
+            if owner is not None and owner is not scope and owner is not module:
+                # a variable of a function enclosing the callee (a closure, or `nonlocal`): the same
+                # name here only if this scope sees that very variable
+                if self.prog.binding_scope(self.scope, r) is not owner:
+                    raise NoEstimate(
+                        f"line {line}: `{qual}()` changes `{ch.expr}` of `{owner.qualname}()`,"
+                        " which is not visible here"
+                    )
+                if ch.restore is Restore.REBOUND and not rest and not (
+                    self.scope is owner or r in self.scope.declared_nonlocal
+                ):
+                    raise NoEstimate(
+                        f"line {line}: `{qual}()` rebinds `{r}` of `{owner.qualname}()`, which cannot"
+                        " be reassigned from here"
+                    )
+                self.add(ch.expr, ch.restore, RULE_CALLEE, line)
+                continue
+            if owner is module and scope.qualname != MODULE:
+                # a module-level object: the same name here, unless a local here hides it
+                hider = self.prog.binding_scope(self.scope, r)
+                if hider is not None and hider is not module:
+                    raise NoEstimate(
+                        f"line {line}: `{qual}()` changes the global `{r}`, which a local `{r}` hides here"
+                    )
                 if ch.restore is Restore.IN_PLACE or rest:
                     self.add(ch.expr, ch.restore, RULE_CALLEE, line)
                 else:
@@ -447,6 +544,18 @@ class _Walker:
             if obj is None:
                 continue
             self.add(obj + rest, ch.restore if rest else Restore.IN_PLACE, RULE_CALLEE, line)
+
+
+def _pattern_captures(pattern: cst.MatchPattern) -> list[str]:
+    """Names a ``case`` pattern binds: capture patterns and ``as`` names, not value patterns
+    (``case Color.RED``) nor class names (``case Point(x=0)``)."""
+    out: list[str] = []
+    for n in _walk_no_defs(pattern):
+        if isinstance(n, cst.MatchAs | cst.MatchStar) and n.name is not None:
+            out.append(n.name.value)
+        elif isinstance(n, cst.MatchMapping) and n.rest is not None:
+            out.append(n.rest.value)
+    return out
 
 
 def _top(node: cst.BaseExpression) -> str:
@@ -530,8 +639,8 @@ def loop_changeset(prog: Program, loop: Loop) -> LoopChangeset:
     kept: list[Change] = []
     for ch in fx.changes.values():
         r = root(ch.expr)
-        if r in fx.bound and r not in used_outside and not ch.is_global:
-            continue  # loop-scoped: local to the loop body, not read after it
+        if r in fx.bound and r not in used_outside and not ch.is_global and r not in scope.declared_global:
+            continue  # loop-scoped: local to the loop body, not read after it (not global/nonlocal)
         if r in prog.imported and not ch.is_global:
             continue
         kept.append(ch)

@@ -12,31 +12,46 @@ from __future__ import annotations
 
 #: Builtins that change none of their arguments.
 PURE_BUILTINS = frozenset(
-    """print len range enumerate zip min max sum abs round float int str bool list dict tuple set
-    frozenset sorted reversed isinstance issubclass hasattr getattr repr format any all map filter
-    iter id type divmod pow hash chr ord hex oct bin callable vars dir locals globals super
-    bytes bytearray complex slice object input open""".split()
+    [
+        "print", "len", "range", "enumerate", "zip", "min", "max", "sum", "abs", "round", "float",
+        "int", "str", "bool", "list", "dict", "tuple", "set", "frozenset", "sorted", "reversed",
+        "isinstance", "issubclass", "hasattr", "getattr", "repr", "format", "any", "all", "map",
+        "filter", "iter", "id", "type", "divmod", "pow", "hash", "chr", "ord", "hex", "oct", "bin",
+        "callable", "vars", "dir", "locals", "globals", "super", "bytes", "bytearray", "complex",
+        "slice", "object", "input", "open"
+    ]
 )
 
 #: Builtins that mutate an argument: name -> index of the argument.
 MUTATING_BUILTINS = {"next": 0, "setattr": 0, "delattr": 0}
 
-#: Library functions (last dotted component) that mutate an argument, by index.
+#: Library functions (last dotted component) that mutate an argument, by index. Also applied to
+#: methods of local objects: ``rng.shuffle(idx)`` on a ``np.random.Generator`` or
+#: ``random.Random`` changes ``idx`` as well as ``rng``.
 MUTATING_LIBRARY = {"shuffle": 0}
+
+#: Keyword arguments through which any call mutates the object passed: a private RNG
+#: (``torch.randn(.., generator=g)``, ``torch.randperm(n, generator=g)``) and output buffers.
+MUTATED_KEYWORDS = frozenset({"generator", "out"})
 
 #: Functions that only move global RNG streams, which every checkpoint captures anyway.
 RNG_SEEDERS = frozenset({"manual_seed", "seed", "manual_seed_all", "set_rng_state", "set_state"})
 
 #: Methods that read their receiver without changing it (tensor, container and string reads).
 PURE_METHODS = frozenset(
-    """detach clone item tolist numpy cpu cuda to float double half int long bool view view_as
-    reshape size dim numel mean sum norm std var max min argmax argmin abs sqrt exp log pow
-    softmax log_softmax sigmoid tanh relu eq ne lt le gt ge all any squeeze unsqueeze flatten
-    permute transpose t contiguous expand expand_as repeat type_as chunk split unbind topk sort
-    round floor ceil sign clamp masked_fill gather index_select matmul mm bmm mul add sub div
-    get keys values items copy index count startswith endswith join format strip lower upper
-    split replace state_dict parameters named_parameters buffers named_buffers modules
-    named_modules children named_children get_last_lr isnan isinf isfinite nonzero unique""".split()
+    [
+        "detach", "clone", "item", "tolist", "numpy", "cpu", "cuda", "to", "float", "double", "half",
+        "int", "long", "bool", "view", "view_as", "reshape", "size", "dim", "numel", "mean", "sum",
+        "norm", "std", "var", "max", "min", "argmax", "argmin", "abs", "sqrt", "exp", "log", "pow",
+        "softmax", "log_softmax", "sigmoid", "tanh", "relu", "eq", "ne", "lt", "le", "gt", "ge", "all",
+        "any", "squeeze", "unsqueeze", "flatten", "permute", "transpose", "t", "contiguous", "expand",
+        "expand_as", "repeat", "type_as", "chunk", "split", "unbind", "topk", "sort", "round", "floor",
+        "ceil", "sign", "clamp", "masked_fill", "gather", "index_select", "matmul", "mm", "bmm", "mul",
+        "add", "sub", "div", "get", "keys", "values", "items", "copy", "index", "count", "startswith",
+        "endswith", "join", "format", "strip", "lower", "upper", "split", "replace", "state_dict",
+        "parameters", "named_parameters", "buffers", "named_buffers", "modules", "named_modules",
+        "children", "named_children", "get_last_lr", "isnan", "isinf", "isfinite", "nonzero", "unique"
+    ]
 )
 
 

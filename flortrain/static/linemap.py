@@ -53,9 +53,11 @@ def relocate(tree: ast.AST, mapping: list[tuple[int, int]]) -> ast.AST:
         end = getattr(node, "end_lineno", None)
         if end is not None and 1 <= end <= n:
             orig, shift = mapping[end - 1]
-            node.end_lineno = max(orig, node.lineno)
-            if getattr(node, "end_col_offset", None) is not None:
-                node.end_col_offset = max(0, node.end_col_offset - shift)
+            # setattr: ast.AST declares no position attributes (mypy), its subclasses do
+            setattr(node, "end_lineno", max(orig, node.lineno))  # noqa: B010
+            end_col = getattr(node, "end_col_offset", None)
+            if end_col is not None:
+                setattr(node, "end_col_offset", max(0, end_col - shift))  # noqa: B010
     return tree
 
 

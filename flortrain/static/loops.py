@@ -17,11 +17,14 @@ import libcst as cst
 from flortrain.static.program import Loop, Program, Scope
 
 
-def loop_body(loop: Loop) -> Sequence[cst.BaseStatement]:
+def loop_body(loop: Loop) -> Sequence[cst.BaseStatement | cst.SimpleStatementSuite]:
+    """The loop's statements; a one-line body (``for b in x: f(b)``) is the suite node itself, so
+    that positions resolve (a fresh node would not be in the position metadata)."""
     body = loop.body
     if isinstance(body, cst.IndentedBlock):
         return body.body
-    return [cst.SimpleStatementLine(body=body.body)]
+    assert isinstance(body, cst.SimpleStatementSuite)
+    return [body]
 
 
 def _stmts_without_loops(stmts: Sequence[cst.CSTNode]) -> Iterator[cst.CSTNode]:

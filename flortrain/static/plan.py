@@ -8,10 +8,10 @@ script, so a replayed copy with probes added maps back to the same ids.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Restore(str, Enum):
+class Restore(StrEnum):
     """How a changeset element is put back when its block is skipped."""
 
     #: The object is mutated in place (``opt.step()``, ``lst.append``): load state *into* it, so

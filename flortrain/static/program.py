@@ -28,7 +28,11 @@ class Scope:
     node: cst.FunctionDef | cst.Module
     cls: str | None  # qualname of the class a method belongs to
     params: list[str] = field(default_factory=list)
+    # names declared `global` or `nonlocal` (neither is local to this scope)
     declared_global: set[str] = field(default_factory=set)
+    # the `nonlocal` subset: such a name lives in an enclosing *function*, not in the module, so it
+    # is restored by plain assignment in this scope, never through ``globals()``
+    declared_nonlocal: set[str] = field(default_factory=set)
     bound: set[str] = field(default_factory=set)  # names bound anywhere in this scope
     loops: list[Loop] = field(default_factory=list)
     # every Name occurrence that belongs to this scope, with its line
@@ -37,13 +41,16 @@ class Scope:
     types: dict[str, str] = field(default_factory=dict)
 
     @property
-    def body(self) -> Sequence[cst.BaseStatement]:
+    def body(self) -> Sequence[cst.BaseStatement | cst.SimpleStatementSuite]:
+        """The statements of the scope. A one-line body (``def f(x): return x``) is the suite node
+        itself: a fresh node made here would have no position, and analyses ask for lines."""
         if isinstance(self.node, cst.Module):
             return self.node.body
         body = self.node.body
         if isinstance(body, cst.IndentedBlock):
             return body.body
-        return [cst.SimpleStatementLine(body=body.body)]
+        assert isinstance(body, cst.SimpleStatementSuite)
+        return [body]
 
     def is_local(self, name: str) -> bool:
         if self.qualname == MODULE:
@@ -98,8 +105,11 @@ class Program:
         func = call.func
         if isinstance(func, cst.Name):
             name = func.value
-            if scope.qualname != MODULE and name in scope.bound and name not in scope.declared_global:
-                nested = f"{scope.qualname}.{name}"
+            owner = self.binding_scope(scope, name)
+            if owner is not None and owner.qualname != MODULE:
+                # a function defined in this or an enclosing function (`main.step` called from
+                # `main` or from a sibling nested in `main`)
+                nested = f"{owner.qualname}.{name}"
                 return (nested, None) if nested in self.scopes else None
             if name in self.scopes:
                 return name, None
@@ -114,6 +124,25 @@ class Program:
                 if m is not None:
                     return m, func.value
         return None
+
+    def binding_scope(self, scope: Scope, name: str) -> Scope | None:
+        """The scope whose variable ``name`` is, seen from ``scope`` (Python's lexical lookup; class
+        bodies are skipped as Python skips them). None for builtins and undefined names."""
+        module = self.scopes[MODULE]
+        qual = scope.qualname
+        current: Scope | None = scope
+        while current is not None and current is not module:
+            if current.is_local(name):
+                return current
+            if name in current.declared_global and name not in current.declared_nonlocal:
+                break  # `global name`
+            current = None
+            while "." in qual:  # the next enclosing function (class qualnames are not scopes)
+                qual = qual.rsplit(".", 1)[0]
+                if qual in self.scopes:
+                    current = self.scopes[qual]
+                    break
+        return module if name in module.bound else None
 
     def method(self, cls: str, name: str, _seen: frozenset[str] = frozenset()) -> str | None:
         info = self.classes.get(cls)
@@ -130,9 +159,13 @@ class Program:
     def type_of(self, expr: cst.BaseExpression, scope: Scope) -> str | None:
         """The local class an expression is an instance of, when assignments make it plain."""
         if isinstance(expr, cst.Name):
-            if scope.cls is not None and isinstance(scope.node, cst.FunctionDef):
-                if scope.params and expr.value == scope.params[0]:
-                    return scope.cls
+            if (
+                scope.cls is not None
+                and isinstance(scope.node, cst.FunctionDef)
+                and scope.params
+                and expr.value == scope.params[0]
+            ):
+                return scope.cls
             if expr.value in scope.types:
                 return scope.types[expr.value]
             return self.scopes[MODULE].types.get(expr.value)
@@ -140,9 +173,8 @@ class Program:
             owner = self.type_of(expr.value, scope)
             if owner is not None and owner in self.classes:
                 return self.classes[owner].attr_types.get(expr.attr.value)
-        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name):
-            if expr.func.value in self.classes:
-                return expr.func.value
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value in self.classes:
+            return expr.func.value
         return None
 
     def calls_in(self, nodes: Sequence[cst.CSTNode]) -> Iterator[cst.Call]:
@@ -275,6 +307,7 @@ class _Indexer(cst.CSTVisitor):
 
     def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
         self.scope.declared_global.update(n.name.value for n in node.names)
+        self.scope.declared_nonlocal.update(n.name.value for n in node.names)
 
     def visit_Name(self, node: cst.Name) -> None:
         self.scope.names.append((node.value, self.prog.line(node)))
@@ -316,7 +349,7 @@ class _Indexer(cst.CSTVisitor):
             if alias.asname is not None:
                 names = list(_target_names(alias.asname.name))
             else:
-                top = alias.name
+                top: cst.BaseExpression = alias.name
                 while isinstance(top, cst.Attribute):
                     top = top.value
                 names = [top.value] if isinstance(top, cst.Name) else []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import tokenize
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,15 +31,24 @@ class Source:
 
 
 def read_text(path: str) -> str:
+    """The script's text as Python decodes it: a UTF-8 BOM or a PEP 263 coding cookie is honoured
+    (``compile`` rejects a str that still starts with a BOM; a latin-1 script is valid Python)."""
     p = Path(path)
     if not p.is_file():
         raise FlortrainError("no such file", Located(path), "FT001")
     try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise FlortrainError(f"not UTF-8 text ({e.reason})", Located(path), "FT001") from None
+        data = p.read_bytes()
     except OSError as e:
         raise FlortrainError(f"cannot read: {e.strerror}", Located(path), "FT001") from None
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as e:  # an unknown or contradictory coding cookie
+        raise FlortrainError(f"cannot decode: {e.msg}", Located(path), "FT001") from None
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        what = "UTF-8" if encoding.startswith("utf-8") else encoding
+        raise FlortrainError(f"not {what} text ({e.reason})", Located(path), "FT001") from None
 
 
 def parse(path: str, text: str | None = None) -> Source:
@@ -44,22 +56,36 @@ def parse(path: str, text: str | None = None) -> Source:
     at the offending line and column, the way Python itself would point at it."""
     if text is None:
         text = read_text(path)
+    # compile() runs first: it is the judge of what can run, and it locates a syntax error the way
+    # Python does (libcst's parser reports the token after the error, often on the next line).
     try:
-        module = cst.parse_module(text)
-    except cst.ParserSyntaxError as e:
-        msg = e.message.splitlines()[0] if e.message else "invalid syntax"
-        raise FlortrainError(f"syntax error: {msg}", Located(path, e.raw_line, e.raw_column + 1), "FT002") from None
-    # libcst accepts a few things CPython refuses (and vice versa for new syntax); compile() is the
-    # judge of what can run, so the instrumented code is never the first to find out.
-    try:
-        compile(text, path, "exec", dont_inherit=True)
+        with warnings.catch_warnings():
+            # SyntaxWarnings belong to running the script, not to analysing it
+            warnings.simplefilter("ignore")
+            compile(text, path, "exec", dont_inherit=True)
     except SyntaxError as e:
         raise FlortrainError(
-            f"syntax error: {e.msg}", Located(path, e.lineno or 0, e.offset or 0), "FT002"
+            f"syntax error: {_first_line(e.msg)}", Located(path, e.lineno or 0, e.offset or 0), "FT002"
         ) from None
     except ValueError as e:  # e.g. source with NUL bytes
         raise FlortrainError(f"cannot compile: {e}", Located(path), "FT002") from None
+    # libcst may still refuse what CPython accepts (syntax newer than it knows).
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError as e:
+        msg = _first_line(e.message)
+        raise FlortrainError(
+            f"syntax not supported by the static pass: {msg}",
+            Located(path, e.editor_line, e.editor_column),
+            "FT002",
+        ) from None
     return Source(path, text, MetadataWrapper(module, unsafe_skip_copy=True))
+
+
+def _first_line(msg: str | None) -> str:
+    """An error message as one line (the CLI contract: one line, never a traceback)."""
+    lines = (msg or "").strip().splitlines()
+    return lines[0] if lines else "invalid syntax"
 
 
 def positions(source: Source) -> dict[cst.CSTNode, object]:

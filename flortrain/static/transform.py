@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import PositionProvider
 
+from flortrain.errors import FlortrainError, Located
 from flortrain.static.plan import Block, MainLoop, Restore
 from flortrain.static.source import Source
 
@@ -38,8 +39,10 @@ class Instrumentation:
     probes: Mapping[int, int] = field(default_factory=dict)  # statement line -> probe number
 
 
-def _stmt(code: str) -> cst.BaseStatement:
-    return cst.parse_statement(code)
+def _stmt(code: str) -> cst.SimpleStatementLine | cst.BaseCompoundStatement:
+    stmt = cst.parse_statement(code)
+    assert isinstance(stmt, cst.SimpleStatementLine | cst.BaseCompoundStatement)
+    return stmt
 
 
 def _frame(block: Block) -> str:
@@ -68,6 +71,13 @@ def _prepend(body: cst.BaseSuite, stmt: cst.BaseStatement) -> cst.BaseSuite:
     return cst.IndentedBlock(body=[stmt, cst.SimpleStatementLine(body=body.body)])
 
 
+#: Statements a probe can be (besides loops, handled in leave_For/leave_While): any statement a
+#: user can add, including a helper ``def`` or ``class`` written for the probe.
+_PROBEABLE = (
+    cst.SimpleStatementLine, cst.If, cst.With, cst.Try, cst.TryStar, cst.Match, cst.FunctionDef, cst.ClassDef,
+)
+
+
 class _Transformer(cst.CSTTransformer):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
@@ -75,6 +85,13 @@ class _Transformer(cst.CSTTransformer):
         super().__init__()
         self.inst = inst
         self.applied: set[int] = set()
+        # `elif` clauses: an If node in another If's orelse slot cannot be wrapped in a `with`
+        # (libcst would print the `with` at the If's indentation, detached from the chain)
+        self.elifs: set[cst.If] = set()
+
+    def visit_If(self, node: cst.If) -> None:
+        if isinstance(node.orelse, cst.If):
+            self.elifs.add(node.orelse)
 
     def _line(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line
@@ -135,8 +152,12 @@ class _Transformer(cst.CSTTransformer):
         updated: cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement],
     ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
         line = self._line(original)
-        if line not in self.inst.probes or not isinstance(updated, cst.BaseStatement):
-            return updated
+        if (
+            line not in self.inst.probes
+            or original in self.elifs
+            or not isinstance(updated, cst.SimpleStatementLine | cst.BaseCompoundStatement)
+        ):
+            return updated  # unapplied: transform() reports the line as not found
         self.applied.add(line)
         lead = updated.leading_lines
         inner = updated.with_changes(leading_lines=[])
@@ -146,10 +167,7 @@ class _Transformer(cst.CSTTransformer):
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[no-untyped-def]
         updated = super().on_leave(original_node, updated_node)
-        if (
-            isinstance(original_node, cst.SimpleStatementLine | cst.If | cst.With | cst.Try)
-            and isinstance(updated, cst.BaseStatement)
-        ):
+        if isinstance(original_node, _PROBEABLE) and isinstance(updated, cst.BaseStatement):
             return self._probe(original_node, updated)
         return updated
 
@@ -177,11 +195,18 @@ def _import_index(body: Sequence[cst.BaseStatement]) -> int:
 def transform(source: Source, inst: Instrumentation) -> str:
     """The instrumented code as text; every requested loop and probe must have been found."""
     t = _Transformer(inst)
-    module = source.wrapper.visit(t)
+    try:
+        module = source.wrapper.visit(t)
+        body = list(module.body)
+        body.insert(_import_index(body), _stmt(IMPORT + "\n"))
+        code = module.with_changes(body=body).code
+    except RecursionError:
+        # libcst walks the tree recursively; a huge implicit string concatenation or a deeply
+        # nested expression exhausts the stack. A one-line refusal, not a traceback.
+        raise FlortrainError(
+            "too deeply nested for the static pass", Located(source.path), "FT004"
+        ) from None
     missing = (set(inst.blocks) | set(inst.mains) | set(inst.probes)) - t.applied
     if missing:
         raise ValueError(f"instrumentation points not found at lines {sorted(missing)}")
-    body = list(module.body)
-    at = _import_index(body)
-    body.insert(at, _stmt(IMPORT + "\n"))
-    return module.with_changes(body=body).code
+    return code
