@@ -133,6 +133,11 @@ def test_killed_record_stays_readable_and_replayable(tmp_path: Path) -> None:
     assert run["status"] == "incomplete" and run["duration"] is None
     states = block_states(tmp_path / ".flortrain", int(run["id"]))  # type: ignore[arg-type]
     assert states.get("checkpointed", 0) >= 2, states
+    db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
+    logged = [t for (t,) in db.execute("SELECT text FROM logs WHERE run_id=? ORDER BY seq", (run["id"],))]
+    db.close()
+    # everything printed before the last iteration boundary was committed
+    assert logged == truth.out.splitlines()[:2]
     _write(tmp_path, KILLED.replace("    #PROBE", "    print('PROBE', repr(model[0].weight.sum().item()))"))
     want = probe_lines(plain(script).out)
     rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)

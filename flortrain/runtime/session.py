@@ -72,6 +72,12 @@ class Session:
         state = rng.capture()
         key = (main_id, self.main[1], self.main[2])
         self._iterations.append((*key, rng.digests(state), rng.encode(state)))
+        # Commit what the previous iteration printed and the boundary states: a killed run then
+        # loses at most the iteration in flight (one small transaction per iteration).
+        if self.tee is not None:
+            self.tee.flush_entries()
+        self.store.put_iterations(self.run_id, self._iterations)
+        self._iterations = []
 
     def main_exit(self, main_id: str) -> None:
         self.main = None
