@@ -49,7 +49,7 @@ def cli(ctx: click.Context, store: str | None) -> None:
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 @_one_line_errors
@@ -61,7 +61,7 @@ def record(ctx: click.Context, script: str, args: tuple[str, ...]) -> None:
 
 
 @cli.command()
-@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--probe", "probes", multiple=True, metavar="LINE:EXPR",
               help="Log EXPR after the statement ending on LINE, without editing the file.")
@@ -136,7 +136,7 @@ def runs(ctx: click.Context, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("script")
 @click.option("--explain", is_flag=True, help="Print the plan instead of the code.")
 @_one_line_errors
 def instrument(script: str, explain: bool) -> None:
@@ -144,7 +144,8 @@ def instrument(script: str, explain: bool) -> None:
     from flortrain.instrument import instrument_file
 
     result = instrument_file(script)
-    click.echo(result.plan.explain() if explain else result.code_text, nl=not explain or True)
+    text = result.plan.explain() if explain else result.code_text
+    click.echo(text, nl=not text.endswith("\n"))
 
 
 def main() -> None:

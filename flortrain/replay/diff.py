@@ -83,9 +83,11 @@ def diff_runs(store: Store, replay: Run) -> DiffResult:
         result.differences.append((None, y))
     ra = {k: json.loads(v) for k, v in store.iteration_hashes(record.id).items()}
     rb = {k: json.loads(v) for k, v in store.iteration_hashes(replay.id).items()}
-    moving = {s for s in {s for d in ra.values() for s in d} if len({d.get(s) for d in ra.values()}) > 1}
+    # a stream counts once it moves during the record; a stream absent at a boundary (its module
+    # was not imported yet) is not compared there
+    moving = {s for s in {s for d in ra.values() for s in d} if len({d[s] for d in ra.values() if s in d}) > 1}
     for key in sorted(set(ra) & set(rb)):
         result.rng_checked += 1
-        if any(ra[key].get(s) != rb[key].get(s) for s in moving):
+        if any(s in ra[key] and s in rb[key] and ra[key][s] != rb[key][s] for s in moving):
             result.rng_mismatches.append(key)
     return result

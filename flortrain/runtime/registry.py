@@ -14,6 +14,7 @@ across record and replay of a deterministic script) so that:
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -82,7 +83,9 @@ class Registry:
 
     def root_modules(self) -> list[tuple[int, Any]]:
         """Live modules that are not a submodule of another live module."""
-        import torch
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return []  # nothing registered; never import torch for a script that does not
 
         modules = [(i, m) for i, m in self.live() if isinstance(m, torch.nn.Module)]
         children: set[int] = set()
@@ -93,7 +96,9 @@ class Registry:
         return [(i, m) for i, m in modules if id(m) not in children]
 
     def optimizers(self) -> list[tuple[int, Any]]:
-        import torch
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return []
 
         return [(i, o) for i, o in self.live() if isinstance(o, torch.optim.Optimizer)]
 

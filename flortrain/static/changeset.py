@@ -15,10 +15,12 @@ rule  statement                                   change
 5     ``func(...)``                               no estimate
 ====  ==========================================  =====================================
 
-Rule 0 fires for names mutated in place earlier in the walk; rebinding an accumulator twice
-(``total += a; total += b``) is harmless and allowed. Calls to module-local functions are not rule 5:
-their bodies are analysed and their effects on parameters mapped to the caller's arguments (and on
-module globals kept as globals). Known library behaviour (``flortrain.static.library``) refines rules
+Rule 0 fires when a name or attribute is rebound after it (or something reached through it,
+``model.fc``) was mutated in place earlier in the walk, unless the loop itself bound it; rebinding
+an accumulator twice (``total += a; total += b``) is harmless and allowed. Calls to module-local
+functions and methods are not rule 5 (nor rule 1/4 on their receiver): their bodies are analysed
+and their effects on parameters mapped to the caller's arguments, on module globals kept as
+globals, and on variables of enclosing functions (closures, ``nonlocal``) kept under their name. Known library behaviour (``flortrain.static.library``) refines rules
 1, 4 and 5. Mutations through a loop-scoped alias (``for p in model.parameters(): p.data.add_(..)``)
 are charged to the object the alias came from (``model``).
 """
@@ -334,15 +336,16 @@ class _Walker:
             # Rule 0: rebinding what the loop already mutated in place leaves the old object (which
             # others may still reference) changed, and restoring only the new binding misses it.
             # An object the loop itself created (its root bound in the loop) is exempt.
+            expr: str | None = None
+            own: str | None = None  # the name whose binding decides the exemption
             if isinstance(t, cst.Name):
-                expr: str | None = self._through_alias(t.value)
+                expr, own = self._through_alias(t.value), t.value
             elif isinstance(t, cst.Attribute) and t.attr.value not in _VIEW_ATTRS:
                 expr = object_expr(t, self.module)
-                if expr is not None and root(expr) in self.fx.aliases:
+                own = None if expr is None else root(expr)
+                if own in self.fx.aliases:
                     expr = None  # a view's attribute: charged to the viewed object in place anyway
-            else:
-                expr = None
-            if expr is not None and root(expr) not in self.fx.bound:
+            if expr is not None and own not in self.fx.bound:
                 old = self._mutated_in_place(expr)
                 if old is not None:
                     raise NoEstimate(
@@ -419,6 +422,19 @@ class _Walker:
         func = call.func
         if isinstance(func, cst.Attribute):
             self.expr_effects(func.value, line)
+            if resolved is not None:
+                # a method of a local class: its body was analysed above and its effects on
+                # `self` mapped onto the receiver, so rule 1/4 would only add the whole receiver
+                return 2
+            owner = self.prog.type_of(func.value, self.scope)
+            if owner is not None and self.prog.method(owner, func.attr.value) is None:
+                # `self.model(x)`: a callable held in an attribute, not a method of the local
+                # class; only that attribute's object can change, not the whole receiver
+                target = object_expr(func, self.module)
+                if assigned or target is None:
+                    return 2
+                self.add_target_object(target, func, line, 4)
+                return 4
             obj = object_expr(func.value, self.module)
             name = dotted(func)
             if obj is not None and root(obj) in self.prog.imported:

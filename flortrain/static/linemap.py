@@ -1,7 +1,7 @@
 """Tracebacks point at the user's file: map instrumented lines back to the lines on disk.
 
-The transform only inserts lines, rewrites loop headers in place and indents probes, so a
-line-level diff between the file on disk and the instrumented text recovers the mapping exactly.
+The transform only inserts lines, rewrites loop headers in place and indents probes, so setting
+the inserted lines aside and diffing the rest against the file on disk recovers the mapping.
 Compiling the instrumented *AST* with relocated positions and the user's filename makes every
 frame, warning and ``linecache`` lookup show the user's own line.
 """
@@ -10,32 +10,96 @@ from __future__ import annotations
 
 import ast
 import difflib
+import re
+
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+
+#: Lines the transform inserts (stripped): block enter/end, restore assignments, main-loop hooks,
+#: probe wrappers and the runtime import. They have no counterpart in the original.
+_INJECTED = re.compile(
+    r"""^(?:
+        _flortrain_\w+\ =\ __flortrain__\.block\(
+      | (?:if\ )?_flortrain_\w+\.end\(
+      | (?:globals\(\)\[".*"\]|[\w.]+)\ =\ _flortrain_\w+\.value\(
+      | __flortrain__\.main_(?:enter|iteration|exit)\(
+      | with\ __flortrain__\.probe\(
+      | import\ flortrain\.runtime\ as\ __flortrain__$
+    )""",
+    re.VERBOSE,
+)
+
+#: The transform's rewrites of loop headers: ``for x in _flortrain_L6.iterate(it):`` and
+#: ``while _flortrain_L6.live() and (cond):``.
+_WRAPPER = re.compile(r"_flortrain_\w+\.iterate\(|_flortrain_\w+\.live\(\) and ")
+
+#: Inserted lines that open something (mapped to the next original line): the runtime import,
+#: a block's enter line, main-loop enter/iteration hooks, a probe's ``with``.
+_OPENS = re.compile(
+    r"^(?:_flortrain_\w+ = __flortrain__\.block\(|__flortrain__\.main_(?:enter|iteration)\("
+    r"|with __flortrain__\.probe\(|import flortrain\.runtime as __flortrain__$)"
+)
 
 
 def _indent(s: str) -> int:
     return len(s) - len(s.lstrip(" \t"))
 
 
+def _lines(text: str) -> list[str]:
+    """Lines as Python numbers them: only \\n, \\r\\n and \\r end a line (``str.splitlines``
+    also splits at form feeds and other separators, which would shift every later line)."""
+    lines = _NEWLINE.split(text)
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _key(line: str) -> str:
+    """What a line is compared by: a loop header the transform rewrote (``iterate(`` around the
+    iterable, ``live() and (`` before the condition, one more parenthesis) keys like the original
+    header, so it pairs with it instead of breaking the run of equal lines."""
+    return _WRAPPER.sub("", line.strip()).replace("(", "").replace(")", "")
+
+
 def line_map(original: str, instrumented: str) -> list[tuple[int, int]]:
-    """For each instrumented line (index 0 = line 1): (original line, column shift)."""
-    a = original.splitlines()
-    b = instrumented.splitlines()
+    """For each instrumented line (index 0 = line 1): (original line, column shift).
+
+    The inserted lines are recognised and set aside first, and only the rest is diffed against the
+    original. Diffing with them in place breaks the original's runs into short pieces, and in
+    repetitive code (two copies of a loop body) the diff then pairs a piece with the wrong copy.
+    """
+    a = _lines(original)
+    b = _lines(instrumented)
     out: list[tuple[int, int]] = [(1, 0)] * len(b)
-    sm = difflib.SequenceMatcher(a=[x.strip() for x in a], b=[x.strip() for x in b], autojunk=False)
-    last = 1
+    real = [j for j, line in enumerate(b) if not _INJECTED.match(line.strip())]
+    sm = difflib.SequenceMatcher(a=[_key(x) for x in a], b=[_key(b[j]) for j in real], autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
-        if tag == "equal":
+        if tag in ("equal", "replace"):  # replace: a line libcst re-spaced (`except (A) :`)
             for k in range(j2 - j1):
-                out[j1 + k] = (i1 + k + 1, _indent(b[j1 + k]) - _indent(a[i1 + k]))
-            last = i2
-        elif tag == "replace":
-            for k in range(j2 - j1):
-                orig = min(i1 + k, i2 - 1)
-                out[j1 + k] = (orig + 1, 0)
-            last = i2
-        elif tag == "insert":
-            for k in range(j2 - j1):
-                out[j1 + k] = (max(last, 1), 0)
+                i = min(i1 + k, i2 - 1)
+                j = real[j1 + k]
+                out[j] = (i + 1, _indent(b[j]) - _indent(a[i]))
+        elif tag == "insert":  # not the transform's shape; the nearest original line before
+            for k in range(j1, j2):
+                out[real[k]] = (max(i1, 1), 0)
+    # inserted lines take a neighbour's line: what opens a block, a main-loop iteration or a probe
+    # belongs to the line after it; what closes one, to the line before it
+    is_real = set(real)
+    before: list[int | None] = [None] * len(b)
+    after: list[int | None] = [None] * len(b)
+    last: int | None = None
+    for j in range(len(b)):
+        before[j] = last
+        if j in is_real:
+            last = out[j][0]
+    last = None
+    for j in reversed(range(len(b))):
+        after[j] = last
+        if j in is_real:
+            last = out[j][0]
+    for j in range(len(b)):
+        if j not in is_real:
+            first, second = (after, before) if _OPENS.match(b[j].strip()) else (before, after)
+            out[j] = (first[j] or second[j] or 1, 0)
     return out
 
 
@@ -57,7 +121,11 @@ def relocate(tree: ast.AST, mapping: list[tuple[int, int]]) -> ast.AST:
             setattr(node, "end_lineno", max(orig, node.lineno))  # noqa: B010
             end_col = getattr(node, "end_col_offset", None)
             if end_col is not None:
-                setattr(node, "end_col_offset", max(0, end_col - shift))  # noqa: B010
+                end_col = max(0, end_col - shift)
+                if node.lineno == orig and hasattr(node, "col_offset"):
+                    # compile() rejects a range that ends before it starts on one line
+                    end_col = max(end_col, node.col_offset)
+                setattr(node, "end_col_offset", end_col)  # noqa: B010
     return tree
 
 

@@ -34,6 +34,8 @@ def read_text(path: str) -> str:
     """The script's text as Python decodes it: a UTF-8 BOM or a PEP 263 coding cookie is honoured
     (``compile`` rejects a str that still starts with a BOM; a latin-1 script is valid Python)."""
     p = Path(path)
+    if p.is_dir():
+        raise FlortrainError("is a directory, not a script", Located(path), "FT001")
     if not p.is_file():
         raise FlortrainError("no such file", Located(path), "FT001")
     try:
