@@ -342,6 +342,47 @@ def test_filter_and_targets(src: str, expected: set[tuple[str, Restore]] | Refus
 # -- library knowledge -------------------------------------------------------------------------
 
 LIBRARY = [
+    # calls nested inside expressions advance their receivers just like bare ones (a replay with
+    # `rng` left behind draws different augmentation from the first skipped instance on)
+    case("nested-method-call-in-expression", """
+        import numpy as np
+        rng = np.random.default_rng(0)
+        for epoch in range(3):
+            for j in batches:
+                x = X[j] + 0.1 * rng.standard_normal((32, 16))
+    """, {("rng", P)}),
+    case("nested-call-in-if-test", """
+        for epoch in range(3):
+            for j in batches:
+                if pyrng.random() < 0.5:
+                    flips += 1
+            print(flips)
+    """, {("pyrng", P), ("flips", R)}),
+    case("nested-generator-keyword", """
+        import torch
+        for epoch in range(3):
+            for j in batches:
+                b = 1 + torch.randn(3, generator=g)
+    """, {("g", P)}),
+    case("nested-pure-methods-charge-nothing", """
+        for epoch in range(3):
+            for x, y in loader:
+                correct += (model(x).argmax(1) == y).float().sum().item()
+            print(correct)
+    """, {("correct", R)}),
+    case("assigned-next-advances-the-iterator", """
+        for epoch in range(3):
+            for step in range(10):
+                batch = next(it)
+    """, {("it", P)}),
+    case("heapq-and-numpy-at-mutate-their-first-argument", """
+        import heapq
+        import numpy as np
+        for epoch in range(3):
+            for x, y in loader:
+                heapq.heappush(worst, (-1.0, epoch))
+                np.add.at(confusion, (y, y), 1)
+    """, {("worst", P), ("confusion", P)}),
     case("random-shuffle", """
         import random
         for epoch in range(3):

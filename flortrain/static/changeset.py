@@ -451,15 +451,15 @@ class _Walker:
             return 1 if assigned else 4
         if isinstance(func, cst.Name):
             name = func.value
-            if resolved is not None or assigned:
-                return 2
-            if name in library.PURE_BUILTINS and not self.scope_shadows(name):
+            if resolved is not None:
                 return 2
             if name in library.MUTATING_BUILTINS and not self.scope_shadows(name):
                 self.mutated_arg(call, library.MUTATING_BUILTINS[name], line)
                 return 2
             if name in self.prog.imported:
                 self.library_call(name, call, line)
+                return 2
+            if assigned or (name in library.PURE_BUILTINS and not self.scope_shadows(name)):
                 return 2
             raise NoEstimate(f"line {line}: rule 5: call to `{name}()` has no side-effect estimate")
         self.expr_effects(func, line)
@@ -484,21 +484,23 @@ class _Walker:
             if obj is not None:
                 self.add_target_object(obj, call, line, 4)
 
-    def expr_effects(self, node: cst.BaseExpression, line: int) -> None:
-        """Effects hidden inside expressions: walrus bindings and calls of local functions."""
-        for n in _walk_no_defs(node):
-            if isinstance(n, cst.NamedExpr):
-                self.bind(_names_of(n.target))
-                if isinstance(n.target, cst.Name):
-                    self.add(n.target.value, Restore.REBOUND, 3, line)
-            elif isinstance(n, cst.Call) and n is not node:
-                r = self.prog.resolve_call(n, self.scope)
-                if r is not None:
-                    self.callee(n, r[0], r[1], line)
+    def expr_effects(self, node: cst.CSTNode, line: int) -> None:
+        """Effects hidden inside expressions: walrus bindings, and every call nested in them.
+
+        A nested call is judged like the value of an assignment (rules 1/2): ``x = X[j] +
+        rng.normal()`` and ``if rng.random() < p:`` advance ``rng`` exactly as ``rng.normal()``
+        on its own line would. Only a bare statement call can be rule 5."""
+        if isinstance(node, cst.FunctionDef | cst.ClassDef | cst.Lambda):
+            return
         if isinstance(node, cst.Call):
-            r = self.prog.resolve_call(node, self.scope)
-            if r is not None:
-                self.callee(node, r[0], r[1], line)
+            self.call(node, line, assigned=True)
+            return
+        if isinstance(node, cst.NamedExpr):
+            self.bind(_names_of(node.target))
+            if isinstance(node.target, cst.Name):
+                self.add(node.target.value, Restore.REBOUND, 3, line)
+        for child in node.children:
+            self.expr_effects(child, line)
 
     def callee(self, call: cst.Call, qual: str, receiver: cst.BaseExpression | None, line: int) -> None:
         """Map a local callee's effects on its parameters and globals onto this scope."""

@@ -28,7 +28,14 @@ MUTATING_BUILTINS = {"next": 0, "setattr": 0, "delattr": 0}
 #: Library functions (last dotted component) that mutate an argument, by index. Also applied to
 #: methods of local objects: ``rng.shuffle(idx)`` on a ``np.random.Generator`` or
 #: ``random.Random`` changes ``idx`` as well as ``rng``.
-MUTATING_LIBRARY = {"shuffle": 0}
+MUTATING_LIBRARY = {
+    "shuffle": 0,  # random.shuffle, np.random.shuffle, Generator.shuffle
+    # heapq and bisect keep their state in the list they are given
+    "heappush": 0, "heappop": 0, "heappushpop": 0, "heapreplace": 0, "heapify": 0,
+    "insort": 0, "insort_left": 0, "insort_right": 0,
+    # numpy writes through: np.add.at(a, ...), np.copyto(dst, ...), np.put/place/putmask
+    "at": 0, "copyto": 0, "put": 0, "place": 0, "putmask": 0, "fill_diagonal": 0,
+}
 
 #: Keyword arguments through which any call mutates the object passed: a private RNG
 #: (``torch.randn(.., generator=g)``, ``torch.randperm(n, generator=g)``) and output buffers.
