@@ -86,3 +86,26 @@ def latest_run(cwd: Path) -> dict[str, object]:
     assert r.code == 0, r.err
     runs: list[dict[str, object]] = json.loads(r.out)
     return runs[-1]
+
+
+def replay_matches_plain(tmp: Path, text: str, probe: str, env: dict[str, str] | None = None) -> Result:
+    """The whole protocol for one script with a ``#PROBE`` marker line (replaced by ``probe`` at the
+    marker's indentation): record == plain, replay's probe lines == plain probed run's, diff 0.
+    Returns the replay's result for further assertions."""
+    script = tmp / "train.py"
+    script.write_text(text)
+    truth = plain(script)
+    rec = flortrain(tmp, "record", "train.py", env=env)
+    assert rec.out == truth.out and rec.code == truth.code, rec.err
+    marker = next(ln for ln in text.splitlines() if ln.strip() == "#PROBE")
+    indent = marker[: len(marker) - len(marker.lstrip())]
+    script.write_text(text.replace(marker, indent + probe))
+    want = probe_lines(plain(script).out)
+    assert want, "the probe printed nothing in a plain run"
+    rep = flortrain(tmp, "replay", "train.py", env=env)
+    assert rep.code == 0, rep.err
+    assert probe_lines(rep.out) == want, rep.err
+    d = flortrain(tmp, "diff")
+    assert d.code == 0, d.out + d.err
+    script.write_text(text)
+    return rep

@@ -20,6 +20,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 
+class _Dead:
+    """Stands for an object that exists on record only (its weak reference is dead at once)."""
+
+
 class Registry:
     def __init__(self) -> None:
         self._objects: list[weakref.ref[Any]] = []
@@ -65,6 +69,21 @@ class Registry:
             return
         self._index[id(obj)] = len(self._objects)
         self._objects.append(weakref.ref(obj))
+
+    def count(self) -> int:
+        return len(self._objects)
+
+    def pad(self, n: int) -> None:
+        """Reserve ids for ``n`` objects a skipped block created on record but not on replay, so
+        the ids of everything created afterwards stay aligned with the record."""
+        dead: weakref.ref[Any] = weakref.ref(_Dead())
+        self._objects.extend([dead] * n)
+
+    def place(self, i: int, obj: Any) -> None:
+        """Put a restored object at the id its original had on record."""
+        if 0 <= i < len(self._objects):
+            self._objects[i] = weakref.ref(obj)
+            self._index[id(obj)] = i
 
     def id_of(self, obj: Any) -> int | None:
         i = self._index.get(id(obj))

@@ -104,7 +104,11 @@ class Session:
         if data is None:
             self.warn_once(f"corrupt:{block.key}", f"checkpoint {block.key} is missing or corrupt; re-executing it")
             return State.EXECUTE
-        return State.SKIP if block.load(data) else State.EXECUTE
+        problem = block.load(self, data)
+        if problem is not None:
+            self.warn_once(f"unusable:{block.id}", f"checkpoint {block.key} {problem}; re-executing it")
+            return State.EXECUTE
+        return State.SKIP
 
     def block_done(self, block: SkipBlock, state: str, **costs: Any) -> None:
         self.counts[state] = self.counts.get(state, 0) + 1

@@ -52,7 +52,7 @@ class SkipBlock:
         self.payload: dict[str, Any] | None = None
         self.watch: dict[int, Any] | None = None
         self.key = ""
-        self.t0 = time.perf_counter()
+        self.registry_start = session.registry.count() if session is not None else 0
         if session is None or session.main is None or session.frames:
             self.state = State.PASSTHROUGH
         else:
@@ -129,14 +129,19 @@ class SkipBlock:
         memo: dict[int, str] = {}
         captured = {expr: capture(o, memo, expr) for expr, o in objs.items()}
         extra = {
-            f"{kind}#{i}": capture(o, memo, f"{kind}#{i}")
+            f"{kind}#{i}": {**capture(o, memo, f"{kind}#{i}"), "type": type(o).__name__}
             for kind, i, o in s.augmentation(self.id, list(objs.values()))
         }
         by_id = {id(o): expr for expr, o in objs.items()}
         rebound: dict[str, Any] = {}
         for expr, v in vals.items():
             rebound[expr] = Ref(by_id[id(v)]) if id(v) in by_id else _picklable(v)
-        return {"objects": captured, "extra": extra, "names": rebound, "rng": rng.capture()}
+        registry = {
+            "start": self.registry_start,
+            "end": s.registry.count(),
+            "ids": {e: i for e, v in vals.items() if (i := s.registry.id_of(v)) is not None},
+        }
+        return {"objects": captured, "extra": extra, "names": rebound, "rng": rng.capture(), "registry": registry}
 
     def _learn_aliases(self, s: Session, objects: Getters) -> None:
         assert self.watch is not None
@@ -155,12 +160,23 @@ class SkipBlock:
                 s.learn(self.id, i, type(obj).__name__)
 
     # -- replay ----------------------------------------------------------------------------------
-    def load(self, data: bytes) -> bool:
+    def load(self, session: Session, data: bytes) -> str | None:
+        """Take a checkpoint for restoring; the reason it cannot be used, or None."""
         try:
             self.payload = deserialize(data)
-        except Exception:
-            return False
-        return True
+        except Exception as e:
+            return f"cannot be read ({type(e).__name__})"
+        reg = self.payload["registry"]
+        if reg["start"] != self.registry_start:
+            return (
+                f"was taken with {reg['start']} modules/optimizers alive, the replay has"
+                f" {self.registry_start} (the script creates them differently on replay)"
+            )
+        for ref, st in self.payload["extra"].items():
+            obj = session.registry.get(int(ref.split("#", 1)[1]))
+            if type(obj).__name__ != st["type"]:
+                return f"refers to {ref} ({st['type']}), which the replay does not have"
+        return None
 
     def _restore(self, s: Session, objects: Getters) -> None:
         t0 = time.perf_counter()
@@ -171,12 +187,15 @@ class SkipBlock:
             if expr in objs:
                 restore_into(objs[expr], st)
         for ref, st in payload["extra"].items():
-            obj = s.registry.get(int(ref.split("#", 1)[1]))
-            if obj is None:
-                raise RuntimeError(f"flortrain: {ref} of block {self.key} does not exist on replay")
-            restore_into(obj, st)
+            restore_into(s.registry.get(int(ref.split("#", 1)[1])), st)
         for expr, v in payload["names"].items():
             self.values[expr] = objs[v.where] if isinstance(v, Ref) else v
+        # objects the recorded block created keep their ids, so later ids stay aligned
+        reg = payload["registry"]
+        s.registry.pad(reg["end"] - reg["start"])
+        for expr, i in reg["ids"].items():
+            if i >= reg["start"]:
+                s.registry.place(i, self.values[expr])
         rng.restore(payload["rng"])
         s.block_done(self, "skipped", restore_s=time.perf_counter() - t0)
 

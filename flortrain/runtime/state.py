@@ -9,6 +9,7 @@ schedulers) plus what that interface leaves out and training reads (gradients, t
 
 from __future__ import annotations
 
+import collections
 import copy
 import random
 import sys
@@ -46,14 +47,28 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
             return {
                 "kind": "module",
                 "state": obj.state_dict(),
+                # what state_dict leaves out but training reads: grads, non-persistent buffers,
+                # train/eval flags, requires_grad, and plain attributes (`self.calls += 1`)
                 "grads": {n: p.grad for n, p in obj.named_parameters() if p.grad is not None},
+                "buffers": dict(obj.named_buffers()),
                 "training": [m.training for m in obj.modules()],
                 "requires_grad": [p.requires_grad for p in obj.parameters()],
+                "attrs": {name: _plain_attrs(m, torch) for name, m in obj.named_modules()},
             }
         if isinstance(obj, torch.optim.Optimizer):
-            # `_opt_called` tells an LR scheduler the optimizer stepped; without it a skipped
-            # block makes the scheduler warn about a call order the user never had
-            return {"kind": "optimizer", "state": obj.state_dict(), "called": getattr(obj, "_opt_called", None)}
+            groups = [g["params"] for g in obj.param_groups]
+            return {
+                "kind": "optimizer",
+                "state": obj.state_dict(),
+                # an optimizer's state_dict holds no parameter values; parameters that belong to
+                # no module (`W = torch.zeros(.., requires_grad=True)`) live only here. torch.save
+                # stores a storage once, so parameters a module also holds cost nothing extra.
+                "params": [[p.detach() for p in g] for g in groups],
+                "grads": [[p.grad for p in g] for g in groups],
+                # `_opt_called` tells an LR scheduler the optimizer stepped; without it a skipped
+                # block makes the scheduler warn about a call order the user never had
+                "called": getattr(obj, "_opt_called", None),
+            }
         if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or type(obj).__name__ == "ReduceLROnPlateau":
             return {"kind": "scheduler", "state": obj.state_dict()}
         if isinstance(obj, torch.Tensor):
@@ -73,6 +88,8 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
         return {"kind": "random", "state": obj.getstate()}
     if _is_data_source(obj):
         return {"kind": "data_source"}
+    if isinstance(obj, collections.deque):
+        return {"kind": "deque", "items": [capture(x, memo, f"{path}[{i}]") for i, x in enumerate(obj)]}
     if isinstance(obj, list):
         return {"kind": "list", "items": [capture(x, memo, f"{path}[{i}]") for i, x in enumerate(obj)]}
     if isinstance(obj, tuple):
@@ -86,6 +103,17 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
     if hasattr(obj, "__dict__") and not isinstance(obj, type):
         return {"kind": "object", "items": {k: capture(v, memo, f"{path}.{k}") for k, v in vars(obj).items()}}
     raise Unrestorable(f"cannot capture a {type(obj).__name__}")
+
+
+def _plain_attrs(module: Any, torch: Any) -> dict[str, Any]:
+    """Public attributes of a module that are plain values or unregistered tensors."""
+    out: dict[str, Any] = {}
+    for k, v in vars(module).items():
+        if k.startswith("_") or k == "training":
+            continue
+        if isinstance(v, _IMMUTABLE) or (isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)):
+            out[k] = v
+    return out
 
 
 def rebuild(state: dict[str, Any]) -> Any:
@@ -119,18 +147,42 @@ def restore_into(live: Any, state: dict[str, Any]) -> Any:
     if kind in ("value", "ref", "data_source"):
         return state.get("value", live) if kind == "value" else live
     if kind == "module":
+        torch = _torch()
         live.load_state_dict(state["state"])
+        buffers = dict(live.named_buffers())
+        with torch.no_grad():
+            for n, b in state["buffers"].items():
+                if n in buffers and buffers[n].shape == b.shape:
+                    buffers[n].copy_(b)
         for (n, p), rg in zip(live.named_parameters(), state["requires_grad"], strict=True):
             p.requires_grad_(rg)
             g = state["grads"].get(n)
             p.grad = None if g is None else g.clone()
         for m, training in zip(live.modules(), state["training"], strict=True):
             m.training = training
+        subs = dict(live.named_modules())
+        for name, attrs in state["attrs"].items():
+            if name in subs:
+                for k, v in attrs.items():
+                    setattr(subs[name], k, v)
         return live
-    if kind in ("optimizer", "scheduler", "stateful"):
-        live.load_state_dict(copy.deepcopy(state["state"]) if kind == "scheduler" else state["state"])
-        if kind == "optimizer" and state.get("called") is not None:
+    if kind == "optimizer":
+        torch = _torch()
+        live.load_state_dict(state["state"])
+        with torch.no_grad():
+            for group, values, grads in zip(live.param_groups, state["params"], state["grads"], strict=True):
+                for p, v, g in zip(group["params"], values, grads, strict=True):
+                    p.copy_(v)
+                    p.grad = None if g is None else g.clone()
+        if state.get("called") is not None:
             live._opt_called = state["called"]
+        return live
+    if kind in ("scheduler", "stateful"):
+        live.load_state_dict(copy.deepcopy(state["state"]) if kind == "scheduler" else state["state"])
+        return live
+    if kind == "deque":
+        live.clear()
+        live.extend(rebuild(s) for s in state["items"])
         return live
     if kind == "tensor":
         torch = _torch()

@@ -1,0 +1,142 @@
+"""State that lives outside the obvious places, each replayed under the protocol against a plain
+run: loose parameters, module attributes and non-persistent buffers, modules created inside a
+skipped loop, containers filled by library functions, and RNG objects used inside expressions."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from tests.protocol import replay_matches_plain
+
+EVERY = {"FLORTRAIN_PERIOD": "every"}
+
+
+def test_parameters_that_belong_to_no_module(tmp_path: Path) -> None:
+    text = textwrap.dedent(
+        """\
+        import torch
+        torch.manual_seed(0)
+        X = torch.randn(64, 4)
+        Y = X @ torch.tensor([[1.0], [2.0], [-1.0], [0.5]]) + 0.3
+        W = torch.zeros(4, 1, requires_grad=True)
+        b = torch.zeros(1, requires_grad=True)
+        opt = torch.optim.SGD([W, b], lr=0.05)
+        for epoch in range(4):
+            for i in range(8):
+                opt.zero_grad()
+                loss = ((X[i * 8:(i + 1) * 8] @ W + b - Y[i * 8:(i + 1) * 8]) ** 2).mean()
+                loss.backward()
+                opt.step()
+            print("epoch", epoch, loss.item())
+            #PROBE
+        """
+    )
+    rep = replay_matches_plain(tmp_path, text, 'print("PROBE", epoch, W.sum().item(), b.item(), W.grad.norm().item())', EVERY)
+    assert "4 block instances skipped" in rep.err
+
+
+def test_module_attributes_and_non_persistent_buffers(tmp_path: Path) -> None:
+    text = textwrap.dedent(
+        """\
+        import torch
+        from torch import nn
+
+        class Counting(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 1)
+                self.calls = 0
+                self.register_buffer("seen", torch.zeros(()), persistent=False)
+
+            def forward(self, x):
+                self.calls += 1
+                self.seen += x.shape[0]
+                return self.fc(x)
+
+        torch.manual_seed(0)
+        X = torch.randn(32, 4)
+        model = Counting()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(3):
+            for i in range(4):
+                opt.zero_grad()
+                model(X[i * 8:(i + 1) * 8]).pow(2).mean().backward()
+                opt.step()
+            print("epoch", epoch)
+            #PROBE
+        """
+    )
+    replay_matches_plain(tmp_path, text, 'print("PROBE", model.calls, model.seen.item(), model.fc.bias.item())', EVERY)
+
+
+def test_modules_created_inside_a_skipped_loop_keep_ids_aligned(tmp_path: Path) -> None:
+    # `crit = nn.MSELoss()` inside the batch loop: on replay the skipped loop creates no module,
+    # and the next fold's model and optimizer must still be found under their recorded ids.
+    text = textwrap.dedent(
+        """\
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        X = torch.randn(48, 4)
+        Y = X.sum(1, keepdim=True)
+        for fold in range(3):
+            model = nn.Linear(4, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            total = 0.0
+            for epoch in range(3):
+                for i in range(6):
+                    crit = nn.MSELoss()
+                    opt.zero_grad()
+                    loss = crit(model(X[i * 8:(i + 1) * 8]), Y[i * 8:(i + 1) * 8])
+                    loss.backward()
+                    opt.step()
+                    total += loss.item()
+            print("fold", fold, total)
+            #PROBE
+        """
+    )
+    rep = replay_matches_plain(tmp_path, text, 'print("PROBE", fold, model.weight.sum().item())', EVERY)
+    assert "re-executing" not in rep.err
+
+
+def test_containers_filled_by_library_functions_and_rng_in_expressions(tmp_path: Path) -> None:
+    text = textwrap.dedent(
+        """\
+        import heapq
+        from collections import deque
+        import numpy as np
+        import torch
+        torch.manual_seed(0)
+        rng = np.random.default_rng(0)
+        X = np.random.default_rng(1).standard_normal((64, 4)).astype(np.float32)
+        Y = (X.sum(1) > 0).astype(np.int64)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        worst = []
+        window = deque(maxlen=3)
+        confusion = np.zeros((2, 2), dtype=np.int64)
+        for epoch in range(4):
+            for i in range(0, 64, 16):
+                x = torch.from_numpy(X[i:i + 16] + 0.1 * rng.standard_normal((16, 4)).astype(np.float32))
+                if rng.random() < 0.5:
+                    x = -x
+                y = torch.from_numpy(Y[i:i + 16])
+                opt.zero_grad()
+                out = model(x)
+                loss = torch.nn.functional.cross_entropy(out, y)
+                loss.backward()
+                opt.step()
+                heapq.heappush(worst, (-loss.item(), epoch, i))
+                window.append(loss.item())
+                np.add.at(confusion, (y.numpy(), out.argmax(1).numpy()), 1)
+            print("epoch", epoch, f"{loss.item():.8f}")
+            #PROBE
+        """
+    )
+    replay_matches_plain(
+        tmp_path, text, 'print("PROBE", epoch, worst[0], list(window), confusion.tolist(), rng.bit_generator.state["state"]["state"])', EVERY
+    )
+    # and with the default adaptive period, where un-checkpointed instances re-execute after
+    # restored ones: the RNG object must have been restored for them to draw the same numbers
+    replay_matches_plain(tmp_path, text, 'print("PROBE", epoch, worst[0], list(window), confusion.tolist())')
