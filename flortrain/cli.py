@@ -38,7 +38,25 @@ def _one_line_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineGroup(click.Group):
+    """Usage errors are one line and exit 2, like every other bad input (click's default is a
+    usage block plus the error)."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as e:
+            click.echo(f"flortrain: {e.format_message()} (see `flortrain --help`)", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("flortrain: aborted", err=True)
+            sys.exit(1)
+        if standalone_mode:
+            sys.exit(rv if isinstance(rv, int) else 0)
+        return rv
+
+
+@click.group(cls=_OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="flortrain")
 @click.option("--store", "store", envvar="FLORTRAIN_STORE", default=None, metavar="DIR",
               help="Store directory (default .flortrain in the working directory).")
@@ -91,7 +109,7 @@ def diff(ctx: click.Context, run_id: int | None) -> None:
     from flortrain.replay.diff import diff_runs, resolve_replay
     from flortrain.store.db import open_store
 
-    store = open_store(ctx.obj["store"])
+    store = open_store(ctx.obj["store"], create=False)
     result = diff_runs(store, resolve_replay(store, run_id))
     for line in result.report():
         click.echo(line)
@@ -104,9 +122,13 @@ def diff(ctx: click.Context, run_id: int | None) -> None:
 @_one_line_errors
 def runs(ctx: click.Context, as_json: bool) -> None:
     """List recorded and replayed runs."""
-    from flortrain.store.db import open_store
+    from flortrain.store.db import open_store, store_path
 
-    store = open_store(ctx.obj["store"])
+    try:
+        store = open_store(ctx.obj["store"], create=False)
+    except FlortrainError:
+        click.echo("[]" if as_json else f"no runs in {store_path(ctx.obj['store'])}")
+        return
     rows = [
         {
             "id": r.id,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from flortrain.errors import FlortrainError
+
 #: Default store directory, relative to the working directory.
 STORE_DIRNAME = ".flortrain"
 STORE_ENV = "FLORTRAIN_STORE"
@@ -25,9 +27,33 @@ ALIAS_WATCH_INSTANCES = 2
 LOG_BATCH = 256
 
 
+#: "adaptive" (Flor's Eq. 4, the default) or "every" (checkpoint every block instance).
+PERIOD_ENV = "FLORTRAIN_PERIOD"
+PERIODS = ("adaptive", "every")
+
+
 def epsilon() -> float:
-    """The overhead tolerance; ``FLORTRAIN_EPSILON=inf`` checkpoints every block instance."""
+    """The overhead tolerance ε, validated: a positive number."""
     raw = os.environ.get(EPSILON_ENV)
     if raw is None:
         return DEFAULT_EPSILON
-    return float(raw)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise FlortrainError(f"{EPSILON_ENV}={raw!r} must be a positive number (default 1/15)", code="FT050")
+    return value
+
+
+def period() -> str:
+    raw = os.environ.get(PERIOD_ENV, "adaptive")
+    if raw not in PERIODS:
+        raise FlortrainError(f"{PERIOD_ENV}={raw!r} must be one of {', '.join(PERIODS)}", code="FT050")
+    return raw
+
+
+def validate() -> None:
+    """Check every environment knob before a run starts, so a typo fails in one line up front."""
+    epsilon()
+    period()

@@ -7,6 +7,7 @@ import platform
 import sys
 import time
 
+from flortrain import knobs
 from flortrain.instrument import compile_for, instrument_file
 from flortrain.runtime.launch import execute, intra_op_threads
 from flortrain.runtime.session import Session
@@ -23,6 +24,7 @@ def _versions() -> dict[str, str]:
 
 
 def record(script: str, args: list[str], store_dir: str | None) -> int:
+    knobs.validate()
     text = read_text(script)
     inst = instrument_file(script, text)
     code = compile_for(script, inst.code_text, text)

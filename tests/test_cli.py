@@ -184,9 +184,28 @@ def test_probe_that_rebinds_a_training_name_is_refused(work: Path) -> None:
 
 
 def test_replay_without_record_and_diff_without_replay(work: Path) -> None:
+    assert "FT013" in one_line_error(invoke("diff"))  # read-only commands never create a store
+    assert invoke("runs", "--json").stdout.strip() == "[]"
+    assert not (work / ".flortrain").exists()
     assert "FT031" in one_line_error(invoke("replay", "train.py"))
     assert "FT030" in one_line_error(invoke("diff"))
     assert "no such file" in one_line_error(invoke("record", "missing.py"))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["instrument"], ["diff", "abc"], ["replay", "train.py", "--jobs", "x"], ["replay", "train.py", "--nope"], ["frobnicate"]],
+)
+def test_usage_errors_are_one_line(work: Path, args: list[str]) -> None:
+    line = one_line_error(invoke(*args))
+    assert line.startswith("flortrain: ") and "--help" in line
+
+
+@pytest.mark.parametrize(("var", "value"), [("FLORTRAIN_EPSILON", "abc"), ("FLORTRAIN_EPSILON", "-1"), ("FLORTRAIN_PERIOD", "often")])
+def test_bad_knobs_fail_before_running(work: Path, monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
+    monkeypatch.setenv(var, value)
+    assert "FT050" in one_line_error(invoke("record", "train.py"))
+    assert runs_json() == []
 
 
 def test_parallel_replay_is_not_offered_yet(work: Path) -> None:

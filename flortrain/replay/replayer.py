@@ -6,6 +6,7 @@ import os
 import sys
 import time
 
+from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
 from flortrain.instrument import compile_for
 from flortrain.replay.diff import diff_runs
@@ -49,6 +50,7 @@ def _costs(store: Store, run_id: int) -> dict[str, tuple[int, int, float, float]
 def replay(
     script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None
 ) -> int:
+    knobs.validate()
     store = open_store(store_dir)
     record = find_record(store, script, run_id)
     if record.effective_status != "complete":

@@ -9,12 +9,9 @@ unknown until measured once.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from flortrain import knobs
-
-PERIOD_ENV = "FLORTRAIN_PERIOD"  # "adaptive" (default) or "every"
 
 
 @dataclass
@@ -29,7 +26,7 @@ class BlockCosts:
 class AdaptivePeriod:
     epsilon: float = field(default_factory=knobs.epsilon)
     restore_ratio: float = knobs.DEFAULT_RESTORE_RATIO
-    every: bool = field(default_factory=lambda: os.environ.get(PERIOD_ENV, "adaptive") == "every")
+    every: bool = field(default_factory=lambda: knobs.period() == "every")
     costs: dict[str, BlockCosts] = field(default_factory=dict)
 
     def executed(self, block_id: str, compute_s: float) -> None:

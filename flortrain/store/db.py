@@ -318,5 +318,9 @@ def _safe(key: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
 
 
-def open_store(explicit: str | None = None) -> Store:
-    return Store(store_path(explicit))
+def open_store(explicit: str | None = None, create: bool = True) -> Store:
+    """The store; commands that only read it (``runs``, ``diff``) never create one."""
+    root = store_path(explicit)
+    if not create and not (root / "flortrain.db").is_file():
+        raise FlortrainError("no flortrain store here (record a run first)", Located(str(root)), "FT013")
+    return Store(root)
