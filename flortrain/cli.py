@@ -44,7 +44,7 @@ class _OneLineGroup(click.Group):
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         try:
-            rv = super().main(*args, standalone_mode=False, **kwargs)
+            rv = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
         except click.ClickException as e:
             click.echo(f"flortrain: {e.format_message()} (see `flortrain --help`)", err=True)
             sys.exit(e.exit_code)
