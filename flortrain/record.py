@@ -27,7 +27,7 @@ def record(script: str, args: list[str], store_dir: str | None) -> int:
     knobs.validate()
     text = read_text(script)
     inst = instrument_file(script, text)
-    code = compile_for(script, inst.code_text, text)
+    code = compile_for(os.path.abspath(script), inst.code_text, text)
     store = open_store(store_dir)
     uses_torch = "torch" in text
     threads = intra_op_threads(uses_torch)

@@ -244,8 +244,15 @@ def test_script_exit_code_and_traceback_point_at_user_file(work: Path) -> None:
     r = invoke("record", "train.py")
     assert r.exit_code == 1
     n = bad.splitlines().index("            raise ValueError('boom')") + 1
-    assert f'File "train.py", line {n}, in <module>' in r.stderr
+    # the frame Python itself would show: the absolute path of the user's file, its own line
+    assert f'File "{work / "train.py"}", line {n}, in <module>' in r.stderr
     assert "ValueError: boom" in r.stderr
+    # the whole traceback, carets included, is the one `python train.py` prints
+    import subprocess
+    import sys
+
+    truth = subprocess.run([sys.executable, "train.py"], cwd=work, capture_output=True, text=True)
+    assert truth.stderr in r.stderr
     assert "flortrain/" not in r.stderr.split("Traceback")[1].split("ValueError")[0]
     assert runs_json()[0]["status"] == "failed"
     (work / "train.py").write_text(SCRIPT.replace('print("done", len(history))', "raise SystemExit(3)"))

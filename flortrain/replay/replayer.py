@@ -66,7 +66,7 @@ def replay(
     for line in rplan.describe(plan, _costs(store, record.id)):
         print(f"flortrain: {line}", file=sys.stderr)
     code_text = transform(probes.current, rplan.instrumentation)
-    code = compile_for(script, code_text, disk_text)
+    code = compile_for(os.path.abspath(script), code_text, disk_text)
     args = record.argv if new_args is None else new_args
     pin_threads(record.threads)
     run = store.begin_run(

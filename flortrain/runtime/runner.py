@@ -37,7 +37,8 @@ def exit_code(e: SystemExit) -> int:
 def run_as_main(code: CodeType, script: str, args: list[str]) -> int:
     """Execute; return the exit status Python would have exited with."""
     module = types.ModuleType("__main__")
-    module.__file__ = script
+    # as CPython (3.9+) does for `python SCRIPT`: __file__ and frames absolute, argv[0] as given
+    module.__file__ = os.path.abspath(script)
     module.__dict__["__builtins__"] = __builtins__
     module.__dict__["__spec__"] = None
     saved_main = sys.modules.get("__main__")
