@@ -271,3 +271,41 @@ def test_instrument_and_explain(work: Path) -> None:
     (work / "bad.py").write_text("for x in y:\nprint(x)\n")
     line = one_line_error(invoke("instrument", "bad.py"))
     assert line.startswith("bad.py:2:") and "FT002" in line
+
+
+DOTS = textwrap.dedent(
+    """\
+    import random
+
+    random.seed(2)
+    w = 0.0
+    for epoch in range(3):
+        print(f"epoch {epoch} ", end="")
+        for i in range(8):
+            w += random.random() - 0.5
+            print(".", end="", flush=True)
+            #INNER
+        print(f" done {w:.9f}")
+        #OUTER
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("marker", "probe"),
+    [("#OUTER", "print('PROBE', epoch, w)"), ("#INNER", "print('PROBE', i)")],
+)
+def test_lines_that_span_regions_and_probes(work: Path, marker: str, probe: str) -> None:
+    # A progress line is written partly by the epoch loop and partly by the batch loop; an inner
+    # probe's newline lands in the middle of it. diff must compare what both runs printed.
+    (work / "train.py").write_text(DOTS)
+    assert invoke("record", "train.py").exit_code == 0
+    indent = " " * (8 if marker == "#INNER" else 4)
+    probed = DOTS.replace(indent + marker, indent + probe).replace("#INNER", "").replace("#OUTER", "")
+    (work / "train.py").write_text(probed)
+    rep = invoke("replay", "train.py")
+    assert rep.exit_code == 0, rep.stderr
+    if marker == "#INNER":
+        assert rep.stdout == plain_output(work / "train.py")  # re-executed: byte-identical
+    d = invoke("diff")
+    assert d.exit_code == 0, d.stdout

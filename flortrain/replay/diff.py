@@ -9,7 +9,8 @@ a skipped block that restored the wrong state shows up there even when nothing p
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 from flortrain.errors import FlortrainError
 from flortrain.store.db import LogEntry, Run, Store
@@ -60,6 +61,30 @@ def resolve_replay(store: Store, run_id: int | None) -> Run:
     return run
 
 
+def comparable_lines(entries: Iterable[LogEntry], executed: set[str]) -> list[LogEntry]:
+    """The output both runs produced: pieces printed by probes or inside block instances the
+    replay skipped are dropped, and what remains is re-split into lines. A line whose newline was
+    dropped joins the next (a probe's own newline in the middle of a progress line)."""
+    out: list[LogEntry] = []
+    text = ""
+    first: LogEntry | None = None
+    for e in entries:
+        pieces = e.pieces()
+        for i, (piece, region, probe) in enumerate(pieces):
+            if probe or (region is not None and region not in executed):
+                continue
+            if first is None and piece:
+                first = e
+            text += piece
+            if i == len(pieces) - 1:
+                # where the line started (loop context) and the region whose newline ended it
+                out.append(replace(first or e, text=text, region=region, probe=False, segments=None))
+                text, first = "", None
+    if text:
+        out.append(replace(first or LogEntry(-1, "", None, None, None, None, False), text=text, segments=None))
+    return out
+
+
 def diff_runs(store: Store, replay: Run) -> DiffResult:
     if replay.parent is None:
         raise FlortrainError(f"replay {replay.id} has no record", code="FT030")
@@ -68,11 +93,8 @@ def diff_runs(store: Store, replay: Run) -> DiffResult:
     record = store.run(replay.parent)
     executed = {b["key"] for b in store.blocks(replay.id) if b["state"] == "executed"}
 
-    def comparable(e: LogEntry) -> bool:
-        return not e.probe and (e.region is None or e.region in executed)
-
-    a = [e for e in store.logs(record.id) if comparable(e)]
-    b = [e for e in store.logs(replay.id) if comparable(e)]
+    a = comparable_lines(store.logs(record.id), executed)
+    b = comparable_lines(store.logs(replay.id), executed)
     result = DiffResult(record, replay, compared=min(len(a), len(b)))
     for x, y in zip(a, b, strict=False):
         if (x.text, x.main_id, x.main_inst, x.iteration, x.region) != (y.text, y.main_id, y.main_inst, y.iteration, y.region):

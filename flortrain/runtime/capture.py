@@ -24,25 +24,40 @@ class Tee(io.TextIOBase):
         self.context = context
         self.sink = sink
         self.pid = os.getpid()
-        self.partial = ""
+        # the line being written, as pieces each tagged with the context it was written in
+        self.partial: list[tuple[str, tuple[str | None, int | None, int | None, str | None, bool]]] = []
         self.pending: list[LogEntry] = []
         self.seq = 0
 
     # the file protocol scripts and libraries use
     def write(self, s: str) -> int:
         n = self.stream.write(s)
-        if os.getpid() != self.pid:
+        if os.getpid() != self.pid or not s:
             return n  # a forked child (DataLoader worker) prints through, uncaptured
-        text = self.partial + s
-        *lines, self.partial = text.split("\n")
-        if lines:
-            m, mi, it, region, probe = self.context()
-            for line in lines:
-                self.pending.append(LogEntry(self.seq, line, m, mi, it, region, probe))
-                self.seq += 1
-            if len(self.pending) >= knobs.LOG_BATCH:
-                self.flush_entries()
+        ctx = self.context()
+        *complete, rest = s.split("\n")
+        for piece in complete:
+            self.partial.append((piece, ctx))
+            self._end_line()
+        if rest:
+            self.partial.append((rest, ctx))
+        if len(self.pending) >= knobs.LOG_BATCH:
+            self.flush_entries()
         return n
+
+    def _end_line(self) -> None:
+        pieces = [(t, c) for t, c in self.partial if t]
+        last = self.partial[-1]
+        if not pieces or (not last[0] and pieces[-1][1][3:] != last[1][3:]):
+            pieces.append(last)  # the newline's own context: the line ends where it was written
+        text = "".join(t for t, _ in pieces)
+        m, mi, it, _, _ = pieces[0][1]
+        _, _, _, region, probe = pieces[-1][1]
+        tags = {(c[3], c[4]) for _, c in pieces}
+        segments = None if len(tags) <= 1 else tuple((t, c[3], c[4]) for t, c in pieces)
+        self.pending.append(LogEntry(self.seq, text, m, mi, it, region, probe, segments))
+        self.seq += 1
+        self.partial = []
 
     def flush(self) -> None:
         self.stream.flush()
@@ -53,12 +68,8 @@ class Tee(io.TextIOBase):
             self.pending = []
 
     def close_capture(self) -> None:
-        if self.partial:
-            # a last line without a newline is still a line
-            m, mi, it, region, probe = self.context()
-            self.pending.append(LogEntry(self.seq, self.partial, m, mi, it, region, probe))
-            self.seq += 1
-            self.partial = ""
+        if self.partial:  # a last line without a newline is still a line
+            self._end_line()
         self.flush_entries()
 
     def writable(self) -> bool:

@@ -77,6 +77,7 @@ CREATE TABLE IF NOT EXISTS logs (
     iteration INTEGER,
     region TEXT,                      -- key of the outermost block instance it was printed in
     probe INTEGER NOT NULL,
+    segments TEXT,                    -- JSON pieces when the line mixes regions or probe output
     PRIMARY KEY (run_id, seq)
 );
 """
@@ -128,6 +129,13 @@ class LogEntry:
     iteration: int | None
     region: str | None
     probe: bool
+    #: when a line was written from more than one region or probe (``print(.., end="")`` in the
+    #: epoch loop, dots from the batch loop, a probe's newline in between): its pieces, each
+    #: ``(text, region, probe)``; the line's newline belongs to the last piece
+    segments: tuple[tuple[str, str | None, bool], ...] | None = None
+
+    def pieces(self) -> tuple[tuple[str, str | None, bool], ...]:
+        return self.segments if self.segments is not None else ((self.text, self.region, self.probe),)
 
     def context(self) -> str:
         if self.main_id is None:
@@ -301,17 +309,23 @@ class Store:
             return
         self.db.execute("BEGIN")
         self.db.executemany(
-            "INSERT OR REPLACE INTO logs VALUES (?,?,?,?,?,?,?,?)",
-            [(run_id, e.seq, e.text, e.main_id, e.main_inst, e.iteration, e.region, int(e.probe)) for e in entries],
+            "INSERT OR REPLACE INTO logs VALUES (?,?,?,?,?,?,?,?,?)",
+            [
+                (run_id, e.seq, e.text, e.main_id, e.main_inst, e.iteration, e.region, int(e.probe),
+                 None if e.segments is None else json.dumps(e.segments))
+                for e in entries
+            ],
         )
         self.db.execute("COMMIT")
 
     def logs(self, run_id: int) -> Iterator[LogEntry]:
-        for seq, text, m, mi, it, region, probe in self.db.execute(
-            "SELECT seq, text, main_id, main_inst, iteration, region, probe FROM logs WHERE run_id=? ORDER BY seq",
+        for seq, text, m, mi, it, region, probe, segs in self.db.execute(
+            "SELECT seq, text, main_id, main_inst, iteration, region, probe, segments FROM logs"
+            " WHERE run_id=? ORDER BY seq",
             (run_id,),
         ):
-            yield LogEntry(seq, text, m, mi, it, region, bool(probe))
+            pieces = None if segs is None else tuple((t, r, bool(p)) for t, r, p in json.loads(segs))
+            yield LogEntry(seq, text, m, mi, it, region, bool(probe), pieces)
 
 
 def _safe(key: str) -> str:
