@@ -30,6 +30,7 @@ class Registry:
         self._index: dict[int, int] = {}
         self.paused = 0
         self.stepped: set[int] = set()  # registry ids of optimizers stepped since last reset
+        self._roots: tuple[int, list[int]] | None = None
         self._undo: list[Callable[[], None]] = []
 
     def install(self) -> None:
@@ -84,6 +85,7 @@ class Registry:
         if 0 <= i < len(self._objects):
             self._objects[i] = weakref.ref(obj)
             self._index[id(obj)] = i
+            self._roots = None
 
     def id_of(self, obj: Any) -> int | None:
         i = self._index.get(id(obj))
@@ -101,11 +103,18 @@ class Registry:
                 yield i, obj
 
     def root_modules(self) -> list[tuple[int, Any]]:
-        """Live modules that are not a submodule of another live module."""
+        """Live modules that are not a submodule of another live module (cached until a module
+        or optimizer is created: probes inside batch loops ask for them at every step)."""
         torch = sys.modules.get("torch")
         if torch is None:
             return []  # nothing registered; never import torch for a script that does not
+        if self._roots is not None and self._roots[0] == len(self._objects):
+            return [(i, m) for i in self._roots[1] if (m := self.get(i)) is not None]
+        roots = self._compute_roots(torch)
+        self._roots = (len(self._objects), [i for i, _ in roots])  # ids only: no strong refs
+        return roots
 
+    def _compute_roots(self, torch: Any) -> list[tuple[int, Any]]:
         modules = [(i, m) for i, m in self.live() if isinstance(m, torch.nn.Module)]
         children: set[int] = set()
         for _, m in modules:
