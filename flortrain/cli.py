@@ -152,9 +152,8 @@ def runs(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"{'id':>4}  {'kind':<7} {'status':<10} {'started':<25} {'duration':>9}  script")
     for r in rows:
         d = "" if r["duration"] is None else f"{r['duration']:.2f}s"
-        kind = r["kind"] if r["replays"] is None else f"{r['kind']}"
-        extra = f" (of {r['replays']})" if r["replays"] else ""
-        click.echo(f"{r['id']:>4}  {kind:<7} {r['status']:<10} {r['started']:<25} {d:>9}  {r['script']}{extra}")
+        of = f" (of {r['replays']})" if r["replays"] else ""
+        click.echo(f"{r['id']:>4}  {r['kind']:<7} {r['status']:<10} {r['started']:<25} {d:>9}  {r['script']}{of}")
 
 
 @cli.command()
