@@ -33,11 +33,21 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from flortrain.static import library
+from flortrain.static.expressions import (
+    VIEW_ATTRS,
+    dotted,
+    is_view,
+    names_of,
+    object_expr,
+    pattern_captures,
+    root,
+    target_exprs,
+    top,
+    walk_no_defs,
+)
+from flortrain.static.interprocedural import map_callee
 from flortrain.static.plan import Change, Restore
 from flortrain.static.program import MODULE, Loop, Program, Scope
-
-#: Attributes that view the same storage: mutating ``p.data`` or ``p.grad`` mutates ``p``'s state.
-_VIEW_ATTRS = frozenset({"data", "grad"})
 
 RULE_ALIAS = 6
 RULE_CALLEE = 7
@@ -45,56 +55,6 @@ RULE_CALLEE = 7
 
 class NoEstimate(Exception):
     """A statement for which no safe changeset exists: the loop is refused."""
-
-
-def object_expr(node: cst.BaseExpression, code: cst.Module) -> str | None:
-    """The object a mutation lands on: ``self.hist[k]`` -> ``self.hist``, ``p.data`` -> ``p``,
-    ``model.parameters()`` -> ``model``. None when there is no named object (``f(x).add_()``)."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        inner = object_expr(node.value, code)
-        if inner is None:
-            return None
-        if node.attr.value in _VIEW_ATTRS:
-            return inner
-        return f"{inner}.{node.attr.value}"
-    if isinstance(node, cst.Subscript):
-        return object_expr(node.value, code)
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-        return object_expr(node.func.value, code)
-    return None
-
-
-def root(expr: str) -> str:
-    return expr.split(".", 1)[0]
-
-
-def dotted(node: cst.BaseExpression) -> str | None:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        inner = dotted(node.value)
-        return None if inner is None else f"{inner}.{node.attr.value}"
-    return None
-
-
-def _target_exprs(node: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
-    if isinstance(node, cst.Tuple | cst.List):
-        for el in node.elements:
-            yield from _target_exprs(el.value)
-    elif isinstance(node, cst.StarredElement):
-        yield from _target_exprs(node.value)
-    else:
-        yield node
-
-
-def _walk_no_defs(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    if isinstance(node, cst.FunctionDef | cst.ClassDef | cst.Lambda):
-        return
-    yield node
-    for c in node.children:
-        yield from _walk_no_defs(c)
 
 
 @dataclass
@@ -201,13 +161,13 @@ class _Walker:
             for item in s.items:
                 self.expr_effects(item.item, self.prog.line(s))
                 if item.asname is not None:
-                    self.rebind(_names_of(item.asname.name), self.prog.line(s))
+                    self.rebind(names_of(item.asname.name), self.prog.line(s))
             self.suite(s.body)
         elif isinstance(s, cst.Try | cst.TryStar):
             self.suite(s.body)
             for h in s.handlers:
                 if h.name is not None:
-                    self.bind(_names_of(h.name.name))
+                    self.bind(names_of(h.name.name))
                 self.suite(h.body)
             if s.orelse is not None:
                 self.suite(s.orelse.body)
@@ -218,7 +178,7 @@ class _Walker:
         elif isinstance(s, cst.Match):
             self.expr_effects(s.subject, self.prog.line(s))
             for case in s.cases:
-                self.rebind(_pattern_captures(case.pattern), self.prog.line(case))
+                self.rebind(pattern_captures(case.pattern), self.prog.line(case))
                 self.suite(case.body)
         else:
             raise NoEstimate(f"unsupported statement {type(s).__name__} at line {self.prog.line(s)}")
@@ -230,7 +190,7 @@ class _Walker:
             self.statements([suite])
 
     def for_target(self, target: cst.BaseExpression, it: cst.BaseExpression) -> None:
-        names = list(_names_of(target))
+        names = list(names_of(target))
         self.bind(names)
         for n in names:  # the loop variable keeps its last value after the loop (rule 3)
             self.add(n, Restore.REBOUND, 3, self.prog.line(target), is_global=self.is_global(n))
@@ -261,7 +221,7 @@ class _Walker:
                 return
         src = self._alias_source(it)
         if src is not None:
-            for n in _names_of(target):
+            for n in names_of(target):
                 yield n, src
 
     def _alias_source(self, value: cst.BaseExpression) -> str | None:
@@ -284,20 +244,20 @@ class _Walker:
     def small(self, s: cst.BaseSmallStatement, line: int) -> None:
         self.check_escapes(s, line)
         if isinstance(s, cst.Assign):
-            targets = [t for tgt in s.targets for t in _target_exprs(tgt.target)]
+            targets = [t for tgt in s.targets for t in target_exprs(tgt.target)]
             self.assign(targets, s.value, line)
         elif isinstance(s, cst.AnnAssign):
             if s.value is not None:
-                self.assign(list(_target_exprs(s.target)), s.value, line)
+                self.assign(list(target_exprs(s.target)), s.value, line)
         elif isinstance(s, cst.AugAssign):
-            self.assign(list(_target_exprs(s.target)), s.value, line, augmented=True)
+            self.assign(list(target_exprs(s.target)), s.value, line, augmented=True)
         elif isinstance(s, cst.Expr):
             if isinstance(s.value, cst.Call):
                 self.bare_call(s.value, line)
             else:
                 self.expr_effects(s.value, line)
         elif isinstance(s, cst.Del):
-            for t in _target_exprs(s.target):
+            for t in target_exprs(s.target):
                 if isinstance(t, cst.Name):
                     if t.value not in self.fx.bound:
                         raise NoEstimate(f"line {line}: `del {t.value}` unbinds a name the loop does not own")
@@ -310,10 +270,10 @@ class _Walker:
             names: list[str] = []
             if isinstance(s, cst.Import):
                 for a in s.names:
-                    names += list(_names_of(a.asname.name)) if a.asname else [_top(a.name)]
+                    names += list(names_of(a.asname.name)) if a.asname else [top(a.name)]
             elif not isinstance(s.names, cst.ImportStar):
                 for a in s.names:
-                    names += list(_names_of(a.asname.name if a.asname else a.name))
+                    names += list(names_of(a.asname.name if a.asname else a.name))
             self.rebind(names, line)
         # pass, break, continue, raise, assert: no state change. `global`/`nonlocal` neither: the
         # index applies them to the whole function (as Python does), and `is_global` reads that.
@@ -321,7 +281,7 @@ class _Walker:
     def check_escapes(self, s: cst.CSTNode, line: int) -> None:
         if not self.in_loop:
             return
-        for n in _walk_no_defs(s):
+        for n in walk_no_defs(s):
             if isinstance(n, cst.Return):
                 raise NoEstimate(f"line {line}: `return` inside the loop leaves it without finishing")
             if isinstance(n, cst.Yield):
@@ -340,7 +300,7 @@ class _Walker:
             own: str | None = None  # the name whose binding decides the exemption
             if isinstance(t, cst.Name):
                 expr, own = self._through_alias(t.value), t.value
-            elif isinstance(t, cst.Attribute) and t.attr.value not in _VIEW_ATTRS:
+            elif isinstance(t, cst.Attribute) and t.attr.value not in VIEW_ATTRS:
                 expr = object_expr(t, self.module)
                 own = None if expr is None else root(expr)
                 if own in self.fx.aliases:
@@ -365,8 +325,8 @@ class _Walker:
     ) -> None:
         if isinstance(t, cst.Name):
             name = t.value
-            if not augmented and len(_names_of(t)) == 1:
-                src = self._alias_source(value) if _is_view(value) else None
+            if not augmented and len(names_of(t)) == 1:
+                src = self._alias_source(value) if is_view(value) else None
                 if src is not None:
                     self.fx.aliases[name] = src
                 else:
@@ -380,7 +340,7 @@ class _Walker:
             expr = object_expr(t, self.module)
             if expr is None:
                 raise NoEstimate(f"line {line}: assignment to an attribute of an unnamed object")
-            if t.attr.value in _VIEW_ATTRS:
+            if t.attr.value in VIEW_ATTRS:
                 self.add_target_object(expr, t, line, rule)
             else:
                 self.add(expr, Restore.REBOUND, rule, line)
@@ -496,134 +456,15 @@ class _Walker:
             self.call(node, line, assigned=True)
             return
         if isinstance(node, cst.NamedExpr):
-            self.bind(_names_of(node.target))
+            self.bind(names_of(node.target))
             if isinstance(node.target, cst.Name):
                 self.add(node.target.value, Restore.REBOUND, 3, line)
         for child in node.children:
             self.expr_effects(child, line)
 
     def callee(self, call: cst.Call, qual: str, receiver: cst.BaseExpression | None, line: int) -> None:
-        """Map a local callee's effects on its parameters and globals onto this scope."""
-        self.fx.reaches.add(qual)
-        if qual in self.callee_stack:
-            return  # recursion: its effects are already being collected
-        scope = self.prog.scopes[qual]
-        try:
-            fx = function_effects(self.prog, scope, self.callee_stack | {qual})
-        except NoEstimate as e:
-            raise NoEstimate(f"line {line}: in `{qual}()`: {e}") from None
-        self.fx.reaches.update(fx.reaches)
-        binding = _bind_params(call, scope, receiver)
-        module = self.prog.scopes[MODULE]
-        for ch in fx.changes.values():
-            r = root(ch.expr)
-            rest = ch.expr[len(r):]
-            owner = module if ch.is_global else self.prog.binding_scope(scope, r)
-            if owner is not None and owner is not scope and owner is not module:
-                # a variable of a function enclosing the callee (a closure, or `nonlocal`): the same
-                # name here only if this scope sees that very variable
-                if self.prog.binding_scope(self.scope, r) is not owner:
-                    raise NoEstimate(
-                        f"line {line}: `{qual}()` changes `{ch.expr}` of `{owner.qualname}()`,"
-                        " which is not visible here"
-                    )
-                if ch.restore is Restore.REBOUND and not rest and not (
-                    self.scope is owner or r in self.scope.declared_nonlocal
-                ):
-                    raise NoEstimate(
-                        f"line {line}: `{qual}()` rebinds `{r}` of `{owner.qualname}()`, which cannot"
-                        " be reassigned from here"
-                    )
-                self.add(ch.expr, ch.restore, RULE_CALLEE, line)
-                continue
-            if owner is module and scope.qualname != MODULE:
-                # a module-level object: the same name here, unless a local here hides it
-                hider = self.prog.binding_scope(self.scope, r)
-                if hider is not None and hider is not module:
-                    raise NoEstimate(
-                        f"line {line}: `{qual}()` changes the global `{r}`, which a local `{r}` hides here"
-                    )
-                if ch.restore is Restore.IN_PLACE or rest:
-                    self.add(ch.expr, ch.restore, RULE_CALLEE, line)
-                else:
-                    is_global = self.scope.qualname != MODULE
-                    self.add(ch.expr, ch.restore, RULE_CALLEE, line, is_global=is_global)
-                continue
-            if r not in scope.params:
-                continue  # the callee's own local
-            if ch.restore is Restore.REBOUND and not rest:
-                continue  # rebinding a parameter is invisible to the caller
-            if r not in binding:
-                if r in _unmappable_params(call, scope, receiver):
-                    raise NoEstimate(f"line {line}: cannot map `{qual}()`'s arguments (*args/**kwargs)")
-                continue  # a default value: not the caller's object
-            arg = binding[r]
-            obj = object_expr(arg, self.module)
-            if obj is None:
-                continue
-            self.add(obj + rest, ch.restore if rest else Restore.IN_PLACE, RULE_CALLEE, line)
-
-
-def _pattern_captures(pattern: cst.MatchPattern) -> list[str]:
-    """Names a ``case`` pattern binds: capture patterns and ``as`` names, not value patterns
-    (``case Color.RED``) nor class names (``case Point(x=0)``)."""
-    out: list[str] = []
-    for n in _walk_no_defs(pattern):
-        if isinstance(n, cst.MatchAs | cst.MatchStar) and n.name is not None:
-            out.append(n.name.value)
-        elif isinstance(n, cst.MatchMapping) and n.rest is not None:
-            out.append(n.rest.value)
-    return out
-
-
-def _top(node: cst.BaseExpression) -> str:
-    while isinstance(node, cst.Attribute):
-        node = node.value
-    return node.value if isinstance(node, cst.Name) else ""
-
-
-def _names_of(node: cst.CSTNode) -> list[str]:
-    if isinstance(node, cst.Name):
-        return [node.value]
-    if isinstance(node, cst.Tuple | cst.List):
-        return [n for el in node.elements for n in _names_of(el.value)]
-    if isinstance(node, cst.StarredElement):
-        return _names_of(node.value)
-    return []
-
-
-def _is_view(value: cst.BaseExpression) -> bool:
-    """Whether ``x = value`` makes ``x`` another name for (part of) an existing object."""
-    if isinstance(value, cst.Name | cst.Attribute | cst.Subscript):
-        return True
-    return (
-        isinstance(value, cst.Call)
-        and isinstance(value.func, cst.Attribute)
-        and value.func.attr.value in {"parameters", "named_parameters", "buffers", "modules", "children", "values", "items", "view", "view_as", "detach", "__getitem__"}
-    )
-
-
-def _bind_params(call: cst.Call, scope: Scope, receiver: cst.BaseExpression | None) -> dict[str, cst.BaseExpression]:
-    params = list(scope.params)
-    out: dict[str, cst.BaseExpression] = {}
-    if receiver is not None and params:
-        out[params[0]] = receiver
-        params = params[1:]
-    pos = [a for a in call.args if a.keyword is None]
-    for p, a in zip(params, pos, strict=False):
-        if a.star:
-            break
-        out[p] = a.value
-    for a in call.args:
-        if a.keyword is not None:
-            out[a.keyword.value] = a.value
-    return out
-
-
-def _unmappable_params(call: cst.Call, scope: Scope, receiver: cst.BaseExpression | None) -> set[str]:
-    if any(a.star for a in call.args):
-        return set(scope.params)
-    return set()
+        """Map a local callee's effects onto this scope (``interprocedural.map_callee``)."""
+        map_callee(self, call, qual, receiver, line)
 
 
 def function_effects(prog: Program, scope: Scope, stack: frozenset[str]) -> Effects:

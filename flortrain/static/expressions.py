@@ -1,0 +1,101 @@
+"""Syntax helpers for the changeset rules: which object an expression names, which names a target
+binds. Pure functions of libcst nodes; no rule lives here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+#: Attributes that view the same storage: mutating ``p.data`` or ``p.grad`` mutates ``p``'s state.
+VIEW_ATTRS = frozenset({"data", "grad"})
+
+
+def object_expr(node: cst.BaseExpression, code: cst.Module) -> str | None:
+    """The object a mutation lands on: ``self.hist[k]`` -> ``self.hist``, ``p.data`` -> ``p``,
+    ``model.parameters()`` -> ``model``. None when there is no named object (``f(x).add_()``)."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        inner = object_expr(node.value, code)
+        if inner is None:
+            return None
+        if node.attr.value in VIEW_ATTRS:
+            return inner
+        return f"{inner}.{node.attr.value}"
+    if isinstance(node, cst.Subscript):
+        return object_expr(node.value, code)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        return object_expr(node.func.value, code)
+    return None
+
+
+def root(expr: str) -> str:
+    return expr.split(".", 1)[0]
+
+
+def dotted(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        inner = dotted(node.value)
+        return None if inner is None else f"{inner}.{node.attr.value}"
+    return None
+
+
+def target_exprs(node: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
+    if isinstance(node, cst.Tuple | cst.List):
+        for el in node.elements:
+            yield from target_exprs(el.value)
+    elif isinstance(node, cst.StarredElement):
+        yield from target_exprs(node.value)
+    else:
+        yield node
+
+
+def walk_no_defs(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    if isinstance(node, cst.FunctionDef | cst.ClassDef | cst.Lambda):
+        return
+    yield node
+    for c in node.children:
+        yield from walk_no_defs(c)
+
+
+
+def pattern_captures(pattern: cst.MatchPattern) -> list[str]:
+    """Names a ``case`` pattern binds: capture patterns and ``as`` names, not value patterns
+    (``case Color.RED``) nor class names (``case Point(x=0)``)."""
+    out: list[str] = []
+    for n in walk_no_defs(pattern):
+        if isinstance(n, cst.MatchAs | cst.MatchStar) and n.name is not None:
+            out.append(n.name.value)
+        elif isinstance(n, cst.MatchMapping) and n.rest is not None:
+            out.append(n.rest.value)
+    return out
+
+
+def top(node: cst.BaseExpression) -> str:
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else ""
+
+
+def names_of(node: cst.CSTNode) -> list[str]:
+    if isinstance(node, cst.Name):
+        return [node.value]
+    if isinstance(node, cst.Tuple | cst.List):
+        return [n for el in node.elements for n in names_of(el.value)]
+    if isinstance(node, cst.StarredElement):
+        return names_of(node.value)
+    return []
+
+
+def is_view(value: cst.BaseExpression) -> bool:
+    """Whether ``x = value`` makes ``x`` another name for (part of) an existing object."""
+    if isinstance(value, cst.Name | cst.Attribute | cst.Subscript):
+        return True
+    return (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in {"parameters", "named_parameters", "buffers", "modules", "children", "values", "items", "view", "view_as", "detach", "__getitem__"}
+    )
