@@ -73,9 +73,7 @@ def replay(
         "replay", os.path.abspath(script), args, current_text, record.id, record.threads,
         {"probes": [p.code for p in probes.probes], "execute": rplan.execute},
     )
-    source = ReplaySource(
-        record.id, frozenset(rplan.execute), store.checkpoints(record.id), store.iteration_hashes(record.id)
-    )
+    source = ReplaySource(record.id, frozenset(rplan.execute), store.checkpoints(record.id))
     session = Session("replay", store, run, replay=source)
     t0 = time.perf_counter()
     status = execute(session, code, script, args, "torch" in current_text)

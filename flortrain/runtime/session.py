@@ -28,7 +28,6 @@ class ReplaySource:
     run_id: int
     execute: frozenset[str]  # block ids that must run (probed)
     checkpoints: dict[str, tuple[str, str, int]]
-    iteration_hashes: dict[tuple[str, int, int], str]
 
 
 @dataclass

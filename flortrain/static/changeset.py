@@ -49,7 +49,6 @@ from flortrain.static.interprocedural import map_callee
 from flortrain.static.plan import Change, Restore
 from flortrain.static.program import MODULE, Loop, Program, Scope
 
-RULE_ALIAS = 6
 RULE_CALLEE = 7
 
 
@@ -253,7 +252,7 @@ class _Walker:
             self.assign(list(target_exprs(s.target)), s.value, line, augmented=True)
         elif isinstance(s, cst.Expr):
             if isinstance(s.value, cst.Call):
-                self.bare_call(s.value, line)
+                self.call(s.value, line, assigned=False)
             else:
                 self.expr_effects(s.value, line)
         elif isinstance(s, cst.Del):
@@ -358,9 +357,6 @@ class _Walker:
         self.add(obj, Restore.IN_PLACE, rule, line)
 
     # -- calls --------------------------------------------------------------------------------
-    def bare_call(self, call: cst.Call, line: int) -> None:
-        self.call(call, line, assigned=False)
-
     def call(self, call: cst.Call, line: int, assigned: bool) -> int:
         """Apply rules 1/2/4/5 to a call; return the rule that fired (for assignment)."""
         for a in call.args:

@@ -27,7 +27,7 @@ class Change:
 
     expr: str  # "model", "self.optimizer", "total"
     restore: Restore
-    rule: int  # the Table 2 rule (1-4) that put it there; 6 = alias, 7 = callee
+    rule: int  # the Table 2 rule (1-4) that put it there; 7 = mapped from a callee
     line: int  # where in the loop the statement that activated the rule is
     is_global: bool = False  # a module-level name rebound from inside a function (via a callee)
 
@@ -84,12 +84,6 @@ class Plan:
     blocks: tuple[Block, ...] = ()
     refused: tuple[Refusal, ...] = ()
     functions: tuple[FunctionSpan, ...] = field(default_factory=tuple)
-
-    def block(self, block_id: str) -> Block:
-        for b in self.blocks:
-            if b.id == block_id:
-                return b
-        raise KeyError(block_id)
 
     def explain(self) -> str:
         """The plan as a person reads it (``flortrain instrument --explain``)."""

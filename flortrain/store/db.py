@@ -204,11 +204,6 @@ class Store:
         assert cur.lastrowid is not None
         return cur.lastrowid
 
-    def update_meta(self, run_id: int, **meta: Any) -> None:
-        run = self.run(run_id)
-        merged = {**run.meta, **meta}
-        self.db.execute("UPDATE runs SET meta=? WHERE id=?", (json.dumps(merged), run_id))
-
     def finish_run(self, run_id: int, status: str, exit_code: int) -> None:
         self.db.execute(
             "UPDATE runs SET finished=?, status=?, exit_code=? WHERE id=?",
