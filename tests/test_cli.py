@@ -309,3 +309,37 @@ def test_lines_that_span_regions_and_probes(work: Path, marker: str, probe: str)
         assert rep.stdout == plain_output(work / "train.py")  # re-executed: byte-identical
     d = invoke("diff")
     assert d.exit_code == 0, d.stdout
+
+
+WHILE_INNER = textwrap.dedent(
+    """\
+    import random
+
+    random.seed(5)
+    w = 1.0
+    steps = 0
+    epoch = 0
+    while epoch < 4:
+        i = 0
+        while i < 6 and w > 0:
+            w -= random.random() * 0.01
+            i += 1
+            steps += 1
+        print(f"epoch {epoch} w {w:.12f} steps {steps}")
+        #PROBE
+        epoch += 1
+    """
+)
+
+
+def test_while_inner_loop_is_skipped_and_restored(work: Path) -> None:
+    # an inner `while` block: skipped through `live() and (cond)` without evaluating cond
+    (work / "train.py").write_text(WHILE_INNER)
+    assert invoke("record", "train.py").exit_code == 0
+    (work / "train.py").write_text(WHILE_INNER.replace("    #PROBE", "    print('PROBE', i, repr(w), steps)"))
+    rep = invoke("replay", "train.py")
+    assert rep.exit_code == 0, rep.stderr
+    want = [ln for ln in plain_output(work / "train.py").splitlines() if ln.startswith("PROBE")]
+    assert [ln for ln in rep.stdout.splitlines() if ln.startswith("PROBE")] == want
+    assert "4 block instances skipped, 0 executed" in rep.stderr
+    assert invoke("diff").exit_code == 0
