@@ -9,7 +9,7 @@ import time
 
 from flortrain import knobs
 from flortrain.instrument import compile_for, instrument_file
-from flortrain.runtime.launch import execute, intra_op_threads
+from flortrain.runtime.launch import execute, intra_op_threads, uses_torch
 from flortrain.runtime.session import Session
 from flortrain.static.source import read_text
 from flortrain.store.db import open_store
@@ -29,8 +29,8 @@ def record(script: str, args: list[str], store_dir: str | None) -> int:
     inst = instrument_file(script, text)
     code = compile_for(os.path.abspath(script), inst.code_text, text)
     store = open_store(store_dir)
-    uses_torch = "torch" in text
-    threads = intra_op_threads(uses_torch)
+    torch_script = uses_torch(text)
+    threads = intra_op_threads(torch_script)
     plan = inst.plan
     meta = {
         "versions": _versions(),
@@ -48,7 +48,7 @@ def record(script: str, args: list[str], store_dir: str | None) -> int:
         print(f"flortrain: {script}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
     session = Session("record", store, run_id)
     t0 = time.perf_counter()
-    status = execute(session, code, script, args, uses_torch)
+    status = execute(session, code, script, args, torch_script)
     elapsed = time.perf_counter() - t0
     store.finish_run(run_id, "complete" if status == 0 else "failed", status)
     c = session.counts

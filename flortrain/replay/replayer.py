@@ -12,7 +12,7 @@ from flortrain.instrument import compile_for
 from flortrain.replay.diff import diff_runs
 from flortrain.replay.planner import plan_replay
 from flortrain.replay.probes import add_cli_probe, find_probes
-from flortrain.runtime.launch import execute, pin_threads
+from flortrain.runtime.launch import execute, pin_threads, uses_torch
 from flortrain.runtime.session import ReplaySource, Session
 from flortrain.static.analysis import analyse
 from flortrain.static.source import parse, read_text
@@ -76,7 +76,7 @@ def replay(
     source = ReplaySource(record.id, frozenset(rplan.execute), store.checkpoints(record.id))
     session = Session("replay", store, run, replay=source)
     t0 = time.perf_counter()
-    status = execute(session, code, script, args, "torch" in current_text)
+    status = execute(session, code, script, args, uses_torch(current_text))
     elapsed = time.perf_counter() - t0
     store.finish_run(run, "complete" if status == 0 else "failed", status)
     c = session.counts

@@ -17,6 +17,13 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
+def uses_torch(source: str) -> bool:
+    """Whether a script needs the torch side of the runtime (registry, thread pinning). A textual
+    test on purpose: importing torch costs seconds, and a script that never names torch has no
+    modules or optimizers to register."""
+    return "torch" in source
+
+
 def intra_op_threads(uses_torch: bool = True) -> int | None:
     """Intra-op threads change float reductions bitwise (RepDL): recorded, pinned on replay."""
     if not uses_torch or not torch_available():

@@ -173,7 +173,7 @@ class SkipBlock:
                 f" {self.registry_start} (the script creates them differently on replay)"
             )
         for ref, st in self.payload["extra"].items():
-            obj = session.registry.get(int(ref.split("#", 1)[1]))
+            obj = session.registry.get(_registry_id(ref))
             if type(obj).__name__ != st["type"]:
                 return f"refers to {ref} ({st['type']}), which the replay does not have"
         return None
@@ -187,7 +187,7 @@ class SkipBlock:
             if expr in objs:
                 restore_into(objs[expr], st)
         for ref, st in payload["extra"].items():
-            restore_into(s.registry.get(int(ref.split("#", 1)[1])), st)
+            restore_into(s.registry.get(_registry_id(ref)), st)
         for expr, v in payload["names"].items():
             self.values[expr] = objs[v.where] if isinstance(v, Ref) else v
         # objects the recorded block created keep their ids, so later ids stay aligned
@@ -198,6 +198,11 @@ class SkipBlock:
                 s.registry.place(i, self.values[expr])
         rng.restore(payload["rng"])
         s.block_done(self, "skipped", restore_s=time.perf_counter() - t0)
+
+
+def _registry_id(ref: str) -> int:
+    """The registry id in an augmentation key (``module#3``)."""
+    return int(ref.split("#", 1)[1])
 
 
 def _picklable(v: Any) -> Any:
