@@ -44,13 +44,14 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
     torch = _torch()
     if torch is not None:
         if isinstance(obj, torch.nn.Module):
+            state = obj.state_dict()
             return {
                 "kind": "module",
-                "state": obj.state_dict(),
+                "state": state,
                 # what state_dict leaves out but training reads: grads, non-persistent buffers,
                 # train/eval flags, requires_grad, and plain attributes (`self.calls += 1`)
                 "grads": {n: p.grad for n, p in obj.named_parameters() if p.grad is not None},
-                "buffers": dict(obj.named_buffers()),
+                "buffers": {n: b for n, b in obj.named_buffers() if n not in state},
                 "training": [m.training for m in obj.modules()],
                 "requires_grad": [p.requires_grad for p in obj.parameters()],
                 "attrs": {name: _plain_attrs(m, torch) for name, m in obj.named_modules()},
