@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from flortrain.cli import cli
+from tests.protocol import probe_lines
 
 # A training loop in plain Python: weights in a list, a global RNG, an accumulator carried over.
 SCRIPT = textwrap.dedent(
@@ -104,8 +105,8 @@ def test_record_passes_arguments_and_replay_reuses_them(work: Path) -> None:
     (work / "train.py").write_text(text)
     rep = invoke("replay", "train.py")
     assert rep.exit_code == 0, rep.stderr
-    probes = [ln for ln in rep.stdout.splitlines() if ln.startswith("PROBE")]
-    assert probes == [ln for ln in plain_output(work / "train.py", ["2"]).splitlines() if ln.startswith("PROBE")]
+    probes = probe_lines(rep.stdout)
+    assert probes == probe_lines(plain_output(work / "train.py", ["2"]))
     assert len(probes) == 2
 
 
@@ -115,8 +116,8 @@ def test_outer_probe_replay_skips_and_matches_plain_run(work: Path) -> None:
     (work / "train.py").write_text(probed)
     rep = invoke("replay", "train.py")
     assert rep.exit_code == 0, rep.stderr
-    want = [ln for ln in plain_output(work / "train.py").splitlines() if ln.startswith("PROBE")]
-    assert [ln for ln in rep.stdout.splitlines() if ln.startswith("PROBE")] == want
+    want = probe_lines(plain_output(work / "train.py"))
+    assert probe_lines(rep.stdout) == want
     assert "4 block instances skipped, 0 executed" in rep.stderr
     d = invoke("diff")
     assert d.exit_code == 0, d.stdout
@@ -129,9 +130,9 @@ def test_inner_probe_replay_executes_the_block(work: Path) -> None:
     (work / "train.py").write_text(probed)
     rep = invoke("replay", "train.py")
     assert rep.exit_code == 0, rep.stderr
-    want = [ln for ln in plain_output(work / "train.py").splitlines() if ln.startswith("PROBE")]
+    want = probe_lines(plain_output(work / "train.py"))
     assert len(want) == 160
-    assert [ln for ln in rep.stdout.splitlines() if ln.startswith("PROBE")] == want
+    assert probe_lines(rep.stdout) == want
     assert "0 block instances skipped, 4 executed" in rep.stderr
     assert invoke("diff").exit_code == 0
 
@@ -339,7 +340,7 @@ def test_while_inner_loop_is_skipped_and_restored(work: Path) -> None:
     (work / "train.py").write_text(WHILE_INNER.replace("    #PROBE", "    print('PROBE', i, repr(w), steps)"))
     rep = invoke("replay", "train.py")
     assert rep.exit_code == 0, rep.stderr
-    want = [ln for ln in plain_output(work / "train.py").splitlines() if ln.startswith("PROBE")]
-    assert [ln for ln in rep.stdout.splitlines() if ln.startswith("PROBE")] == want
+    want = probe_lines(plain_output(work / "train.py"))
+    assert probe_lines(rep.stdout) == want
     assert "4 block instances skipped, 0 executed" in rep.stderr
     assert invoke("diff").exit_code == 0
