@@ -1,0 +1,73 @@
+"""Flor's Joint Invariant (Eq. 4) with injected costs: the decision must not depend on a clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from flortrain.errors import FlortrainError
+from flortrain.runtime.adaptive import AdaptivePeriod
+
+
+def _run(period: AdaptivePeriod, instances: int, compute: float, materialize: float) -> list[bool]:
+    """Drive one block through ``instances`` executions; return which were materialized."""
+    decisions = []
+    for _ in range(instances):
+        period.executed("L1", compute)
+        take = period.should_materialize("L1")
+        decisions.append(take)
+        if take:
+            period.materialized("L1", materialize)
+    return decisions
+
+
+def test_first_instance_is_always_materialized_even_when_costly() -> None:
+    decisions = _run(AdaptivePeriod(epsilon=1 / 15, every=False), 10, compute=0.001, materialize=10.0)
+    assert decisions[0] is True
+    assert not any(decisions[1:])
+
+
+def test_cheap_materialization_checkpoints_every_instance() -> None:
+    # M/C = 0.001 is far below ε / (k+1) * n for every n: each instance is taken.
+    decisions = _run(AdaptivePeriod(epsilon=1 / 15, every=False), 20, compute=1.0, materialize=0.001)
+    assert all(decisions)
+
+
+def test_period_spreads_checkpoints_so_overhead_stays_under_epsilon() -> None:
+    # M/C = 0.2 with ε = 1/15: Eq. 4 takes instance n only while k+1 < n·ε/(M/C) = n/3.
+    eps, compute, materialize = 1 / 15, 1.0, 0.2
+    period = AdaptivePeriod(epsilon=eps, every=False)
+    decisions = _run(period, 300, compute=compute, materialize=materialize)
+    taken = sum(decisions)
+    assert 1 < taken < 300
+    # The overhead bound the invariant promises, measured over the whole run (the forced first
+    # checkpoint is the only excess allowed).
+    assert (taken - 1) * materialize <= eps * 300 * compute
+    # And it is not needlessly sparse: close to the bound, within one checkpoint's worth.
+    assert taken * materialize >= eps * 300 * compute - materialize - 1e-9
+
+
+def test_restore_ratio_caps_the_bound_when_epsilon_is_loose() -> None:
+    # With ε = 10 the cap is 1/(1+c) = 0.5 for c = 1: M/C = 0.8 must still be spread out.
+    period = AdaptivePeriod(epsilon=10.0, restore_ratio=1.0, every=False)
+    decisions = _run(period, 100, compute=1.0, materialize=0.8)
+    assert 1 < sum(decisions) < 100
+
+
+def test_every_mode_ignores_costs() -> None:
+    decisions = _run(AdaptivePeriod(every=True), 5, compute=0.0, materialize=100.0)
+    assert decisions == [True] * 5
+
+
+def test_blocks_are_accounted_separately() -> None:
+    period = AdaptivePeriod(epsilon=1 / 15, every=False)
+    _run(period, 5, compute=0.001, materialize=10.0)
+    period.executed("L2", 1.0)
+    assert period.should_materialize("L2") is True
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "abc", "nan"])
+def test_epsilon_knob_rejects_non_positive(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLORTRAIN_EPSILON", raw)
+    with pytest.raises(FlortrainError) as err:
+        AdaptivePeriod()
+    assert err.value.code == "FT050"
