@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from flortrain.cli import cli
-from tests.protocol import probe_lines
+from tests.protocol import flortrain, probe_lines
 
 # A training loop in plain Python: weights in a list, a global RNG, an accumulator carried over.
 SCRIPT = textwrap.dedent(
@@ -258,6 +258,25 @@ def test_script_exit_code_and_traceback_point_at_user_file(work: Path) -> None:
     assert runs_json()[0]["status"] == "failed"
     (work / "train.py").write_text(SCRIPT.replace('print("done", len(history))', "raise SystemExit(3)"))
     assert invoke("record", "train.py").exit_code == 3
+
+
+def test_warnings_point_at_user_file_and_line(work: Path) -> None:
+    warned = SCRIPT.replace(
+        "    history.append(total)\n",
+        "    history.append(total)\n    if epoch == 1:\n        import warnings; warnings.warn('loss plateau')\n",
+    )
+    (work / "train.py").write_text(warned)
+    import subprocess
+    import sys
+
+    truth = subprocess.run([sys.executable, "train.py"], cwd=work, capture_output=True, text=True)
+    n = warned.splitlines().index("        import warnings; warnings.warn('loss plateau')") + 1
+    assert f"{work / 'train.py'}:{n}: UserWarning: loss plateau" in truth.stderr
+    # a real process: pytest would catch the warning of an in-process CliRunner call
+    r = flortrain(work, "record", "train.py")
+    assert r.code == 0 and r.out == truth.stdout
+    # the warning and the source line under it, exactly as `python train.py` shows them
+    assert truth.stderr in r.err
 
 
 def test_instrument_and_explain(work: Path) -> None:
