@@ -227,6 +227,35 @@ def test_diff_reports_a_nondeterministic_script(work: Path) -> None:
     assert "RNG streams differ at the start of M9 iteration 0" in d.stdout
 
 
+def test_seeding_inside_the_main_loop_is_deterministic(work: Path) -> None:
+    # The stream is seeded at the top of every iteration: its state at the first boundary is the
+    # process's OS entropy, never drawn from, and must not count as a divergence.
+    text = textwrap.dedent(
+        """\
+        import random
+
+        for run in range(3):
+            random.seed(run)
+            w = 0.0
+            for i in range(5):
+                w += random.random()
+            #PROBE
+            print(run, w)
+        """
+    )
+    (work / "train.py").write_text(text)
+    assert invoke("record", "train.py").stdout == plain_output(work / "train.py")
+    probed = work / "train.py"
+    probed.write_text(text.replace("    #PROBE", "    print('PROBE', run, w)"))
+    rep = invoke("replay", "train.py")
+    assert rep.exit_code == 0, rep.stderr
+    assert probe_lines(rep.stdout) == probe_lines(plain_output(probed))
+    assert "not faithful" not in rep.stderr
+    d = invoke("diff")
+    assert d.exit_code == 0, d.stdout
+    assert "RNG streams equal at 3 main-loop iteration boundaries" in d.stdout
+
+
 def test_diff_shows_loop_context_of_a_tampered_line(work: Path) -> None:
     assert invoke("record", "train.py").exit_code == 0
     assert invoke("replay", "train.py").exit_code == 0

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from flortrain.errors import FlortrainError
+from flortrain.runtime import rng
 from flortrain.store.db import LogEntry, Run, Store
 
 
@@ -105,11 +106,16 @@ def diff_runs(store: Store, replay: Run) -> DiffResult:
         result.differences.append((None, y))
     ra = {k: json.loads(v) for k, v in store.iteration_hashes(record.id).items()}
     rb = {k: json.loads(v) for k, v in store.iteration_hashes(replay.id).items()}
-    # a stream counts once it moves during the record; a stream absent at a boundary (its module
-    # was not imported yet) is not compared there
+    # A stream counts once it moves during the record. It is not compared at a boundary where it
+    # is absent (its module was not imported yet) or where the record had not touched it since
+    # the process started: that state is OS entropy, different in every process, and a script
+    # that seeds inside its main loop (`random.seed(run)`) never draws from it.
     moving = {s for s in {s for d in ra.values() for s in d} if len({d[s] for d in ra.values() if s in d}) > 1}
     for key in sorted(set(ra) & set(rb)):
         result.rng_checked += 1
-        if any(s in ra[key] and s in rb[key] and ra[key][s] != rb[key][s] for s in moving):
+        if any(
+            s in ra[key] and s in rb[key] and ra[key][s] != rng.UNTOUCHED and ra[key][s] != rb[key][s]
+            for s in moving
+        ):
             result.rng_mismatches.append(key)
     return result

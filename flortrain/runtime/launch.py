@@ -47,6 +47,7 @@ def execute(session: Session, code: CodeType, script: str, args: list[str], uses
     up front when the script uses it (and not at all for a script that never mentions it)."""
     if uses_torch and torch_available():
         session.registry.install()
+    session.note_initial_streams()
     tee = Tee(sys.stdout, session.context, lambda entries: session.store.put_logs(session.run_id, entries))
     session.tee = tee
     saved_stdout = sys.stdout

@@ -57,11 +57,18 @@ def encode(state: dict[str, Any]) -> bytes:
     return pickle.dumps(flat, protocol=4)
 
 
-def digests(state: dict[str, Any]) -> str:
-    """Per-stream digests as JSON: a stream the script never uses (numpy's global one, seeded from
-    OS entropy at import) differs between processes and must not count as a divergence; ``diff``
-    compares only streams that move during the record."""
-    out = {}
-    for k in state:
-        out[k] = hashlib.sha256(encode({k: state[k]})).hexdigest()[:32]
-    return json.dumps(out, sort_keys=True)
+#: The digest recorded for a stream still in its start-of-process (entropy) state.
+UNTOUCHED = "untouched"
+
+
+def digest_map(state: dict[str, Any]) -> dict[str, str]:
+    """A short digest of each stream's state."""
+    return {k: hashlib.sha256(encode({k: state[k]})).hexdigest()[:32] for k in state}
+
+
+def dumps_digests(digests: dict[str, str]) -> str:
+    """Per-stream digests as JSON, as the store keeps them at every main-loop boundary. A stream
+    the script never uses (numpy's global one, seeded from OS entropy at import) differs between
+    processes and must not count as a divergence; ``diff`` compares only streams that move during
+    the record, and not where the record left them untouched."""
+    return json.dumps(digests, sort_keys=True)

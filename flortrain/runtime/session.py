@@ -49,6 +49,7 @@ class Session:
     tee: Tee | None = None
     _warned: set[str] = field(default_factory=set)
     _iterations: list[tuple[str, int, int, str, bytes | None]] = field(default_factory=list)
+    _initial_digests: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.materializer is None:
@@ -70,13 +71,29 @@ class Session:
         self.frames.clear()
         state = rng.capture()
         key = (main_id, self.main[1], self.main[2])
-        self._iterations.append((*key, rng.digests(state), rng.encode(state)))
+        self._iterations.append((*key, self._boundary_digests(state), rng.encode(state)))
         # Commit what the previous iteration printed and the boundary states: a killed run then
         # loses at most the iteration in flight (one small transaction per iteration).
         if self.tee is not None:
             self.tee.flush_entries()
         self.store.put_iterations(self.run_id, self._iterations)
         self._iterations = []
+
+    def note_initial_streams(self) -> None:
+        """Remember each global stream's state before the script runs: it comes from OS entropy
+        (torch's, numpy's and ``random``'s unseeded state differ in every process)."""
+        self._initial_digests = dict(rng.digest_map(rng.capture()))
+
+    def _boundary_digests(self, state: dict[str, Any]) -> str:
+        """Per-stream digests at a main-loop boundary, with a stream the script has not touched
+        since the process started marked ``untouched``: its entropy-derived state differs between
+        any two processes, so it is not evidence of anything (``diff`` does not compare it). A
+        stream first seen here (imported during the run) counts its first state as initial."""
+        out = {}
+        for stream, digest in rng.digest_map(state).items():
+            initial = self._initial_digests.setdefault(stream, digest)
+            out[stream] = rng.UNTOUCHED if digest == initial else digest
+        return rng.dumps_digests(out)
 
     def main_exit(self, main_id: str) -> None:
         self.main = None
