@@ -9,7 +9,14 @@ import sqlite3
 import textwrap
 from pathlib import Path
 
-from tests.protocol import block_states, flortrain, latest_run, plain, probe_lines
+from tests.protocol import (
+    block_states,
+    flortrain,
+    latest_run,
+    plain,
+    probe_lines,
+    replay_matches_plain,
+)
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
 
@@ -197,3 +204,22 @@ def test_intra_op_threads_are_pinned_on_replay(tmp_path: Path) -> None:
     rep = flortrain(tmp_path, "replay", "train.py", env={**EVERY, "OMP_NUM_THREADS": "2"})
     assert probe_lines(rep.out) == ["PROBE 1"] * 4
     assert json.loads(flortrain(tmp_path, "runs", "--json").out)[-1]["kind"] == "replay"
+
+
+def test_a_module_flortrain_cannot_capture_never_stops_training(tmp_path: Path) -> None:
+    # A module whose state_dict raises: the alias watch and the checkpoint both fail. That is a
+    # flortrain limitation, so training must go on unchanged (warned once, nothing memoized) and
+    # the replay re-executes every instance, still exact.
+    text = BASE.replace(
+        "model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.Linear(16, 1))\n",
+        "class Opaque(nn.Sequential):\n"
+        "    def state_dict(self, *args, **kwargs):\n"
+        "        raise RuntimeError('no state_dict for you')\n"
+        "model = Opaque(nn.Linear(8, 16), nn.Dropout(0.2), nn.Linear(16, 1))\n",
+    )
+    rep = replay_matches_plain(tmp_path, text, "print('PROBE', repr(model[2].weight.sum().item()))", EVERY)
+    record = flortrain(tmp_path, "runs", "--json")
+    assert [r["status"] for r in json.loads(record.out)] == ["complete", "complete"]
+    states = block_states(tmp_path / ".flortrain", 1)
+    assert states == {"recorded": 4}, states
+    assert "0 block instances skipped, 4 executed" in rep.err, rep.err

@@ -70,6 +70,48 @@ def test_module_attributes_and_non_persistent_buffers(tmp_path: Path) -> None:
     replay_matches_plain(tmp_path, text, 'print("PROBE", model.calls, model.seen.item(), model.fc.bias.item())', EVERY)
 
 
+def test_module_containers_and_private_generators_changed_in_forward(tmp_path: Path) -> None:
+    # State a custom module keeps for itself and changes on every call: a dict of counters, a
+    # list, a dict of tensors updated in place and rebound, a private generator for noise.
+    text = textwrap.dedent(
+        """\
+        import torch
+        from torch import nn
+
+        class Tracked(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 1)
+                self.stats = {"n": 0, "hist": []}
+                self.running = {"mean": torch.zeros(4)}
+                self.noise = torch.Generator().manual_seed(3)
+
+            def forward(self, x):
+                self.stats["n"] += 1
+                self.stats["hist"].append(round(x.mean().item(), 6))
+                self.running["mean"].mul_(0.9).add_(0.1 * x.mean(0))
+                self.running["std"] = x.std(0)
+                return self.fc(x + 0.01 * torch.randn(x.shape, generator=self.noise))
+
+        torch.manual_seed(0)
+        X = torch.randn(32, 4)
+        model = Tracked()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(4):
+            for i in range(4):
+                opt.zero_grad()
+                model(X[i * 8:(i + 1) * 8]).pow(2).mean().backward()
+                opt.step()
+            #PROBE
+            print("epoch", epoch, model.stats["n"], f"{model.fc.bias.item():.8f}")
+        print("final", model.stats["hist"][-3:], model.running["mean"].tolist())
+        """
+    )
+    probe = 'print("PROBE", model.stats["n"], len(model.stats["hist"]), model.running["std"].tolist(), model.noise.initial_seed())'
+    for env in (EVERY, {}):
+        replay_matches_plain(tmp_path, text, probe, env)
+
+
 def test_modules_created_inside_a_skipped_loop_keep_ids_aligned(tmp_path: Path) -> None:
     # `crit = nn.MSELoss()` inside the batch loop: on replay the skipped loop creates no module,
     # and the next fold's model and optimizer must still be found under their recorded ids.

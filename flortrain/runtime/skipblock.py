@@ -65,8 +65,18 @@ class SkipBlock:
                 if session.adaptive.costs.get(block_id) is None or (
                     session.adaptive.costs[block_id].n < knobs.ALIAS_WATCH_INSTANCES
                 ):
-                    self.watch = {i: clone_state(o) for i, o in session.watchable()}
+                    self.watch = self._snapshot_watched(session)
         self.t0 = time.perf_counter()
+
+    def _snapshot_watched(self, session: Session) -> dict[int, Any] | None:
+        """Before-images of live modules and optimizers for the alias watch. A failure here is a
+        flortrain limitation, never the user's problem: training goes on unwatched, with a
+        warning (``diff`` remains the check)."""
+        try:
+            return {i: clone_state(o) for i, o in session.watchable()}
+        except Exception as e:
+            session.warn_once(f"{self.id}.watch", f"block {self.id}: alias watch unavailable: {e}")
+            return None
 
     # -- what the instrumented loop calls ------------------------------------------------------
     def iterate(self, iterable: Any) -> Any:
@@ -99,7 +109,10 @@ class SkipBlock:
         compute = time.perf_counter() - self.t0
         s.adaptive.executed(self.id, compute)
         if self.watch is not None:
-            self._learn_aliases(s, objects)
+            try:
+                self._learn_aliases(s, objects)
+            except Exception as e:
+                s.warn_once(f"{self.id}.watch", f"block {self.id}: alias watch unavailable: {e}")
         if not s.adaptive.should_materialize(self.id):
             s.block_done(self, "recorded", compute_s=compute)
             return

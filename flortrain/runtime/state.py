@@ -54,7 +54,7 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
                 "buffers": {n: b for n, b in obj.named_buffers() if n not in state},
                 "training": [m.training for m in obj.modules()],
                 "requires_grad": [p.requires_grad for p in obj.parameters()],
-                "attrs": {name: _plain_attrs(m, torch) for name, m in obj.named_modules()},
+                "attrs": {name: _plain_attrs(m, torch, memo, f"{path}.{name}") for name, m in obj.named_modules()},
             }
         if isinstance(obj, torch.optim.Optimizer):
             groups = [g["params"] for g in obj.param_groups]
@@ -106,15 +106,34 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
     raise Unrestorable(f"cannot capture a {type(obj).__name__}")
 
 
-def _plain_attrs(module: Any, torch: Any) -> dict[str, Any]:
-    """Public attributes of a module that are plain values or unregistered tensors."""
+def _plain_attrs(module: Any, torch: Any, memo: dict[int, str], path: str) -> dict[str, Any]:
+    """Captured states of a module's public attributes that training may change in place and
+    ``state_dict`` leaves out: plain values, unregistered tensors, containers (``self.stats =
+    {"n": 0}`` updated in ``forward``) and private RNG objects. Other objects (a config, a
+    tokenizer) are left alone: they are inputs, and capturing them could copy anything."""
     out: dict[str, Any] = {}
     for k, v in vars(module).items():
-        if k.startswith("_") or k == "training":
+        if k.startswith("_") or k == "training" or isinstance(v, torch.nn.Module | torch.nn.Parameter):
             continue
-        if isinstance(v, _IMMUTABLE) or (isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)):
-            out[k] = v
+        if isinstance(v, (*_IMMUTABLE, *_CONTAINERS, torch.Tensor)) or _is_rng(v):
+            try:
+                out[k] = capture(v, memo, f"{path}.{k}")
+            except Unrestorable:
+                continue  # e.g. a list of callbacks: not training state
     return out
+
+
+_CONTAINERS = (list, tuple, dict, set, collections.deque)
+
+
+def _is_rng(obj: Any) -> bool:
+    torch = _torch()
+    np = sys.modules.get("numpy")
+    return (
+        isinstance(obj, random.Random)
+        or (torch is not None and isinstance(obj, torch.Generator))
+        or (np is not None and isinstance(obj, np.random.RandomState | np.random.Generator))
+    )
 
 
 def rebuild(state: dict[str, Any]) -> Any:
@@ -164,8 +183,9 @@ def restore_into(live: Any, state: dict[str, Any]) -> Any:
         subs = dict(live.named_modules())
         for name, attrs in state["attrs"].items():
             if name in subs:
+                d = vars(subs[name])
                 for k, v in attrs.items():
-                    setattr(subs[name], k, v)
+                    d[k] = restore_into(d[k], v) if k in d else rebuild(v)
         return live
     if kind == "optimizer":
         torch = _torch()
