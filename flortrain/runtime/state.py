@@ -183,7 +183,7 @@ def restore_into(live: Any, state: dict[str, Any]) -> Any:
         subs = dict(live.named_modules())
         for name, attrs in state["attrs"].items():
             if name in subs:
-                d = vars(subs[name])
+                d = subs[name].__dict__
                 for k, v in attrs.items():
                     d[k] = restore_into(d[k], v) if k in d else rebuild(v)
         return live
