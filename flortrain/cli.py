@@ -122,11 +122,13 @@ def diff(ctx: click.Context, run_id: int | None) -> None:
 @_one_line_errors
 def runs(ctx: click.Context, as_json: bool) -> None:
     """List recorded and replayed runs."""
-    from flortrain.store.db import open_store, store_path
+    from flortrain.store.db import NO_STORE, open_store, store_path
 
     try:
         store = open_store(ctx.obj["store"], create=False)
-    except FlortrainError:
+    except FlortrainError as e:
+        if e.code != NO_STORE:  # a file in the store's place, an unreadable database: not "no runs"
+            raise
         click.echo("[]" if as_json else f"no runs in {store_path(ctx.obj['store'])}")
         return
     rows = [

@@ -169,6 +169,58 @@ def test_changed_script_is_refused_naming_the_line(work: Path) -> None:
     assert len(runs_json()) == 1  # nothing ran
 
 
+def test_trailing_comments_and_spaces_are_not_changes(work: Path) -> None:
+    # comments and trailing whitespace on training lines, the memoized loop's header among them,
+    # plus a probe: the recorded lines still map to the current ones and the loop is still skipped
+    assert invoke("record", "train.py").exit_code == 0
+    edited = (
+        SCRIPT.replace("    total = 0.0\n", "    total = 0.0  # accumulate\n")
+        .replace("    for x, y in data:\n", "    for x, y in data:  # one pass over the batches\n")
+        .replace("    random.shuffle(data)\n", "    random.shuffle(data)   \t\n")
+        .replace("    history.append(total)\n", "    history.append(total)\n    print('PROBE', epoch, repr(w[1]))\n")
+    )
+    (work / "train.py").write_text(edited)
+    rep = invoke("replay", "train.py")
+    assert rep.exit_code == 0, rep.stderr
+    want = probe_lines(plain_output(work / "train.py"))
+    assert len(want) == 4
+    assert probe_lines(rep.stdout) == want
+    assert "4 block instances skipped, 0 executed" in rep.stderr
+    assert invoke("diff").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("recorded", "current"),
+    [
+        ("    total = 0.0  # accumulate\n", "    total = 0.0  # sum of squared errors\n"),
+        ("    total = 0.0  # accumulate\n", "    total = 0.0\n"),
+        ("    total = 0.0\n", "    total=0.0 # spacing between tokens is not code either\n"),
+    ],
+    ids=["changed", "removed", "spacing"],
+)
+def test_comment_changed_on_a_line_alone_replays(work: Path, recorded: str, current: str) -> None:
+    text = SCRIPT.replace("    total = 0.0\n", recorded)
+    (work / "train.py").write_text(text)
+    assert invoke("record", "train.py").exit_code == 0
+    (work / "train.py").write_text(text.replace(recorded, current))
+    rep = invoke("replay", "train.py")
+    assert rep.exit_code == 0, rep.stderr
+    assert rep.stdout == plain_output(work / "train.py")
+    assert invoke("diff").exit_code == 0
+
+
+def test_code_edit_on_a_commented_line_is_refused(work: Path) -> None:
+    text = SCRIPT.replace("    total = 0.0\n", "    total = 0.0  # accumulate\n")
+    (work / "train.py").write_text(text)
+    assert invoke("record", "train.py").exit_code == 0
+    (work / "train.py").write_text(text.replace("    total = 0.0  # accumulate\n", "    total = 1.0  # accumulate\n"))
+    line = one_line_error(invoke("replay", "train.py"))
+    n = text.splitlines().index("    total = 0.0  # accumulate") + 1
+    assert line.startswith(f"train.py:{n}:1: FT020")
+    assert "total = 1.0" in line
+    assert len(runs_json()) == 1  # nothing ran
+
+
 def test_edit_inside_a_statement_is_refused(work: Path) -> None:
     multi = SCRIPT.replace("data = [(random.random(), random.random()) for _ in range(40)]", "data = [\n    (random.random(), random.random()) for _ in range(40)\n]")
     (work / "train.py").write_text(multi)
@@ -191,6 +243,22 @@ def test_replay_without_record_and_diff_without_replay(work: Path) -> None:
     assert "FT031" in one_line_error(invoke("replay", "train.py"))
     assert "FT030" in one_line_error(invoke("diff"))
     assert "no such file" in one_line_error(invoke("record", "missing.py"))
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_runs_on_a_store_that_is_not_a_directory_is_an_error(work: Path, as_json: bool) -> None:
+    # only an absent store has no runs; a file in its place is an error, as it is for record
+    (work / "notadir").write_text("")
+    args = ["--store", "notadir", "runs", *(["--json"] if as_json else [])]
+    r = invoke(*args)
+    line = one_line_error(r)
+    assert "FT010" in line and "not a directory" in line.lower()
+    assert r.stdout == ""
+    assert "FT010" in one_line_error(invoke("--store", "notadir", "record", "train.py"))
+    (work / "garbage").mkdir()
+    (work / "garbage" / "flortrain.db").write_text("not a database\n" * 100)
+    assert "FT010" in one_line_error(invoke("--store", "garbage", "runs", *args[3:]))
+    assert invoke("--store", "absent", *args[2:]).stdout.strip() in ("[]", f"no runs in {work / 'absent'}")
 
 
 @pytest.mark.parametrize(

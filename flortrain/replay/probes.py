@@ -1,8 +1,11 @@
 """Probes: the statements added to a script since it was recorded.
 
 Replaying different training code would be a lie, so the current script must be the recorded one
-plus whole added statements. Blank and comment-only lines are ignored; any other change (an edited,
-deleted or re-indented line, an edit inside an existing statement) is refused with the lines named.
+plus whole added statements. Lines are compared by what Python sees on them, their tokens (see
+:func:`_significant`): blank lines, comments (whole-line or trailing, added, changed or removed) and
+spacing that is not indentation are ignored, so ``tot = 0.0  # accumulate`` and ``tot=0.0`` are the
+recorded ``tot = 0.0``. Any other change (an edited token, a deleted or re-indented line, an edit
+inside an existing statement or string) is refused with the lines named.
 A probe may bind new names for its own use but not rebind a name the training code uses, and may
 not change control flow (``return``, ``break``, ``yield`` ...).
 """
@@ -10,6 +13,8 @@ not change control flow (``return``, ``break``, ``yield`` ...).
 from __future__ import annotations
 
 import difflib
+import io
+import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -36,13 +41,68 @@ class ProbeSet:
     current: Source
 
 
-def _significant(text: str) -> list[tuple[int, str]]:
+@dataclass(frozen=True)
+class _Line:
+    number: int
+    #: what must match: the statement's indentation if one starts on the line (None on a
+    #: continuation line, where indentation means nothing), then the tokens starting on it
+    key: tuple[str | None, tuple[str, ...]]
+    text: str  # as written, for error messages
+
+
+# tokens that are not code: comments, line ends, and INDENT/DEDENT (the key's indentation says it)
+_NOT_CODE = frozenset(
+    {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+)
+
+
+def _reader(text: str) -> io.StringIO:
+    """Lines as compile and libcst count them: ``\\n``, ``\\r\\n`` and ``\\r`` end one, nothing else
+    does (``str.splitlines`` also splits at form feeds, which Python allows in indentation)."""
+    return io.StringIO(text, newline=None)
+
+
+def _significant(text: str) -> list[_Line]:
+    """The lines that carry code, keyed by their tokens: what a comment or spacing changes is not
+    compared, what any token changes is. A token spanning lines (a triple-quoted string) belongs,
+    whole, to the line it starts on, so an edit inside it changes that line; the lines it covers
+    carry no key of their own. Line numbers are tokenize's rows, which are libcst's lines, so they
+    place probes and map recorded lines the same way."""
+    lines = _reader(text).readlines()
+    tokens: dict[int, list[str]] = {}
+    indent: dict[int, str] = {}
+    starts_statement = True
+    for tok in tokenize.generate_tokens(_reader(text).readline):
+        if tok.type in _NOT_CODE:
+            starts_statement = starts_statement or tok.type == tokenize.NEWLINE
+            continue
+        row, col = tok.start
+        if starts_statement:
+            indent[row] = lines[row - 1][:col]
+            starts_statement = False
+        tokens.setdefault(row, []).append(tok.string)
+    return [
+        _Line(row, (indent.get(row), tuple(t)), lines[row - 1].rstrip()) for row, t in sorted(tokens.items())
+    ]
+
+
+def _textual(text: str) -> list[_Line]:
+    """The fallback should the pure-Python tokenizer refuse what the compiler accepted (it can lag
+    on rare syntax): lines as written less trailing whitespace, comment-only lines ignored."""
     out = []
-    for i, line in enumerate(text.splitlines(), 1):
+    for i, line in enumerate(_reader(text), 1):
         s = line.strip()
         if s and not s.startswith("#"):
-            out.append((i, line.rstrip()))
+            out.append(_Line(i, (None, (line.rstrip(),)), line.rstrip()))
     return out
+
+
+def _compared(recorded: str, current: str) -> tuple[list[_Line], list[_Line]]:
+    """Both scripts keyed the same way: mixing the two kinds of key would find every line changed."""
+    try:
+        return _significant(recorded), _significant(current)
+    except (tokenize.TokenError, SyntaxError):
+        return _textual(recorded), _textual(current)
 
 
 def _statements(module: cst.Module) -> Iterator[cst.BaseStatement]:
@@ -89,9 +149,10 @@ def _names_used(text: str) -> set[str]:
 
 
 def find_probes(recorded: str, current_text: str, path: str, run_id: int) -> ProbeSet:
-    a = _significant(recorded)
-    b = _significant(current_text)
-    sm = difflib.SequenceMatcher(a=[x for _, x in a], b=[x for _, x in b], autojunk=False)
+    # parse first: a script that does not compile is a syntax error (FT002), not a difference
+    current = parse(path, current_text)
+    a, b = _compared(recorded, current_text)
+    sm = difflib.SequenceMatcher(a=[x.key for x in a], b=[x.key for x in b], autojunk=False)
     line_map: dict[int, int] = {}
     inserted: set[int] = set()
     changed: list[str] = []
@@ -99,17 +160,17 @@ def find_probes(recorded: str, current_text: str, path: str, run_id: int) -> Pro
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
             for k in range(i2 - i1):
-                line_map[a[i1 + k][0]] = b[j1 + k][0]
+                line_map[a[i1 + k].number] = b[j1 + k].number
         elif tag == "insert":
-            inserted.update(ln for ln, _ in b[j1:j2])
+            inserted.update(x.number for x in b[j1:j2])
         else:
-            for ln, code in a[i1:i2]:
-                changed.append(f"recorded line {ln} `{code.strip()}`")
-            for ln, code in b[j1:j2]:
-                first_changed = first_changed or ln
-                changed.append(f"line {ln} `{code.strip()}`")
+            for x in a[i1:i2]:
+                changed.append(f"recorded line {x.number} `{x.text.strip()}`")
+            for x in b[j1:j2]:
+                first_changed = first_changed or x.number
+                changed.append(f"line {x.number} `{x.text.strip()}`")
             if first_changed is None:
-                first_changed = b[j1][0] if j1 < len(b) else (b[-1][0] if b else 1)
+                first_changed = b[j1].number if j1 < len(b) else (b[-1].number if b else 1)
     if changed:
         shown = "; ".join(changed[:4]) + (" ..." if len(changed) > 4 else "")
         raise FlortrainError(
@@ -118,11 +179,10 @@ def find_probes(recorded: str, current_text: str, path: str, run_id: int) -> Pro
             Located(path, first_changed or 1, 1),
             "FT020",
         )
-    current = parse(path, current_text)
     pos = current.wrapper.resolve(PositionProvider)
     probes: list[Probe] = []
     covered: set[int] = set()
-    sig_lines = {ln for ln, _ in b}
+    sig_lines = {x.number for x in b}
     for stmt in _statements(current.module):
         r = pos[stmt]
         lines = {ln for ln in range(r.start.line, r.end.line + 1) if ln in sig_lines}

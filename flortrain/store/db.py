@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -327,9 +328,27 @@ def _safe(key: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
 
 
+#: the store does not exist (yet): the one failure a read-only command may report as "no runs"
+NO_STORE = "FT013"
+
+
 def open_store(explicit: str | None = None, create: bool = True) -> Store:
     """The store; commands that only read it (``runs``, ``diff``) never create one."""
     root = store_path(explicit)
-    if not create and not (root / "flortrain.db").is_file():
-        raise FlortrainError("no flortrain store here (record a run first)", Located(str(root)), "FT013")
+    if not create:
+        _require_existing(root)
     return Store(root)
+
+
+def _require_existing(root: Path) -> None:
+    """Absent (no such path, or a directory without a database) is :data:`NO_STORE`; a path that
+    exists but cannot be a store (a regular file, a file above it, no permission) is FT010, as
+    ``record`` reports it, not an empty store."""
+    try:
+        if not stat.S_ISDIR(root.stat().st_mode):
+            raise FlortrainError("cannot open store: not a directory", Located(str(root)), "FT010")
+        (root / "flortrain.db").stat()
+    except FileNotFoundError:
+        raise FlortrainError("no flortrain store here (record a run first)", Located(str(root)), NO_STORE) from None
+    except OSError as e:
+        raise FlortrainError(f"cannot open store: {e}", Located(str(root)), "FT010") from None
