@@ -182,3 +182,52 @@ def test_containers_filled_by_library_functions_and_rng_in_expressions(tmp_path:
     # and with the default adaptive period, where un-checkpointed instances re-execute after
     # restored ones: the RNG object must have been restored for them to draw the same numbers
     replay_matches_plain(tmp_path, text, 'print("PROBE", epoch, worst[0], list(window), confusion.tolist())')
+
+
+def test_generators_a_data_loader_draws_from(tmp_path: Path) -> None:
+    # Three streams that only iterating a loader advances, none named by any statement: the
+    # loader's own generator (shuffle order), a weighted sampler's generator, and a dataset's
+    # private numpy generator used for augmentation in __getitem__.
+    text = textwrap.dedent(
+        """\
+        import numpy as np
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, Dataset, TensorDataset, WeightedRandomSampler
+
+        class Jitter(Dataset):
+            def __init__(self, x, y):
+                self.x, self.y = x, y
+                self.rng = np.random.default_rng(7)
+
+            def __len__(self):
+                return len(self.x)
+
+            def __getitem__(self, i):
+                noise = torch.from_numpy(self.rng.normal(0, 0.1, 4).astype("float32"))
+                return self.x[i] + noise, self.y[i]
+
+        torch.manual_seed(0)
+        X, Y = torch.randn(32, 4), torch.randn(32, 1)
+        shuffled = DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
+        weights = torch.linspace(0.1, 1.0, 32)
+        weighted = DataLoader(TensorDataset(X, Y), batch_size=8,
+                              sampler=WeightedRandomSampler(weights, 32, generator=torch.Generator().manual_seed(2)))
+        jittered = DataLoader(Jitter(X, Y), batch_size=8)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for epoch in range(4):
+            for loader in (shuffled, weighted, jittered):
+                for x, y in loader:
+                    opt.zero_grad()
+                    loss = (model(x) - y).pow(2).mean()
+                    loss.backward()
+                    opt.step()
+            #PROBE
+            print("epoch", epoch, f"{loss.item():.10f}")
+        print("next batches", [next(iter(dl))[0][0].tolist() for dl in (shuffled, weighted, jittered)])
+        """
+    )
+    probe = 'print("PROBE", epoch, model.weight.sum().item())'
+    for env in (EVERY, {}):
+        replay_matches_plain(tmp_path, text, probe, env)

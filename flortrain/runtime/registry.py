@@ -1,4 +1,4 @@
-"""Flor's registry of live modules and optimizers.
+"""Flor's registry of live modules, optimizers and data loaders.
 
 The changeset rules see names; training state is also reachable through aliases they cannot
 see (``for p in params: p.data.add_(..)`` with ``params`` built elsewhere, an optimizer held by a
@@ -9,7 +9,10 @@ across record and replay of a deterministic script) so that:
   augmentation), and a scheduler brings its optimizer;
 - an optimizer that steps during a block joins that block's changeset even if no rule named it;
 - for the first instances of each block, modules and optimizers outside the changeset are
-  compared before and after, and any that changed join the block's changeset from then on.
+  compared before and after, and any that changed join the block's changeset from then on;
+- a data loader iterated during a block brings the random generators its iteration advances
+  (``DataLoader(.., generator=g)``, a sampler's or a dataset's own generator), which no rule can
+  see: ``for x, y in loader`` reads ``loader`` as far as the source says.
 """
 
 from __future__ import annotations
@@ -30,11 +33,18 @@ class Registry:
         self._index: dict[int, int] = {}
         self.paused = 0
         self.stepped: set[int] = set()  # registry ids of optimizers stepped since last reset
+        self.iterated: set[int] = set()  # registry ids of data loaders iterated since last reset
         self._roots: tuple[int, list[int]] | None = None
         self._undo: list[Callable[[], None]] = []
 
+    def reset_block(self) -> None:
+        """A block instance starts: forget which optimizers stepped and which loaders iterated."""
+        self.stepped.clear()
+        self.iterated.clear()
+
     def install(self) -> None:
-        """Patch ``Module.__init__`` and ``Optimizer.__init__`` and hook optimizer steps."""
+        """Patch ``Module``, ``Optimizer`` and ``DataLoader`` construction, hook optimizer steps
+        and loader iteration."""
         import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -52,6 +62,18 @@ class Registry:
 
         wrap(torch.nn.Module)
         wrap(torch.optim.Optimizer)
+        wrap(torch.utils.data.DataLoader)
+
+        loader_iter = torch.utils.data.DataLoader.__iter__
+
+        def __iter__(self: Any) -> Any:
+            i = reg.id_of(self)
+            if i is not None:
+                reg.iterated.add(i)
+            return loader_iter(self)
+
+        torch.utils.data.DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+        self._undo.append(lambda: setattr(torch.utils.data.DataLoader, "__iter__", loader_iter))
 
         def on_step(opt: Any, args: Any, kwargs: Any) -> None:
             i = reg.id_of(opt)

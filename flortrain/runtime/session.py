@@ -151,7 +151,8 @@ class Session:
 
     def augmentation(self, block_id: str, objs: list[Any]) -> list[tuple[str, int, Any]]:
         """Objects a block changes beyond its named changeset: the modules an optimizer updates,
-        the optimizer a scheduler drives, optimizers that stepped, and learned aliases."""
+        the optimizer a scheduler drives, optimizers that stepped, data loaders iterated (for
+        their generators), and learned aliases."""
         torch = sys.modules.get("torch")
         if torch is None:
             return []
@@ -165,7 +166,11 @@ class Session:
             if i is None:
                 return
             covered.add(id(obj))
-            kind = "module" if isinstance(obj, torch.nn.Module) else "optimizer"
+            kind = (
+                "module" if isinstance(obj, torch.nn.Module)
+                else "optimizer" if isinstance(obj, torch.optim.Optimizer)
+                else "loader"
+            )
             out.append((kind, i, obj))
             if isinstance(obj, torch.optim.Optimizer):
                 for _, m in self.registry.modules_of(obj):
@@ -180,7 +185,7 @@ class Session:
 
         for o in objs:
             expand(o)
-        for i in sorted(self.registry.stepped):
+        for i in sorted(self.registry.stepped | self.registry.iterated):
             add(self.registry.get(i))
         for i in sorted(self.learned.get(block_id, ())):
             obj = self.registry.get(i)

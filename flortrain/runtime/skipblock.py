@@ -61,7 +61,7 @@ class SkipBlock:
         if session is not None:
             session.frames.append(self)
             if self.state is State.RECORD:
-                session.registry.stepped.clear()
+                session.registry.reset_block()
                 if session.adaptive.costs.get(block_id) is None or (
                     session.adaptive.costs[block_id].n < knobs.ALIAS_WATCH_INSTANCES
                 ):

@@ -27,9 +27,49 @@ def _torch() -> Any:
 
 
 def _is_data_source(obj: Any) -> bool:
-    """Data loaders and datasets are inputs, re-created or re-iterated by the script itself."""
+    """Data loaders and datasets are inputs, re-created or re-iterated by the script itself; only
+    the random generators they draw from are state (see :func:`data_source_rngs`)."""
     torch = _torch()
     return torch is not None and isinstance(obj, torch.utils.data.DataLoader | torch.utils.data.Dataset)
+
+
+def data_source_rngs(obj: Any) -> dict[str, Any]:
+    """The random generators iterating a data source advances, by attribute path: a loader's
+    ``generator``, its sampler's and batch sampler's, and generators a dataset keeps for its own
+    augmentation (``self.rng.normal(..)`` in ``__getitem__``), through wrappers like ``Subset``.
+    Only public attributes of torch's data classes and of the user's Dataset/Sampler subclasses
+    are followed, a few levels deep: anything else is data, not stream state."""
+    torch = _torch()
+    found: dict[str, Any] = {}
+    if torch is None:
+        return found
+    data = torch.utils.data
+    seen: set[int] = set()
+
+    def walk(o: Any, path: str, depth: int) -> None:
+        if id(o) in seen or depth > 4:
+            return
+        seen.add(id(o))
+        for k, v in list(vars(o).items()):
+            if k.startswith("_") or v is None:
+                continue
+            p = f"{path}.{k}" if path else k
+            if _is_rng(v):
+                if id(v) not in seen:
+                    seen.add(id(v))
+                    found[p] = v
+            elif isinstance(v, data.DataLoader | data.Dataset | data.Sampler) and hasattr(v, "__dict__"):
+                walk(v, p, depth + 1)
+
+    if hasattr(obj, "__dict__"):
+        walk(obj, "", 0)
+    return found
+
+
+def _attr_path(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dict[str, Any]:
@@ -88,7 +128,7 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
     if isinstance(obj, random.Random):
         return {"kind": "random", "state": obj.getstate()}
     if _is_data_source(obj):
-        return {"kind": "data_source"}
+        return {"kind": "data_source", "rngs": {p: capture(g) for p, g in data_source_rngs(obj).items()}}
     if isinstance(obj, collections.deque):
         return {"kind": "deque", "items": [capture(x, memo, f"{path}[{i}]") for i, x in enumerate(obj)]}
     if isinstance(obj, list):
@@ -164,7 +204,11 @@ def restore_into(live: Any, state: dict[str, Any]) -> Any:
     """Load ``state`` into ``live`` in place when its kind allows; return the object the slot
     holding ``live`` should now hold (``live`` itself unless it had to be rebuilt)."""
     kind = state["kind"]
-    if kind in ("value", "ref", "data_source"):
+    if kind == "data_source":
+        for path, st in state.get("rngs", {}).items():
+            restore_into(_attr_path(live, path), st)
+        return live
+    if kind in ("value", "ref"):
         return state.get("value", live) if kind == "value" else live
     if kind == "module":
         torch = _torch()
