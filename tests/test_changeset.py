@@ -664,6 +664,127 @@ def test_interprocedural(src: str, expected: set[tuple[str, Restore]] | Refused)
     check(src, expected)
 
 
+# Hooks run inside a loop without being called by it: `model(x)` runs forward hooks,
+# `loss.backward()` runs backward hooks. What they change joins every loop that makes a call.
+HOOKS = [
+    case("factory-hook-fills-a-global-dict", """
+        acts = {}
+
+        def save(name):
+            def hook(mod, inp, out):
+                acts[name] = out.mean().item()
+            return hook
+
+        model.fc.register_forward_hook(save("fc"))
+        for epoch in range(3):
+            for b in loader:
+                loss = model(b)
+            print(acts)
+    """, {("acts", P)}),
+    case("function-hook-rebinds-a-global", """
+        peak = 0.0
+
+        def track(mod, grad_in, grad_out):
+            global peak
+            peak = max(peak, grad_out[0].abs().max().item())
+
+        model.register_full_backward_hook(track)
+        for epoch in range(3):
+            for b in loader:
+                model(b).sum().backward()
+            print(peak)
+    """, {("peak", R)}),
+    case("lambda-hook-keyword-argument", """
+        def main():
+            norms = []
+            w.register_hook(hook=lambda g: norms.append(g.norm()))
+            for epoch in range(3):
+                for b in loader:
+                    (w * b).sum().backward()
+            print(norms)
+    """, {("norms", P)}),
+    case("method-hook-on-a-local-class", """
+        class Stats:
+            def __init__(self):
+                self.seen = 0
+
+            def on_forward(self, mod, inp, out):
+                total.append(out)
+
+        total = []
+        stats = Stats()
+        model.register_forward_hook(stats.on_forward)
+        for epoch in range(3):
+            for b in loader:
+                out = model(b)
+    """, {("total", P)}),
+    case("hook-changing-only-its-parameters-and-locals-adds-nothing", """
+        def scale(mod, inp, out):
+            tmp = out * 2
+            mod.calls = 1
+            return tmp
+
+        model.register_forward_hook(scale)
+        for epoch in range(3):
+            for b in loader:
+                out = model(b)
+    """, set()),
+    case("loop-without-calls-cannot-trigger-hooks", """
+        acts = []
+        model.register_forward_hook(lambda m, i, o: acts.append(o))
+        xs = [1, 2, 3]
+        for epoch in xs:
+            for b in xs:
+                total = b
+            print(total)
+    """, {("total", R)}),
+    case("hook-changing-a-factory-variable-refuses", """
+        def counter():
+            seen = []
+            def hook(mod, inp, out):
+                seen.append(out)
+            return hook
+
+        model.register_forward_hook(counter())
+        for epoch in range(3):
+            for b in loader:
+                out = model(b)
+    """, Refused("changes `seen`, which is not visible here")),
+    case("hook-changing-main-locals-refuses-a-loop-in-another-function", """
+        def train(loader):
+            for b in loader:
+                out = model(b)
+
+        def main():
+            acts = []
+            model.register_forward_hook(lambda m, i, o: acts.append(o))
+            for epoch in range(3):
+                train(loader)
+            print(acts)
+    """, Refused("changes `acts`, which is not visible here")),
+]
+
+
+@pytest.mark.parametrize(("src", "expected"), HOOKS)
+def test_hooks(src: str, expected: set[tuple[str, Restore]] | Refused) -> None:
+    check(src, expected)
+
+
+def test_probe_inside_a_hook_reaches_it() -> None:
+    plan = plan_of("""
+        acts = {}
+
+        def hook(mod, inp, out):
+            acts["fc"] = out
+
+        model.register_forward_hook(hook)
+        for epoch in range(3):
+            for b in loader:
+                out = model(b)
+    """)
+    assert "hook" in only_block(plan).reaches
+
+
 def test_callee_loop_changeset_names_its_parameters() -> None:
     """`train_one_epoch(model, loader, opt)` with the batch loop in the callee: the block lives in
     the callee and its changeset is in the callee's own names."""

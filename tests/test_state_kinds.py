@@ -231,3 +231,43 @@ def test_generators_a_data_loader_draws_from(tmp_path: Path) -> None:
     probe = 'print("PROBE", epoch, model.weight.sum().item())'
     for env in (EVERY, {}):
         replay_matches_plain(tmp_path, text, probe, env)
+
+
+def test_state_changed_by_forward_and_backward_hooks(tmp_path: Path) -> None:
+    # No statement in the loops names `acts` or `peak`: hooks change them whenever the model runs.
+    text = textwrap.dedent(
+        """\
+        import torch
+        from torch import nn
+
+        acts = {}
+        peak = 0.0
+
+        def save(name):
+            def hook(mod, inp, out):
+                acts[name] = round(out.detach().abs().mean().item(), 8)
+            return hook
+
+        def track(mod, grad_in, grad_out):
+            global peak
+            peak = max(peak, grad_out[0].abs().max().item())
+
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        model[0].register_forward_hook(save("fc1"))
+        model[2].register_forward_hook(save("fc2"))
+        model[2].register_full_backward_hook(track)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        X, Y = torch.randn(64, 4), torch.randn(64, 1)
+        for epoch in range(3):
+            for i in range(0, 64, 16):
+                loss = (model(X[i:i + 16]) - Y[i:i + 16]).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            #PROBE
+            print(epoch, acts, f"{peak:.8f}")
+        """
+    )
+    for env in (EVERY, {}):
+        replay_matches_plain(tmp_path, text, 'print("PROBE", epoch, acts["fc1"], peak)', env)

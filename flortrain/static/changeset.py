@@ -45,6 +45,7 @@ from flortrain.static.expressions import (
     top,
     walk_no_defs,
 )
+from flortrain.static.hooks import hooks_of
 from flortrain.static.interprocedural import map_callee
 from flortrain.static.plan import Change, Restore
 from flortrain.static.program import MODULE, Loop, Program, Scope
@@ -487,6 +488,8 @@ def loop_changeset(prog: Program, loop: Loop) -> LoopChangeset:
         raise NoEstimate("loops in a class body are not memoized")
     w = _Walker(prog, scope, frozenset({scope.qualname}))
     w.statement(loop)
+    if next(prog.calls_in([loop]), None) is not None:
+        _add_hook_effects(w, prog.line(loop))
     fx = w.fx
     rng = prog.range(loop)
     start, end = rng.start.line, rng.end.line
@@ -500,6 +503,31 @@ def loop_changeset(prog: Program, loop: Loop) -> LoopChangeset:
             continue
         kept.append(ch)
     return LoopChangeset(tuple(kept), tuple(sorted(fx.bound)), tuple(sorted(fx.reaches)))
+
+
+def _add_hook_effects(w: _Walker, line: int) -> None:
+    """What registered hooks change (``hooks``) joins the changeset of a loop that makes calls:
+    any call may run a module's forward or backward hooks."""
+    summary = hooks_of(w.prog)
+    w.fx.reaches.update(summary.reaches)
+    if summary.refusal is not None:
+        raise NoEstimate(summary.refusal)
+    module = w.prog.scopes[MODULE]
+    for e in summary.effects:
+        r = root(e.expr)
+        owner = w.prog.scopes[e.owner]
+        if w.prog.binding_scope(w.scope, r) is not owner:
+            raise NoEstimate(
+                f"hook `{e.hook}` registered at line {e.line} changes `{e.expr}`, which is not visible here"
+            )
+        rebinds = e.restore is Restore.REBOUND and e.expr == r
+        if rebinds and owner is not module and owner is not w.scope and r not in w.scope.declared_nonlocal:
+            raise NoEstimate(
+                f"hook `{e.hook}` registered at line {e.line} rebinds `{r}` of `{owner.qualname}()`,"
+                " which cannot be reassigned from here"
+            )
+        is_global = rebinds and owner is module and w.scope is not module
+        w.add(e.expr, e.restore, RULE_CALLEE, e.line, is_global=is_global)
 
 
 def _names_used_outside(prog: Program, scope: Scope, start: int, end: int) -> set[str]:

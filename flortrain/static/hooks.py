@@ -1,0 +1,170 @@
+"""Hooks: code that runs inside a loop without being called by it.
+
+``model.fc.register_forward_hook(save("fc"))`` makes every ``model(x)`` run ``save``'s inner
+function, and ``loss.backward()`` run backward hooks; no call in the loop body names them, so the
+rules that follow calls (``interprocedural``) never see what they change. A hook that fills a
+module-level dict (``acts[name] = out.mean()``) would then be missed, and a skipped loop would
+leave the dict as it was before the loop.
+
+This pass finds every ``register_*hook`` call, resolves the hook it is given (a local function,
+a factory's nested function, a method of a local class, a lambda), and summarizes what those
+hooks change that the loop's scope can name: module-level objects. Every candidate loop that
+makes a call (any call may trigger a hook) gets that summary added to its changeset. A hook that
+changes state no loop can name (a variable of its factory) makes those loops unmemoizable, with
+the reason stated.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from dataclasses import dataclass
+
+import libcst as cst
+
+from flortrain.static.expressions import root
+from flortrain.static.plan import Restore
+from flortrain.static.program import MODULE, Program, Scope
+
+#: ``register_forward_hook``, ``register_full_backward_pre_hook``, a tensor's ``register_hook``,
+#: an optimizer's ``register_step_post_hook``, ``register_module_forward_hook`` ...
+_REGISTER = re.compile(r"^register_\w*hook$")
+
+
+@dataclass(frozen=True)
+class HookEffect:
+    expr: str
+    restore: Restore
+    owner: str  # qualname of the scope whose variable ``expr`` starts from (MODULE for globals)
+    line: int  # where the hook was registered
+    hook: str  # the hook as written, for messages
+
+
+@dataclass(frozen=True)
+class HookSummary:
+    effects: tuple[HookEffect, ...]
+    reaches: tuple[str, ...]  # hook functions: a probe inside one needs the loops re-executed
+    refusal: str | None  # why loops that may trigger the hooks cannot be memoized
+
+
+def summarize(prog: Program) -> HookSummary:
+    """What the program's registered hooks change."""
+    from flortrain.static.changeset import NoEstimate
+
+    effects: dict[tuple[str, str], HookEffect] = {}
+    reaches: set[str] = set()
+    refusal: str | None = None
+    for scope, call in _registrations(prog):
+        line = prog.line(call)
+        hook = _hook_arg(call)
+        if hook is None:
+            continue
+        try:
+            if isinstance(hook, cst.Lambda):
+                found = _lambda_effects(prog, scope, hook, line)
+            else:
+                quals = _hook_functions(prog, scope, hook)
+                reaches.update(quals)
+                found = [fx for q in quals for fx in _function_effects(prog, q)]
+        except NoEstimate as e:
+            refusal = refusal or f"hook `{prog.code(hook)}` registered at line {line}: {e}"
+            continue
+        for expr, restore, owner in found:
+            old = effects.get((owner, expr))
+            if old is None or (restore is Restore.REBOUND and old.restore is Restore.IN_PLACE):
+                effects[(owner, expr)] = HookEffect(expr, restore, owner, line, prog.code(hook))
+    return HookSummary(tuple(effects.values()), tuple(sorted(reaches)), refusal)
+
+
+def _registrations(prog: Program) -> list[tuple[Scope, cst.Call]]:
+    out = []
+    for scope in prog.scopes.values():
+        for call in prog.calls_in(list(scope.body)):
+            func = call.func
+            name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+            if _REGISTER.match(name):
+                out.append((scope, call))
+    return out
+
+
+def _hook_arg(call: cst.Call) -> cst.BaseExpression | None:
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == "hook":
+            return a.value
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[0].value if positional else None
+
+
+def _hook_functions(prog: Program, scope: Scope, hook: cst.BaseExpression) -> list[str]:
+    """The local functions a hook expression stands for; none when it is not the script's own."""
+    if isinstance(hook, cst.Name):
+        owner = prog.binding_scope(scope, hook.value)
+        if owner is None:
+            return []
+        qual = hook.value if owner.qualname == MODULE else f"{owner.qualname}.{hook.value}"
+        return [qual] if qual in prog.scopes else []
+    if isinstance(hook, cst.Attribute):
+        cls = prog.type_of(hook.value, scope)
+        method = prog.method(cls, hook.attr.value) if cls is not None else None
+        return [method] if method is not None else []
+    if isinstance(hook, cst.Call):
+        # a factory (`save("fc1")`): the functions it defines are what it can return
+        factory = prog.resolve_call(hook, scope)
+        if factory is None:
+            return []
+        prefix = factory[0] + "."
+        return [q for q in prog.scopes if q.startswith(prefix)]
+    return []
+
+
+Found = list[tuple[str, Restore, str]]
+
+
+def _function_effects(prog: Program, qual: str) -> Found:
+    from flortrain.static.changeset import function_effects
+
+    scope = prog.scopes[qual]
+    fx = function_effects(prog, scope, frozenset({qual}))
+    changes = [(ch.expr, ch.restore, ch.is_global) for ch in fx.changes.values()]
+    return _owned(prog, scope, changes, set(scope.params), own_locals=True)
+
+
+def _lambda_effects(prog: Program, scope: Scope, hook: cst.Lambda, line: int) -> Found:
+    from flortrain.static.changeset import _Walker
+
+    w = _Walker(prog, scope, frozenset({scope.qualname}), in_loop=False)
+    w.expr_effects(hook.body, line)
+    params = {p.name.value for p in hook.params.params}
+    changes = [(ch.expr, ch.restore, ch.is_global) for ch in w.fx.changes.values()]
+    # a lambda's free names are the registering scope's variables: they count
+    return _owned(prog, scope, changes, params, own_locals=False)
+
+
+def _owned(
+    prog: Program, scope: Scope, changes: list[tuple[str, Restore, bool]], params: set[str], own_locals: bool
+) -> Found:
+    """Each change with the scope whose variable it starts from. A hook's parameters are the
+    module, its inputs and outputs (live modules are covered by the registry), and a function
+    hook's own locals vanish when it returns."""
+    module = prog.scopes[MODULE]
+    out = []
+    for expr, restore, is_global in changes:
+        r = root(expr)
+        if r in params and not is_global:
+            continue
+        owner = module if is_global else prog.binding_scope(scope, r)
+        if owner is None or (own_locals and owner is scope):
+            continue
+        out.append((expr, restore, owner.qualname))
+    return out
+
+
+_cache: weakref.WeakKeyDictionary[Program, HookSummary] = weakref.WeakKeyDictionary()
+
+
+def hooks_of(prog: Program) -> HookSummary:
+    """:func:`summarize`, once per program (every candidate loop asks)."""
+    summary = _cache.get(prog)
+    if summary is None:
+        summary = _cache[prog] = summarize(prog)
+    return summary
