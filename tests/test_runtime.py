@@ -223,3 +223,40 @@ def test_a_module_flortrain_cannot_capture_never_stops_training(tmp_path: Path) 
     states = block_states(tmp_path / ".flortrain", 1)
     assert states == {"recorded": 4}, states
     assert "0 block instances skipped, 4 executed" in rep.err, rep.err
+
+
+def test_a_probe_iterating_a_seeded_loader_does_not_shift_training(tmp_path: Path) -> None:
+    # The inner probe peeks at a batch of the loader being trained on: that draws from the
+    # loader's own generator. Isolation puts the generator back, so the executed epochs train on
+    # the recorded shuffle order and diff finds nothing (a plain run of the probed script would
+    # train on another order: probes observe the recorded run, docs/limitations.md).
+    text = textwrap.dedent(
+        """\
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        torch.manual_seed(0)
+        X, Y = torch.randn(32, 4), torch.randn(32, 1)
+        loader = DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for epoch in range(3):
+            for x, y in loader:
+                opt.zero_grad()
+                loss = (model(x) - y).pow(2).mean()
+                loss.backward()
+                opt.step()
+                #PROBE
+            print("epoch", epoch, f"{loss.item():.10f}")
+        """
+    )
+    script = _write(tmp_path, text)
+    truth = plain(script).out
+    assert flortrain(tmp_path, "record", "train.py", env=EVERY).out == truth
+    _write(tmp_path, text.replace("        #PROBE", "        print('PROBE', next(iter(loader))[0].sum().item())"))
+    rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
+    assert rep.code == 0, rep.err
+    assert len(probe_lines(rep.out)) == 12
+    assert [ln for ln in rep.out.splitlines() if not ln.startswith("PROBE")] == truth.splitlines()
+    assert flortrain(tmp_path, "diff").code == 0

@@ -1,7 +1,7 @@
 """Probe isolation: a hindsight statement must not perturb the training it observes.
 
-Inside the guard, RNG streams, train/eval mode of every live module and the grad mode are saved
-and put back afterwards; modules a probe creates are not registered (registry ids stay aligned
+Inside the guard, the global RNG streams, the generators of any data loader the probe iterates,
+the train/eval mode of every live module and the grad mode are saved and put back afterwards; modules a probe creates are not registered (registry ids stay aligned
 with the record). What a probe prints is marked as probe output so ``diff`` can exclude it.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from flortrain.runtime import rng
+from flortrain.runtime import rng, state
 from flortrain.runtime.session import Session
 
 
@@ -28,6 +28,18 @@ def isolated(session: Session | None) -> Iterator[None]:
     if torch is not None:
         modes = [(m, [sub.training for sub in m.modules()]) for _, m in session.registry.root_modules()]
         grad = torch.is_grad_enabled()
+    # A loader a probe iterates draws from its own generators (the shuffle order, the workers'
+    # base seed): saved the moment the probe first iterates it, put back afterwards.
+    loaders: dict[int, tuple[Any, dict[str, Any]]] = {}
+    outer = session.registry.on_iterate
+
+    def on_iterate(loader: Any) -> None:
+        if outer is not None:
+            outer(loader)
+        if id(loader) not in loaders:
+            loaders[id(loader)] = (loader, state.capture(loader))
+
+    session.registry.on_iterate = on_iterate
     session.probe_depth += 1
     session.registry.paused += 1
     try:
@@ -35,6 +47,9 @@ def isolated(session: Session | None) -> Iterator[None]:
     finally:
         session.probe_depth -= 1
         session.registry.paused -= 1
+        session.registry.on_iterate = outer
+        for loader, st in loaders.values():
+            state.restore_into(loader, st)
         rng.restore(saved)
         for m, flags in modes:
             for sub, flag in zip(m.modules(), flags, strict=False):

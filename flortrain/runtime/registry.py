@@ -34,6 +34,8 @@ class Registry:
         self.paused = 0
         self.stepped: set[int] = set()  # registry ids of optimizers stepped since last reset
         self.iterated: set[int] = set()  # registry ids of data loaders iterated since last reset
+        # called with every data loader about to be iterated (probe isolation saves its generators)
+        self.on_iterate: Callable[[Any], None] | None = None
         self._roots: tuple[int, list[int]] | None = None
         self._undo: list[Callable[[], None]] = []
 
@@ -67,8 +69,10 @@ class Registry:
         loader_iter = torch.utils.data.DataLoader.__iter__
 
         def __iter__(self: Any) -> Any:
+            if reg.on_iterate is not None:
+                reg.on_iterate(self)
             i = reg.id_of(self)
-            if i is not None:
+            if i is not None and not reg.paused:
                 reg.iterated.add(i)
             return loader_iter(self)
 
