@@ -489,7 +489,7 @@ def loop_changeset(prog: Program, loop: Loop) -> LoopChangeset:
     w = _Walker(prog, scope, frozenset({scope.qualname}))
     w.statement(loop)
     if next(prog.calls_in([loop]), None) is not None:
-        _add_hook_effects(w, prog.line(loop))
+        _add_hook_effects(w)
     fx = w.fx
     rng = prog.range(loop)
     start, end = rng.start.line, rng.end.line
@@ -505,7 +505,7 @@ def loop_changeset(prog: Program, loop: Loop) -> LoopChangeset:
     return LoopChangeset(tuple(kept), tuple(sorted(fx.bound)), tuple(sorted(fx.reaches)))
 
 
-def _add_hook_effects(w: _Walker, line: int) -> None:
+def _add_hook_effects(w: _Walker) -> None:
     """What registered hooks change (``hooks``) joins the changeset of a loop that makes calls:
     any call may run a module's forward or backward hooks."""
     summary = hooks_of(w.prog)
