@@ -296,15 +296,14 @@ FILTER_AND_TARGETS = [
                 n = x.item()
         print(x, n)
     """, {("x", R), ("n", R)}),
-    case("with-as-import-def-names-used-after", """
+    case("with-as-import-names-used-after", """
         for epoch in range(3):
             for b in loader:
                 with open(b) as fh:
                     pass
-                def callback():
-                    pass
-            print(fh, callback)
-    """, {("fh", R), ("callback", R)}),
+                import json as codec
+            print(fh, codec)
+    """, {("fh", R)}),  # an imported module is the same object on replay: nothing to restore
     case("match-captures-used-after", """
         for epoch in range(3):
             for b in loader:
@@ -763,6 +762,82 @@ HOOKS = [
             print(acts)
     """, Refused("changes `acts`, which is not visible here")),
 ]
+
+
+# Functions handed to a call may be called by it: their effects count where they are passed.
+CALLBACKS = [
+    case("lbfgs-closure-defined-in-the-loop", """
+        evals = 0
+        for epoch in range(3):
+            for b in loader:
+                def closure():
+                    global evals
+                    evals += 1
+                    opt.zero_grad()
+                    return loss_fn(model(b))
+                loss = opt.step(closure)
+            print(evals, loss)
+    """, {("evals", R), ("opt", P), ("loss", R), ("b", R)}),  # `b`: the closure reads it
+    case("module-level-closure-passed-by-name", """
+        seen = []
+
+        def closure():
+            seen.append(1)
+            return 0.0
+
+        for epoch in range(3):
+            for b in loader:
+                opt.step(closure)
+    """, {("seen", P), ("opt", P)}),
+    case("lambda-callback-changes-a-global", """
+        log = []
+        for epoch in range(3):
+            for b in loader:
+                model.apply(lambda m: log.append(type(m)))
+    """, {("log", P), ("model", P)}),
+    case("lambda-callback-changing-only-its-argument", """
+        for epoch in range(3):
+            for b in loader:
+                model.apply(lambda m: m.reset_parameters())
+    """, {("model", P)}),
+    case("pure-key-function-adds-nothing", """
+        def by_loss(r):
+            return r[1]
+
+        for epoch in range(3):
+            for b in loader:
+                best = sorted(results, key=by_loss)
+            print(best)
+    """, {("best", R)}),
+    case("function-defined-in-the-loop-and-used-after-refuses", """
+        for epoch in range(3):
+            for b in loader:
+                loss = step(b)
+                def report(v, l=loss):
+                    return (v, l)
+            print(report("end"))
+    """, Refused("function `report` is defined inside the loop and used after it")),
+    case("class-defined-in-the-loop-and-used-after-refuses", """
+        for epoch in range(3):
+            for b in loader:
+                class Marker:
+                    pass
+            print(Marker)
+    """, Refused("class `Marker` is defined inside the loop")),
+    case("function-defined-in-the-loop-used-only-inside-is-dropped", """
+        for epoch in range(3):
+            for b in loader:
+                def scaled(v):
+                    return v * 2
+                total = scaled(b)
+            print(total)
+    """, {("total", R)}),
+]
+
+
+@pytest.mark.parametrize(("src", "expected"), CALLBACKS)
+def test_callbacks_and_functions_defined_in_loops(src: str, expected: set[tuple[str, Restore]] | Refused) -> None:
+    check(src, expected)
 
 
 @pytest.mark.parametrize(("src", "expected"), HOOKS)

@@ -271,3 +271,43 @@ def test_state_changed_by_forward_and_backward_hooks(tmp_path: Path) -> None:
     )
     for env in (EVERY, {}):
         replay_matches_plain(tmp_path, text, 'print("PROBE", epoch, acts["fc1"], peak)', env)
+
+
+def test_lbfgs_closure_and_a_function_defined_in_the_loop(tmp_path: Path) -> None:
+    # `opt.step(closure)` runs the closure: the global counter it bumps is state of the loop.
+    # `report` is defined inside the loop and called after it: that loop is refused (a function
+    # cannot be restored) and runs as plain code, so its output is still exact.
+    text = textwrap.dedent(
+        """\
+        import torch
+        from torch import nn
+        import torch.nn.functional as F
+
+        torch.manual_seed(0)
+        x = torch.randn(128, 5)
+        y = torch.sin(x @ torch.randn(5, 1))
+        model = nn.Sequential(nn.Linear(5, 10), nn.Tanh(), nn.Linear(10, 1))
+        opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5, history_size=5)
+        evals = 0
+        for epoch in range(3):
+            for i in range(0, 128, 32):
+                xb, yb = x[i:i + 32], y[i:i + 32]
+                def closure():
+                    global evals
+                    evals += 1
+                    opt.zero_grad()
+                    loss = F.mse_loss(model(xb), yb)
+                    loss.backward()
+                    return loss
+                opt.step(closure)
+            for j in range(2):
+                def report(tag, e=epoch, j=j):
+                    return f"{tag} {e} {j} {F.mse_loss(model(x), y).item():.8f}"
+            #PROBE
+            print(report("epoch"), evals)
+        """
+    )
+    probe = 'print("PROBE", epoch, evals, opt.state[model[0].weight]["n_iter"])'
+    for env in (EVERY, {}):
+        rep = replay_matches_plain(tmp_path, text, probe, env)
+        assert "function `report` is defined inside the loop" in rep.err

@@ -79,6 +79,7 @@ class _Walker:
         self.fx = Effects()
         self.callee_stack = callee_stack
         self.module = prog.source.module
+        self.defined: dict[str, tuple[int, str]] = {}  # names bound by `def`/`class`: line, kind
 
     # -- recording ---------------------------------------------------------------------------
     def add(self, expr: str, restore: Restore, rule: int, line: int, is_global: bool = False) -> None:
@@ -175,6 +176,7 @@ class _Walker:
                 self.suite(s.finalbody.body)
         elif isinstance(s, cst.FunctionDef | cst.ClassDef):
             self.rebind([s.name.value], self.prog.line(s))
+            self.defined[s.name.value] = (self.prog.line(s), "class" if isinstance(s, cst.ClassDef) else "function")
         elif isinstance(s, cst.Match):
             self.expr_effects(s.subject, self.prog.line(s))
             for case in s.cases:
@@ -362,6 +364,7 @@ class _Walker:
         """Apply rules 1/2/4/5 to a call; return the rule that fired (for assignment)."""
         for a in call.args:
             self.expr_effects(a.value, line)
+            self.passed_function(a.value, line)
             if (
                 a.keyword is not None
                 and a.keyword.value in library.MUTATED_KEYWORDS
@@ -423,6 +426,31 @@ class _Walker:
         if not assigned:
             raise NoEstimate(f"line {line}: rule 5: call to `{self.prog.code(func)}` has no side-effect estimate")
         return 2
+
+    def passed_function(self, value: cst.BaseExpression, line: int) -> None:
+        """A local function or a lambda handed to a call may be called by it: ``opt.step(closure)``
+        runs ``closure`` (LBFGS), ``model.apply(init)`` runs ``init``. Its effects on what this
+        scope can name count here, as if it were called with no arguments we can see."""
+        if isinstance(value, cst.Lambda):
+            for ch in self.lambda_changes(value, line):
+                self.add(ch.expr, ch.restore, RULE_CALLEE, line, ch.is_global)
+        elif isinstance(value, cst.Name):
+            resolved = self.prog.resolve_call(cst.Call(func=value), self.scope)
+            if resolved is not None:
+                self.callee(cst.Call(func=value), resolved[0], None, line)
+
+    def lambda_changes(self, lam: cst.Lambda, line: int) -> list[Change]:
+        """What a lambda's body changes, except through its own parameters (those are whatever
+        the caller passes: a hook's module and outputs, a callback's arguments)."""
+        sub = _Walker(self.prog, self.scope, self.callee_stack, in_loop=False)
+        sub.expr_effects(lam.body, line)
+        self.fx.reaches.update(sub.fx.reaches)
+        p = lam.params
+        star = [p.star_arg] if isinstance(p.star_arg, cst.Param) else []
+        params = {x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params, *star)}
+        if p.star_kwarg is not None:
+            params.add(p.star_kwarg.name.value)
+        return [ch for ch in sub.fx.changes.values() if ch.is_global or root(ch.expr) not in params]
 
     def scope_shadows(self, name: str) -> bool:
         return name in self.scope.bound or name in self.prog.scopes[MODULE].bound
@@ -501,6 +529,14 @@ def loop_changeset(prog: Program, loop: Loop) -> LoopChangeset:
             continue  # loop-scoped: local to the loop body, not read after it (not global/nonlocal)
         if r in prog.imported and not ch.is_global:
             continue
+        if ch.expr in w.defined:
+            # pickled by reference, a function would come back as whatever the name holds when
+            # the checkpoint is read; its code, defaults and closure cannot be stored faithfully
+            line, kind = w.defined[ch.expr]
+            raise NoEstimate(
+                f"line {line}: {kind} `{ch.expr}` is defined inside the loop and used after it;"
+                " a skipped loop cannot restore it"
+            )
         kept.append(ch)
     return LoopChangeset(tuple(kept), tuple(sorted(fx.bound)), tuple(sorted(fx.reaches)))
 

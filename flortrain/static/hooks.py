@@ -133,11 +133,9 @@ def _lambda_effects(prog: Program, scope: Scope, hook: cst.Lambda, line: int) ->
     from flortrain.static.changeset import _Walker
 
     w = _Walker(prog, scope, frozenset({scope.qualname}), in_loop=False)
-    w.expr_effects(hook.body, line)
-    params = {p.name.value for p in hook.params.params}
-    changes = [(ch.expr, ch.restore, ch.is_global) for ch in w.fx.changes.values()]
+    changes = [(ch.expr, ch.restore, ch.is_global) for ch in w.lambda_changes(hook, line)]
     # a lambda's free names are the registering scope's variables: they count
-    return _owned(prog, scope, changes, params, own_locals=False)
+    return _owned(prog, scope, changes, set(), own_locals=False)
 
 
 def _owned(

@@ -244,7 +244,14 @@ class _Indexer(cst.CSTVisitor):
         self.class_stack.pop()
         self.in_class_body.pop()
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        # The def's own name, decorators, defaults and annotations are evaluated where the def
+        # runs, not inside the function: uses of the enclosing scope (a `def closure():` inside a
+        # loop is not a use of `closure` by some other scope).
+        for part in (*node.decorators, *_param_parts(node.params), node.returns):
+            if part is not None:
+                for n in _names(part):
+                    self.scope.names.append((n.value, self.prog.line(n)))
         cls = self.class_stack[-1] if self.in_class_body[-1] and self.class_stack else None
         if cls is not None:
             qual = f"{cls.qualname}.{node.name.value}"
@@ -268,6 +275,8 @@ class _Indexer(cst.CSTVisitor):
         self.scope_stack.append(s)
         self.loop_stack.append([])
         self.in_class_body.append(False)
+        node.body.visit(self)
+        return False
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.scope_stack.pop()
@@ -383,6 +392,18 @@ class _Indexer(cst.CSTVisitor):
             and target.value.value == self.scope.params[0]
         ):
             self.prog.classes[self.scope.cls].attr_types[target.attr.value] = cls
+
+
+def _param_parts(params: cst.Parameters) -> Iterator[cst.CSTNode]:
+    """Default values and annotations of a def's parameters."""
+    star = params.star_arg if isinstance(params.star_arg, cst.Param) else None
+    for p in (*params.posonly_params, *params.params, *params.kwonly_params, star, params.star_kwarg):
+        if p is None:
+            continue
+        if p.default is not None:
+            yield p.default
+        if p.annotation is not None:
+            yield p.annotation
 
 
 def _names(node: cst.CSTNode) -> Iterator[cst.Name]:
