@@ -15,9 +15,10 @@ from flortrain.runtime.skipblock import SkipBlock
 __all__ = ["block", "main_enter", "main_exit", "main_iteration", "probe"]
 
 
-def block(block_id: str) -> SkipBlock:
-    """Open the SkipBlock of one memoized loop instance."""
-    return SkipBlock(_session.current, block_id)
+def block(block_id: str, first_line: int = 0, last_line: int = 0) -> SkipBlock:
+    """Open the SkipBlock of one memoized loop instance, whose loop spans these lines of the
+    script (how the runtime notices an exception carrying control out of the loop)."""
+    return SkipBlock(_session.current, block_id, (first_line, last_line))
 
 
 def main_enter(main_id: str) -> None:

@@ -8,8 +8,10 @@ every loop runs as written).
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from flortrain.runtime import rng
@@ -57,18 +59,18 @@ class Session:
 
     # -- main loop ---------------------------------------------------------------------------------
     def main_enter(self, main_id: str) -> None:
+        self.abort_frames()
         entry = self.main_entries.get(main_id, 0)
         self.main_entries[main_id] = entry + 1
         self.main = [main_id, entry, -1]
-        self.frames.clear()
 
     def main_iteration(self, main_id: str) -> None:
         if self.main is None or self.main[0] != main_id:
             self.main_enter(main_id)
         assert self.main is not None
+        self.abort_frames()
         self.main[2] += 1
         self.occurrences.clear()
-        self.frames.clear()
         state = rng.capture()
         key = (main_id, self.main[1], self.main[2])
         self._iterations.append((*key, self._boundary_digests(state), rng.encode(state)))
@@ -96,7 +98,32 @@ class Session:
         return rng.dumps_digests(out)
 
     def main_exit(self, main_id: str) -> None:
+        self.abort_frames()
         self.main = None
+
+    # -- blocks an exception left ----------------------------------------------------------------
+    def close_left_frames(self) -> None:
+        """Close the open blocks whose loop control has left without ``end()`` (an exception
+        caught outside the loop), so what is printed next is not charged to them. Checked when a
+        block opens and at every write; only the thread running the loops can tell."""
+        if not self.frames or self.frames[0].thread != threading.get_ident():
+            return
+        on_stack: set[int] = set()
+        f: FrameType | None = sys._getframe(1)
+        while f is not None:
+            on_stack.add(id(f))
+            f = f.f_back
+        for i, frame in enumerate(self.frames):
+            if frame.left(on_stack):
+                for gone in reversed(self.frames[i:]):
+                    gone.abort(self)
+                del self.frames[i:]
+                return
+
+    def abort_frames(self) -> None:
+        """A main-loop boundary: any block still open was left by an exception."""
+        for gone in reversed(self.frames):
+            gone.abort(self)
         self.frames.clear()
 
     def next_key(self, block_id: str) -> str:
@@ -140,6 +167,7 @@ class Session:
         return None
 
     def context(self) -> tuple[str | None, int | None, int | None, str | None, bool]:
+        self.close_left_frames()
         if self.main is None:
             return None, None, None, None, self.probe_depth > 0
         return self.main[0], self.main[1], self.main[2], self.region(), self.probe_depth > 0

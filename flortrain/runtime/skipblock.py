@@ -14,9 +14,11 @@ whatever the probes; the main-loop context decides it.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from enum import StrEnum
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from flortrain import knobs
@@ -45,9 +47,17 @@ class Ref:
 
 
 class SkipBlock:
-    def __init__(self, session: Session | None, block_id: str) -> None:
+    def __init__(self, session: Session | None, block_id: str, span: tuple[int, int] = (0, 0)) -> None:
         self.session = session
         self.id = block_id
+        # The user's frame running the loop, and the loop's lines in it: an exception that leaves
+        # the loop never reaches `end()`, and the session tells by the frame having moved on.
+        self.span = span
+        self.pyframe: FrameType | None = sys._getframe(2) if session is not None and span[0] else None
+        self.thread = threading.get_ident()
+        self.aborted = False
+        if session is not None:
+            session.close_left_frames()
         self.values: dict[str, Any] = {}
         self.payload: dict[str, Any] | None = None
         self.watch: dict[int, Any] | None = None
@@ -85,9 +95,30 @@ class SkipBlock:
     def live(self) -> bool:
         return self.state is not State.SKIP
 
+    def left(self, on_stack: set[int]) -> bool:
+        """Whether control has left this loop without reaching ``end()``: its frame is gone from
+        the stack, or runs a line outside the loop (an ``except`` after it)."""
+        f = self.pyframe
+        if f is None:
+            return False
+        return id(f) not in on_stack or not self.span[0] <= f.f_lineno <= self.span[1]
+
+    def abort(self, s: Session) -> None:
+        """Close an instance an exception carried out of its loop. Nothing is checkpointed (the
+        state is mid-loop); on replay the instance re-executes, and raises the same way. Its
+        output region is recorded as executed so ``diff`` still compares what it printed."""
+        self.aborted = True
+        self.pyframe = None
+        elapsed = time.perf_counter() - self.t0
+        if self.state is State.RECORD:
+            s.block_done(self, "recorded", compute_s=elapsed, note="left by an exception")
+        elif self.state is State.EXECUTE:
+            s.block_done(self, "executed", compute_s=elapsed)
+
     def end(self, objects: Getters, names: Getters) -> bool:
         s = self.session
-        if s is None:
+        self.pyframe = None
+        if s is None or self.aborted:
             return False
         if s.frames and s.frames[-1] is self:
             s.frames.pop()

@@ -118,7 +118,8 @@ class _Transformer(cst.CSTTransformer):
                     right=updated.test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
                 )
                 loop = updated.with_changes(test=test, leading_lines=[])
-            enter = _stmt(f'{var} = {RUNTIME}.block("{block.id}")\n')
+            end_line = self.get_metadata(PositionProvider, original).end.line
+            enter = _stmt(f'{var} = {RUNTIME}.block("{block.id}", {line}, {end_line})\n')
             assert isinstance(enter, cst.SimpleStatementLine)
             return cst.FlattenSentinel([enter.with_changes(leading_lines=lead), loop, _end_statement(block)])
         if line in self.inst.mains:

@@ -1,0 +1,108 @@
+"""An exception that carries control out of a memoized loop: the instance never reaches its end
+hook, yet what the script prints afterwards must be attributed to the main loop and compared by
+``diff``, and the replay must still match a plain run."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from flortrain.cli import cli
+from tests.protocol import probe_lines
+from tests.test_cli import plain_output
+
+SCRIPT = textwrap.dedent(
+    """\
+    import random
+
+    random.seed(0)
+    w = [0.0]
+    for epoch in range(3):
+        try:
+            for b in range(4):
+                w[0] += random.random()
+                if epoch == 1 and b == 2:
+                    raise RuntimeError("diverged")
+        except RuntimeError as e:
+            print("caught", e)
+        #PROBE
+        print(epoch, w[0], STAMP)
+    """
+)
+
+
+@pytest.fixture
+def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLORTRAIN_STORE", str(tmp_path / ".flortrain"))
+    monkeypatch.setenv("FLORTRAIN_PERIOD", "every")
+    return tmp_path
+
+
+def invoke(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_output_after_an_exception_left_a_loop_is_compared(work: Path) -> None:
+    script = work / "train.py"
+    text = SCRIPT.replace("STAMP", '""')
+    script.write_text(text)
+    rec = invoke("record", "train.py")
+    assert rec.stdout == plain_output(script)
+    script.write_text(text.replace("    #PROBE", "    print('PROBE', epoch, w[0])"))
+    rep = invoke("replay", "train.py")
+    assert probe_lines(rep.stdout) == probe_lines(plain_output(script))
+    d = invoke("diff")
+    assert d.exit_code == 0, d.stdout
+    # every line the record printed is compared: the one after the exception too
+    assert "4 output lines compared" in d.stdout
+    # instances 0 and 2 were skipped; instance 1 re-executed (no checkpoint of a half-run loop)
+    assert "2 block instances skipped, 1 executed" in rep.stderr
+
+
+def test_a_difference_after_an_exception_left_a_loop_is_reported(work: Path) -> None:
+    # A line printed after the caught exception differs between record and replay: diff must see
+    # it, not drop it as output of a block instance that never ended.
+    (work / "train.py").write_text(SCRIPT.replace("STAMP", "__import__('time').time_ns() if epoch == 1 else ''"))
+    assert invoke("record", "train.py").exit_code == 0
+    invoke("replay", "train.py")
+    d = invoke("diff")
+    assert d.exit_code == 1
+    assert "iteration 1" in d.stdout
+
+
+def test_an_exception_out_of_a_callee_loop(work: Path) -> None:
+    # The loop lives in a function the exception leaves: its frame is gone from the stack.
+    text = textwrap.dedent(
+        """\
+        import random
+
+        def train_one_epoch(epoch, w):
+            for b in range(4):
+                w[0] += random.random()
+                if epoch == 1 and b == 2:
+                    raise RuntimeError("diverged")
+            return w[0]
+
+        random.seed(0)
+        w = [0.0]
+        for epoch in range(3):
+            try:
+                train_one_epoch(epoch, w)
+            except RuntimeError as e:
+                print("caught", e)
+            #PROBE
+            print(epoch, w[0])
+        """
+    )
+    script = work / "train.py"
+    script.write_text(text)
+    assert invoke("record", "train.py").stdout == plain_output(script)
+    script.write_text(text.replace("    #PROBE", "    print('PROBE', epoch, w[0])"))
+    rep = invoke("replay", "train.py")
+    assert probe_lines(rep.stdout) == probe_lines(plain_output(script))
+    d = invoke("diff")
+    assert d.exit_code == 0 and "4 output lines compared" in d.stdout, d.stdout
