@@ -51,13 +51,13 @@ def test_main_loop_for_block_while_block_and_rebound_names() -> None:
         __flortrain__.main_enter("M5")
         for epoch in range(2):
             __flortrain__.main_iteration("M5")
-            _flortrain_L6 = __flortrain__.block("L6")
+            _flortrain_L6 = __flortrain__.block("L6", 6, 7)
             for b in _flortrain_L6.iterate([1, 2, 3]):
                 total += b
             if _flortrain_L6.end({}, {"total": lambda: total}):
                 total = _flortrain_L6.value("total")
             k = 0
-            _flortrain_L9 = __flortrain__.block("L9")
+            _flortrain_L9 = __flortrain__.block("L9", 9, 9)
             while _flortrain_L9.live() and (k < 2): k += 1
             if _flortrain_L9.end({}, {"k": lambda: k}):
                 k = _flortrain_L9.value("k")
@@ -91,7 +91,7 @@ def test_in_place_objects_and_globals_in_a_function() -> None:
             __flortrain__.main_enter("M7")
             for epoch in range(2):
                 __flortrain__.main_iteration("M7")
-                _flortrain_L8 = __flortrain__.block("L8")
+                _flortrain_L8 = __flortrain__.block("L8", 8, 10)
                 for b in _flortrain_L8.iterate(loader):
                     opt.step()
                     step += 1
@@ -299,7 +299,7 @@ def test_instrumented_code_compiles_and_keeps_first_statements(name: str) -> Non
     ]
     # every block and main loop of the plan is in the code
     for b in result.plan.blocks:
-        assert f'__flortrain__.block("{b.id}")' in code
+        assert f'__flortrain__.block("{b.id}", {b.span.line}, {b.span.end_line})' in code
     for m in result.plan.main_loops:
         assert f'__flortrain__.main_enter("{m.id}")' in code
 
