@@ -38,6 +38,10 @@ def _one_line_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+#: click >= 8.2 raises this usage error for a group invoked with no command
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 class _OneLineGroup(click.Group):
     """Usage errors are one line and exit 2, like every other bad input (click's default is a
     usage block plus the error)."""
@@ -45,6 +49,10 @@ class _OneLineGroup(click.Group):
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         try:
             rv = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
+        except _NO_ARGS_IS_HELP as e:
+            # bare `flortrain` asks what the tool does: the help, on stdout, is the answer
+            click.echo(e.ctx.get_help() if e.ctx is not None else "")
+            sys.exit(0)
         except click.ClickException as e:
             click.echo(f"flortrain: {e.format_message()} (see `flortrain --help`)", err=True)
             sys.exit(e.exit_code)

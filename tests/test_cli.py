@@ -239,8 +239,11 @@ def test_probe_that_rebinds_a_training_name_is_refused(work: Path) -> None:
 def test_replay_without_record_and_diff_without_replay(work: Path) -> None:
     assert "FT013" in one_line_error(invoke("diff"))  # read-only commands never create a store
     assert invoke("runs", "--json").stdout.strip() == "[]"
+    assert "FT013" in one_line_error(invoke("replay", "train.py"))  # nor does replay
     assert not (work / ".flortrain").exists()
-    assert "FT031" in one_line_error(invoke("replay", "train.py"))
+    (work / "other.py").write_text("print('other')\n")
+    assert invoke("record", "other.py").exit_code == 0
+    assert "FT031" in one_line_error(invoke("replay", "train.py"))  # no record of this script
     assert "FT030" in one_line_error(invoke("diff"))
     assert "no such file" in one_line_error(invoke("record", "missing.py"))
 
@@ -460,3 +463,47 @@ def test_while_inner_loop_is_skipped_and_restored(work: Path) -> None:
     assert probe_lines(rep.stdout) == want
     assert "4 block instances skipped, 0 executed" in rep.stderr
     assert invoke("diff").exit_code == 0
+
+
+def test_bare_flortrain_prints_help(work: Path) -> None:
+    r = invoke()
+    assert r.exit_code == 0
+    assert r.stdout.startswith("Usage: ") and "Commands:" in r.stdout and "replay" in r.stdout
+
+
+def test_a_store_from_another_schema_is_refused_before_the_script_runs(work: Path) -> None:
+    store = work / ".flortrain"
+    store.mkdir()
+    db = sqlite3.connect(store / "flortrain.db")
+    db.execute("CREATE TABLE logs (run_id INTEGER, seq INTEGER, text TEXT)")  # an older layout
+    db.commit()
+    db.close()
+    r = invoke("record", "train.py")
+    assert "FT014" in one_line_error(r) and "another version of flortrain" in r.stderr
+    assert r.stdout == ""  # refused before the script printed anything
+    assert "FT014" in one_line_error(invoke("runs"))
+
+
+def test_replay_with_a_mistyped_store_creates_nothing(work: Path) -> None:
+    assert invoke("record", "train.py").exit_code == 0
+    r = invoke("--store", str(work / "typo"), "replay", "train.py")
+    assert "FT013" in one_line_error(r)
+    assert not (work / "typo").exists()
+
+
+def test_the_script_sees_the_globals_python_gives_it(work: Path) -> None:
+    (work / "train.py").write_text(
+        "print(type(__builtins__).__name__, type(__loader__).__name__, __spec__, __cached__,"
+        " __annotations__, __builtins__.len([1]))\n"
+    )
+    r = invoke("record", "train.py")
+    assert r.exit_code == 0
+    assert r.stdout == plain_output_subprocess(work / "train.py") == "module SourceFileLoader None None {} 1\n"
+
+
+def plain_output_subprocess(path: Path) -> str:
+    """`python path` in a real interpreter (``plain_output`` execs in-process, with other globals)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=True).stdout

@@ -106,3 +106,33 @@ def test_an_exception_out_of_a_callee_loop(work: Path) -> None:
     assert probe_lines(rep.stdout) == probe_lines(plain_output(script))
     d = invoke("diff")
     assert d.exit_code == 0 and "4 output lines compared" in d.stdout, d.stdout
+
+
+def test_a_record_killed_midway_is_compared_up_to_where_it_stopped(tmp_path: Path) -> None:
+    # The record is SIGKILLed in epoch 2 (KILL set only then); the replay runs to the end. The
+    # lines both produced must match, and the lines past the record's end are not differences.
+    from tests.protocol import flortrain
+
+    text = textwrap.dedent(
+        """\
+        import os, random, signal
+
+        random.seed(0)
+        w = [0.0]
+        for epoch in range(4):
+            for b in range(3):
+                w[0] += random.random()
+            print(epoch, w[0], flush=True)
+            if epoch == 2 and os.environ.get("KILL"):
+                os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    (tmp_path / "train.py").write_text(text)
+    env = {"FLORTRAIN_PERIOD": "every"}
+    assert flortrain(tmp_path, "record", "train.py", env={**env, "KILL": "1"}).code == -9
+    rep = flortrain(tmp_path, "replay", "train.py", env=env)
+    assert rep.code == 0 and len(rep.out.splitlines()) == 4
+    d = flortrain(tmp_path, "diff")
+    assert d.code == 0, d.out
+    # the store commits output at iteration boundaries: the kill loses the line of epoch 2
+    assert "2 output lines compared" in d.out and "2 replay lines past its end were not compared" in d.out

@@ -25,6 +25,7 @@ class DiffResult:
     differences: list[tuple[LogEntry | None, LogEntry | None]] = field(default_factory=list)
     rng_checked: int = 0
     rng_mismatches: list[tuple[str, int, int]] = field(default_factory=list)
+    beyond_record: int = 0  # replay lines past the end of a record that ended early
 
     @property
     def identical(self) -> bool:
@@ -33,10 +34,16 @@ class DiffResult:
     def report(self, limit: int = 5) -> list[str]:
         rec, rep = self.record.id, self.replay.id
         if self.identical:
-            return [
+            out = [
                 f"replay {rep} matches record {rec}: {self.compared} output lines compared,"
                 f" RNG streams equal at {self.rng_checked} main-loop iteration boundaries"
             ]
+            if self.beyond_record:
+                out.append(
+                    f"  record {rec} is {self.record.effective_status}: {self.beyond_record} replay"
+                    " lines past its end were not compared"
+                )
+            return out
         out = [f"replay {rep} differs from record {rec}:"]
         for a, b in self.differences[:limit]:
             where = (a or b).context() if (a or b) is not None else "?"  # type: ignore[union-attr]
@@ -102,8 +109,13 @@ def diff_runs(store: Store, replay: Run) -> DiffResult:
             result.differences.append((x, y))
     for x in a[len(b):]:
         result.differences.append((x, None))
-    for y in b[len(a):]:
-        result.differences.append((None, y))
+    if record.effective_status == "complete":
+        for y in b[len(a):]:
+            result.differences.append((None, y))
+    else:
+        # the record was killed or crashed: the replay runs on past where it stopped, and the
+        # comparison covers the output both produced
+        result.beyond_record = max(0, len(b) - len(a))
     ra = {k: json.loads(v) for k, v in store.iteration_hashes(record.id).items()}
     rb = {k: json.loads(v) for k, v in store.iteration_hashes(replay.id).items()}
     # A stream counts once it moves during the record. It is not compared at a boundary where it

@@ -51,7 +51,7 @@ def replay(
     script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None
 ) -> int:
     knobs.validate()
-    store = open_store(store_dir)
+    store = open_store(store_dir, create=False)  # a typo in --store must not create a store
     record = find_record(store, script, run_id)
     if record.effective_status != "complete":
         print(f"flortrain: record run {record.id} is {record.effective_status}; replaying what it recorded", file=sys.stderr)

@@ -7,7 +7,9 @@ exception prints the traceback Python would print, starting at the user's frame,
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import importlib.machinery
 import os
 import sys
 import traceback
@@ -37,10 +39,17 @@ def exit_code(e: SystemExit) -> int:
 def run_as_main(code: CodeType, script: str, args: list[str]) -> int:
     """Execute; return the exit status Python would have exited with."""
     module = types.ModuleType("__main__")
-    # as CPython (3.9+) does for `python SCRIPT`: __file__ and frames absolute, argv[0] as given
-    module.__file__ = os.path.abspath(script)
-    module.__dict__["__builtins__"] = __builtins__
-    module.__dict__["__spec__"] = None
+    # the globals CPython (3.11) gives `python SCRIPT`: __file__ and frames absolute, argv[0] as
+    # given, the builtins module itself, a source loader, no spec and no cached bytecode
+    path = os.path.abspath(script)
+    module.__dict__.update(
+        __file__=path,
+        __builtins__=builtins,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+        __spec__=None,
+        __cached__=None,
+        __annotations__={},
+    )
     saved_main = sys.modules.get("__main__")
     saved_argv = sys.argv[:]
     saved_path = sys.path[:]

@@ -18,6 +18,10 @@ from typing import Any
 from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
 
+#: Bumped whenever a table changes. ``CREATE TABLE IF NOT EXISTS`` never migrates, so a store
+#: written by another version must be refused when it is opened, not fail in the middle of a run.
+SCHEMA_VERSION = 2
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (sha TEXT PRIMARY KEY, text TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
@@ -167,9 +171,22 @@ class Store:
             self.db = sqlite3.connect(root / "flortrain.db", timeout=30, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
+            self._check_version()
             self.db.executescript(SCHEMA)
+            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except (OSError, sqlite3.Error) as e:
             raise FlortrainError(f"cannot open store: {e}", Located(str(root)), "FT010") from None
+
+    def _check_version(self) -> None:
+        (version,) = self.db.execute("PRAGMA user_version").fetchone()
+        (tables,) = self.db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()
+        if tables and version != SCHEMA_VERSION:
+            raise FlortrainError(
+                f"store was written by another version of flortrain (schema {version}, this one"
+                f" reads {SCHEMA_VERSION}); record into a new store (--store DIR)",
+                Located(str(self.root)),
+                "FT014",
+            )
 
     def owned(self) -> bool:
         """False in a forked child: it must not write through the parent's connection."""
@@ -303,15 +320,17 @@ class Store:
     def put_logs(self, run_id: int, entries: Iterable[LogEntry]) -> None:
         if not self.owned():
             return
+        rows = [
+            (run_id, e.seq, e.text, e.main_id, e.main_inst, e.iteration, e.region, int(e.probe),
+             None if e.segments is None else json.dumps(e.segments))
+            for e in entries
+        ]
         self.db.execute("BEGIN")
-        self.db.executemany(
-            "INSERT OR REPLACE INTO logs VALUES (?,?,?,?,?,?,?,?,?)",
-            [
-                (run_id, e.seq, e.text, e.main_id, e.main_inst, e.iteration, e.region, int(e.probe),
-                 None if e.segments is None else json.dumps(e.segments))
-                for e in entries
-            ],
-        )
+        try:
+            self.db.executemany("INSERT OR REPLACE INTO logs VALUES (?,?,?,?,?,?,?,?,?)", rows)
+        except BaseException:
+            self.db.execute("ROLLBACK")  # leave the connection usable, not inside a transaction
+            raise
         self.db.execute("COMMIT")
 
     def logs(self, run_id: int) -> Iterator[LogEntry]:
