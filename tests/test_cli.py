@@ -507,3 +507,18 @@ def plain_output_subprocess(path: Path) -> str:
     import sys
 
     return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def test_traceback_through_the_stdout_tee_is_pythons(work: Path) -> None:
+    # The error is raised inside flortrain's stdout tee, below the user's frame: the traceback
+    # must still be the one `python train.py` prints, with no flortrain frame in it.
+    (work / "train.py").write_text('import sys\nsys.stdout.write("a\\n")\nsys.stdout.write(5)\n')
+    import subprocess
+    import sys
+
+    truth = subprocess.run([sys.executable, "train.py"], cwd=work, capture_output=True, text=True)
+    assert truth.returncode == 1 and "TypeError" in truth.stderr
+    r = flortrain(work, "record", "train.py")
+    assert r.code == 1 and r.out == truth.stdout
+    assert truth.stderr in r.err
+    assert "flortrain/" not in r.err.split("Traceback")[1]

@@ -21,9 +21,20 @@ _PKG = str(Path(__file__).resolve().parent.parent)
 
 
 def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PKG):
+    """The traceback without flortrain's frames: those above the script (the runner) and those
+    the script's own calls pass through (the stdout tee a ``print`` writes to), so the user sees
+    what ``python`` would show. ``FLORTRAIN_DEBUG=1`` keeps them, for flortrain's own bugs."""
+    if os.environ.get("FLORTRAIN_DEBUG"):
+        return tb
+    frames: list[TracebackType] = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_PKG):
+            frames.append(tb)
         tb = tb.tb_next
-    return tb
+    out: TracebackType | None = None
+    for t in reversed(frames):
+        out = TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
 
 
 def exit_code(e: SystemExit) -> int:
