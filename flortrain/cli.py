@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -175,8 +176,25 @@ def instrument(script: str, explain: bool) -> None:
     from flortrain.instrument import instrument_file
 
     result = instrument_file(script)
-    text = result.plan.explain() if explain else result.code_text
+    text = result.plan.explain() if explain else _as_utf8(result.code_text)
     click.echo(text, nl=not text.endswith("\n"))
+
+
+#: PEP 263: a coding declaration on one of the first two lines
+_CODING = re.compile(r"^([ \t\f]*#.*?coding[:=][ \t]*)([-\w.]+)")
+
+
+def _as_utf8(code: str) -> str:
+    """The printed code is UTF-8 text: a declaration of another encoding (``# coding: latin-1``)
+    would make Python misread it, so it is rewritten to say utf-8."""
+    lines = code.split("\n", 2)
+    for i in range(min(2, len(lines))):
+        m = _CODING.match(lines[i])
+        if m:
+            if m.group(2).lower().replace("_", "-") not in ("utf-8", "utf8"):
+                lines[i] = lines[i][: m.start(2)] + "utf-8" + lines[i][m.end(2):]
+            break
+    return "\n".join(lines)
 
 
 def main() -> None:

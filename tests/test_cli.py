@@ -522,3 +522,15 @@ def test_traceback_through_the_stdout_tee_is_pythons(work: Path) -> None:
     assert r.code == 1 and r.out == truth.stdout
     assert truth.stderr in r.err
     assert "flortrain/" not in r.err.split("Traceback")[1]
+
+
+def test_instrument_output_of_a_latin1_file_runs_as_printed(work: Path) -> None:
+    (work / "l1.py").write_bytes(b'# -*- coding: latin-1 -*-\nprint("caf\xe9")\n')
+    r = invoke("instrument", "l1.py")
+    assert r.exit_code == 0 and r.stdout.startswith("# -*- coding: utf-8 -*-\n")
+    (work / "printed.py").write_text(r.stdout, encoding="utf-8")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "printed.py"], cwd=work, capture_output=True, check=True).stdout
+    assert out.decode("utf-8") == "café\n"
