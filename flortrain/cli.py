@@ -198,7 +198,19 @@ def _as_utf8(code: str) -> str:
 
 
 def main() -> None:
-    cli(prog_name="flortrain")
+    """The console script. A script ended by Ctrl-C makes flortrain die by SIGINT after the run
+    is finalized, as ``python`` does, so a calling shell loop sees an interrupt, not a failure."""
+    try:
+        cli(prog_name="flortrain")
+    except SystemExit:
+        from flortrain.runtime import runner
+
+        if runner.interrupted:
+            import signal
+
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        raise
 
 
 if __name__ == "__main__":

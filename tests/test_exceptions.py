@@ -1,6 +1,6 @@
-"""An exception that carries control out of a memoized loop: the instance never reaches its end
-hook, yet what the script prints afterwards must be attributed to the main loop and compared by
-``diff``, and the replay must still match a plain run."""
+"""Runs that do not end the ordinary way: an exception that carries control out of a memoized loop
+(the instance never reaches its end hook, yet what the script prints afterwards must be attributed
+to the main loop and compared by ``diff``), a record killed midway, and Ctrl-C."""
 
 from __future__ import annotations
 
@@ -136,3 +136,36 @@ def test_a_record_killed_midway_is_compared_up_to_where_it_stopped(tmp_path: Pat
     assert d.code == 0, d.out
     # the store commits output at iteration boundaries: the kill loses the line of epoch 2
     assert "2 output lines compared" in d.out and "2 replay lines past its end were not compared" in d.out
+
+
+def test_ctrl_c_ends_flortrain_the_way_it_ends_python(tmp_path: Path) -> None:
+    # Python dies by SIGINT after printing the traceback; so must `flortrain record`, once the
+    # run is finalized (a shell loop around it must see an interrupt, not an ordinary failure).
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "train.py").write_text(
+        "import time\nfor epoch in range(1000):\n    for b in range(3):\n        time.sleep(0.01)\n"
+        "    print(epoch, flush=True)\n"
+    )
+    env = {**os.environ, "FLORTRAIN_STORE": str(tmp_path / ".flortrain")}
+    codes = []
+    for cmd in ([sys.executable, "train.py"], [sys.executable, "-m", "flortrain", "record", "train.py"]):
+        p = subprocess.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            # a runner that ignores SIGINT would pass that on, and Python would not raise on it
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        assert p.stdout is not None
+        p.stdout.readline()  # training has started
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        assert "KeyboardInterrupt" in err
+        codes.append(p.returncode)
+    assert codes == [-signal.SIGINT, -signal.SIGINT]
+    from tests.protocol import latest_run
+
+    run = latest_run(tmp_path)
+    assert run["status"] == "failed" and run["exit_code"] == 130

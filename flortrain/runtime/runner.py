@@ -19,6 +19,10 @@ from types import CodeType, TracebackType
 
 _PKG = str(Path(__file__).resolve().parent.parent)
 
+#: Set when the script ended on Ctrl-C: the command then dies by SIGINT, as python does, once
+#: the run is finalized (``flortrain.cli.main``).
+interrupted = False
+
 
 def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
     """The traceback without flortrain's frames: those above the script (the runner) and those
@@ -73,6 +77,8 @@ def run_as_main(code: CodeType, script: str, args: list[str]) -> int:
     except SystemExit as e:
         return exit_code(e)
     except KeyboardInterrupt as e:
+        global interrupted
+        interrupted = True
         traceback.print_exception(type(e), e, _user_traceback(e.__traceback__))
         return 130
     except BaseException as e:
