@@ -454,6 +454,25 @@ def test_library_knowledge(src: str, expected: set[tuple[str, Restore]] | Refuse
 # -- alias propagation -------------------------------------------------------------------------
 
 ALIASES = [
+    case("loop-over-a-tuple-literal-mutates-each-object", """
+        for epoch in range(3):
+            for m in (loss_meter, acc_meter):
+                m.reset()
+            print(epoch)
+    """, {("loss_meter", P), ("acc_meter", P)}),
+    case("loop-over-a-list-literal-setting-attributes", """
+        for epoch in range(3):
+            for layer in [model.enc, model.head, 3]:
+                layer.frozen = epoch < 1
+            print(epoch)
+    """, {("model.enc", P), ("model.head", P)}),
+    case("loop-variable-rebound-in-the-body-takes-nothing-more", """
+        for epoch in range(3):
+            for m in (a, b):
+                m = fresh()
+                m.reset()
+            print(epoch)
+    """, set()),
     case("parameters-loop-charges-model", """
         for epoch in range(3):
             for b in loader:

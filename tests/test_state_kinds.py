@@ -311,3 +311,37 @@ def test_lbfgs_closure_and_a_function_defined_in_the_loop(tmp_path: Path) -> Non
     for env in (EVERY, {}):
         rep = replay_matches_plain(tmp_path, text, probe, env)
         assert "function `report` is defined inside the loop" in rep.err
+
+
+def test_objects_changed_through_a_loop_over_a_literal(tmp_path: Path) -> None:
+    # The ImageNet-example meters: reset each epoch by `for m in (a, b): m.reset()`, a loop of
+    # its own whose changeset is the meters it walks, not the loop variable.
+    text = textwrap.dedent(
+        """\
+        import random
+
+        class AverageMeter:
+            def __init__(self):
+                self.reset()
+
+            def reset(self):
+                self.sum, self.count = 0.0, 0
+
+            def update(self, v, n=1):
+                self.sum += v * n
+                self.count += n
+
+        random.seed(0)
+        loss_m, n_m = AverageMeter(), AverageMeter()
+        for epoch in range(4):
+            for m in (loss_m, n_m):
+                m.reset()
+            for b in range(5):
+                loss_m.update(random.random(), 2)
+                n_m.update(1)
+                #PROBE
+            print(epoch, loss_m.sum / loss_m.count, n_m.count)
+        """
+    )
+    for env in (EVERY, {}):
+        replay_matches_plain(tmp_path, text, 'print("PROBE", epoch, b, loss_m.count, n_m.count)', env)

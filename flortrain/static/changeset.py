@@ -64,6 +64,8 @@ class Effects:
     changes: dict[str, Change] = field(default_factory=dict)
     bound: set[str] = field(default_factory=set)
     aliases: dict[str, str] = field(default_factory=dict)  # loop-scoped name -> object it views
+    # loop variable -> the objects it takes in turn (`for m in (meter_a, meter_b):`)
+    takes: dict[str, list[str]] = field(default_factory=dict)
     reaches: set[str] = field(default_factory=set)
 
 
@@ -83,6 +85,12 @@ class _Walker:
 
     # -- recording ---------------------------------------------------------------------------
     def add(self, expr: str, restore: Restore, rule: int, line: int, is_global: bool = False) -> None:
+        takes = self.fx.takes.get(root(expr))
+        if takes and (restore is Restore.IN_PLACE or "." in expr):
+            # changing the loop variable changes each object it takes in turn
+            for obj in takes:
+                self.add(obj, Restore.IN_PLACE, rule, line)
+            return
         if root(expr) in self.fx.aliases and (restore is Restore.IN_PLACE or "." in expr):
             # mutating a view (or setting an attribute on it) changes the object it views;
             # rebinding the view's own name changes nothing else
@@ -198,6 +206,16 @@ class _Walker:
             self.add(n, Restore.REBOUND, 3, self.prog.line(target), is_global=self.is_global(n))
         for n, src in self._alias_pairs(target, it):
             self.fx.aliases[n] = src
+        if isinstance(target, cst.Name) and isinstance(it, cst.Tuple | cst.List | cst.Set):
+            objs = [
+                self._through_alias(obj)
+                for el in it.elements
+                if not isinstance(el, cst.StarredElement)
+                and (obj := object_expr(el.value, self.module)) is not None
+                and root(obj) not in self.prog.imported
+            ]
+            if objs:
+                self.fx.takes[target.value] = objs
 
     def _alias_pairs(self, target: cst.BaseExpression, it: cst.BaseExpression) -> Iterator[tuple[str, str]]:
         """Which loop-scoped names view which outer objects (``for p in model.parameters()``:
@@ -328,6 +346,7 @@ class _Walker:
         if isinstance(t, cst.Name):
             name = t.value
             if not augmented and len(names_of(t)) == 1:
+                self.fx.takes.pop(name, None)
                 src = self._alias_source(value) if is_view(value) else None
                 if src is not None:
                     self.fx.aliases[name] = src
