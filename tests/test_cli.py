@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from flortrain.cli import cli
-from tests.protocol import flortrain, probe_lines
+from tests.protocol import flortrain, plain, probe_lines
 
 # A training loop in plain Python: weights in a list, a global RNG, an accumulator carried over.
 SCRIPT = textwrap.dedent(
@@ -349,11 +349,8 @@ def test_script_exit_code_and_traceback_point_at_user_file(work: Path) -> None:
     assert f'File "{work / "train.py"}", line {n}, in <module>' in r.stderr
     assert "ValueError: boom" in r.stderr
     # the whole traceback, carets included, is the one `python train.py` prints
-    import subprocess
-    import sys
-
-    truth = subprocess.run([sys.executable, "train.py"], cwd=work, capture_output=True, text=True)
-    assert truth.stderr in r.stderr
+    truth = plain(work / "train.py")
+    assert truth.err in r.stderr
     assert "flortrain/" not in r.stderr.split("Traceback")[1].split("ValueError")[0]
     assert runs_json()[0]["status"] == "failed"
     (work / "train.py").write_text(SCRIPT.replace('print("done", len(history))', "raise SystemExit(3)"))
@@ -366,17 +363,14 @@ def test_warnings_point_at_user_file_and_line(work: Path) -> None:
         "    history.append(total)\n    if epoch == 1:\n        import warnings; warnings.warn('loss plateau')\n",
     )
     (work / "train.py").write_text(warned)
-    import subprocess
-    import sys
-
-    truth = subprocess.run([sys.executable, "train.py"], cwd=work, capture_output=True, text=True)
+    truth = plain(work / "train.py")
     n = warned.splitlines().index("        import warnings; warnings.warn('loss plateau')") + 1
-    assert f"{work / 'train.py'}:{n}: UserWarning: loss plateau" in truth.stderr
+    assert f"{work / 'train.py'}:{n}: UserWarning: loss plateau" in truth.err
     # a real process: pytest would catch the warning of an in-process CliRunner call
     r = flortrain(work, "record", "train.py")
-    assert r.code == 0 and r.out == truth.stdout
+    assert r.code == 0 and r.out == truth.out
     # the warning and the source line under it, exactly as `python train.py` shows them
-    assert truth.stderr in r.err
+    assert truth.err in r.err
 
 
 def test_instrument_and_explain(work: Path) -> None:
@@ -498,29 +492,19 @@ def test_the_script_sees_the_globals_python_gives_it(work: Path) -> None:
     )
     r = invoke("record", "train.py")
     assert r.exit_code == 0
-    assert r.stdout == plain_output_subprocess(work / "train.py") == "module SourceFileLoader None None {} 1\n"
-
-
-def plain_output_subprocess(path: Path) -> str:
-    """`python path` in a real interpreter (``plain_output`` execs in-process, with other globals)."""
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=True).stdout
+    # a real interpreter: `plain_output` execs in-process, with other globals
+    assert r.stdout == plain(work / "train.py").out == "module SourceFileLoader None None {} 1\n"
 
 
 def test_traceback_through_the_stdout_tee_is_pythons(work: Path) -> None:
     # The error is raised inside flortrain's stdout tee, below the user's frame: the traceback
     # must still be the one `python train.py` prints, with no flortrain frame in it.
     (work / "train.py").write_text('import sys\nsys.stdout.write("a\\n")\nsys.stdout.write(5)\n')
-    import subprocess
-    import sys
-
-    truth = subprocess.run([sys.executable, "train.py"], cwd=work, capture_output=True, text=True)
-    assert truth.returncode == 1 and "TypeError" in truth.stderr
+    truth = plain(work / "train.py")
+    assert truth.code == 1 and "TypeError" in truth.err
     r = flortrain(work, "record", "train.py")
-    assert r.code == 1 and r.out == truth.stdout
-    assert truth.stderr in r.err
+    assert r.code == 1 and r.out == truth.out
+    assert truth.err in r.err
     assert "flortrain/" not in r.err.split("Traceback")[1]
 
 
@@ -529,8 +513,4 @@ def test_instrument_output_of_a_latin1_file_runs_as_printed(work: Path) -> None:
     r = invoke("instrument", "l1.py")
     assert r.exit_code == 0 and r.stdout.startswith("# -*- coding: utf-8 -*-\n")
     (work / "printed.py").write_text(r.stdout, encoding="utf-8")
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "printed.py"], cwd=work, capture_output=True, check=True).stdout
-    assert out.decode("utf-8") == "café\n"
+    assert plain(work / "printed.py").out == "café\n"

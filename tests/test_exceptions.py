@@ -4,15 +4,17 @@ to the main loop and compared by ``diff``), a record killed midway, and Ctrl-C."
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from flortrain.cli import cli
-from tests.protocol import probe_lines
-from tests.test_cli import plain_output
+from tests.protocol import flortrain, latest_run, probe_lines
+from tests.test_cli import invoke, plain_output
 
 SCRIPT = textwrap.dedent(
     """\
@@ -40,10 +42,6 @@ def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("FLORTRAIN_STORE", str(tmp_path / ".flortrain"))
     monkeypatch.setenv("FLORTRAIN_PERIOD", "every")
     return tmp_path
-
-
-def invoke(*args: str):  # type: ignore[no-untyped-def]
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def test_output_after_an_exception_left_a_loop_is_compared(work: Path) -> None:
@@ -111,8 +109,6 @@ def test_an_exception_out_of_a_callee_loop(work: Path) -> None:
 def test_a_record_killed_midway_is_compared_up_to_where_it_stopped(tmp_path: Path) -> None:
     # The record is SIGKILLed in epoch 2 (KILL set only then); the replay runs to the end. The
     # lines both produced must match, and the lines past the record's end are not differences.
-    from tests.protocol import flortrain
-
     text = textwrap.dedent(
         """\
         import os, random, signal
@@ -141,11 +137,6 @@ def test_a_record_killed_midway_is_compared_up_to_where_it_stopped(tmp_path: Pat
 def test_ctrl_c_ends_flortrain_the_way_it_ends_python(tmp_path: Path) -> None:
     # Python dies by SIGINT after printing the traceback; so must `flortrain record`, once the
     # run is finalized (a shell loop around it must see an interrupt, not an ordinary failure).
-    import os
-    import signal
-    import subprocess
-    import sys
-
     (tmp_path / "train.py").write_text(
         "import time\nfor epoch in range(1000):\n    for b in range(3):\n        time.sleep(0.01)\n"
         "    print(epoch, flush=True)\n"
@@ -165,7 +156,5 @@ def test_ctrl_c_ends_flortrain_the_way_it_ends_python(tmp_path: Path) -> None:
         assert "KeyboardInterrupt" in err
         codes.append(p.returncode)
     assert codes == [-signal.SIGINT, -signal.SIGINT]
-    from tests.protocol import latest_run
-
     run = latest_run(tmp_path)
     assert run["status"] == "failed" and run["exit_code"] == 130

@@ -1,8 +1,9 @@
 """Probe isolation: a hindsight statement must not perturb the training it observes.
 
 Inside the guard, the global RNG streams, the generators of any data loader the probe iterates,
-the train/eval mode of every live module and the grad mode are saved and put back afterwards; modules a probe creates are not registered (registry ids stay aligned
-with the record). What a probe prints is marked as probe output so ``diff`` can exclude it.
+the train/eval mode of every live module and the grad mode are saved and put back afterwards;
+modules a probe creates are not registered (registry ids stay aligned with the record). What a
+probe prints is marked as probe output so ``diff`` can exclude it.
 """
 
 from __future__ import annotations

@@ -66,9 +66,10 @@ class Session:
 
     def main_iteration(self, main_id: str) -> None:
         if self.main is None or self.main[0] != main_id:
-            self.main_enter(main_id)
+            self.main_enter(main_id)  # closes any block left open
+        else:
+            self.abort_frames()
         assert self.main is not None
-        self.abort_frames()
         self.main[2] += 1
         self.occurrences.clear()
         state = rng.capture()
@@ -84,7 +85,7 @@ class Session:
     def note_initial_streams(self) -> None:
         """Remember each global stream's state before the script runs: it comes from OS entropy
         (torch's, numpy's and ``random``'s unseeded state differ in every process)."""
-        self._initial_digests = dict(rng.digest_map(rng.capture()))
+        self._initial_digests = rng.digest_map(rng.capture())
 
     def _boundary_digests(self, state: dict[str, Any]) -> str:
         """Per-stream digests at a main-loop boundary, with a stream the script has not touched

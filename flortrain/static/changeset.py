@@ -454,9 +454,10 @@ class _Walker:
             for ch in self.lambda_changes(value, line):
                 self.add(ch.expr, ch.restore, RULE_CALLEE, line, ch.is_global)
         elif isinstance(value, cst.Name):
-            resolved = self.prog.resolve_call(cst.Call(func=value), self.scope)
+            call = cst.Call(func=value)
+            resolved = self.prog.resolve_call(call, self.scope)
             if resolved is not None:
-                self.callee(cst.Call(func=value), resolved[0], None, line)
+                self.callee(call, resolved[0], None, line)
 
     def lambda_changes(self, lam: cst.Lambda, line: int) -> list[Change]:
         """What a lambda's body changes, except through its own parameters (those are whatever

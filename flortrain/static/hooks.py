@@ -97,16 +97,11 @@ def _hook_arg(call: cst.Call) -> cst.BaseExpression | None:
 
 def _hook_functions(prog: Program, scope: Scope, hook: cst.BaseExpression) -> list[str]:
     """The local functions a hook expression stands for; none when it is not the script's own."""
-    if isinstance(hook, cst.Name):
-        owner = prog.binding_scope(scope, hook.value)
-        if owner is None:
-            return []
-        qual = hook.value if owner.qualname == MODULE else f"{owner.qualname}.{hook.value}"
-        return [qual] if qual in prog.scopes else []
-    if isinstance(hook, cst.Attribute):
-        cls = prog.type_of(hook.value, scope)
-        method = prog.method(cls, hook.attr.value) if cls is not None else None
-        return [method] if method is not None else []
+    if isinstance(hook, cst.Name | cst.Attribute):
+        # what calling it runs, as for a call written in that scope (a function, a method of a
+        # local class, a class's __init__)
+        resolved = prog.resolve_call(cst.Call(func=hook), scope)
+        return [] if resolved is None else [resolved[0]]
     if isinstance(hook, cst.Call):
         # a factory (`save("fc1")`): the functions it defines are what it can return
         factory = prog.resolve_call(hook, scope)
