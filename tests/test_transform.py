@@ -55,12 +55,12 @@ def test_main_loop_for_block_while_block_and_rebound_names() -> None:
             for b in _flortrain_L6.iterate([1, 2, 3]):
                 total += b
             if _flortrain_L6.end({}, {"total": lambda: total}):
-                total = _flortrain_L6.value("total")
+                if _flortrain_L6.has("total"): total = _flortrain_L6.value("total")
             k = 0
             _flortrain_L9 = __flortrain__.block("L9", 9, 9)
             while _flortrain_L9.live() and (k < 2): k += 1
             if _flortrain_L9.end({}, {"k": lambda: k}):
-                k = _flortrain_L9.value("k")
+                if _flortrain_L9.has("k"): k = _flortrain_L9.value("k")
             print(epoch, total, k)
         __flortrain__.main_exit("M5")
     ''')
@@ -96,7 +96,7 @@ def test_in_place_objects_and_globals_in_a_function() -> None:
                     opt.step()
                     step += 1
                 if _flortrain_L8.end({"opt": lambda: opt}, {"step": lambda: step}):
-                    globals()["step"] = _flortrain_L8.value("step")
+                    if _flortrain_L8.has("step"): globals()["step"] = _flortrain_L8.value("step")
             __flortrain__.main_exit("M7")
     """)
     assert instrumented(before) == after
@@ -448,7 +448,7 @@ def test_tab_indented_and_crlf_scripts_compile_and_keep_their_style() -> None:
     tabbed = "for e in range(2):\n\tfor b in [1]:\n\t\tt = b\n\tprint(t)\n"
     out = instrumented(tabbed)
     compile(out, "t.py", "exec")
-    assert "\tif _flortrain_L2.end({}, {\"t\": lambda: t}):\n\t\tt = _flortrain_L2.value(\"t\")\n" in out
+    assert "\tif _flortrain_L2.end({}, {\"t\": lambda: t}):\n\t\tif _flortrain_L2.has(\"t\"): t = _flortrain_L2.value(\"t\")\n" in out
     crlf = "for e in range(2):\r\n    for b in [1]:\r\n        t = b\r\n    print(t)\r\n"
     out = instrumented(crlf)
     compile(out, "t.py", "exec")

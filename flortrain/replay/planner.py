@@ -4,13 +4,15 @@ have seen, and an estimate of the replay's cost from the record's measured block
 - a probe inside a memoized loop, or in a function that loop reaches, makes that block execute;
 - a probe that reads a name bound only inside a memoized loop of the same function (``loss`` of
   the last batch) makes that block execute, since its checkpoint does not hold that name;
-- every other block instance with a checkpoint is skipped and restored (partial replay).
+- every other block instance with a checkpoint is skipped and restored (partial replay);
+- a loop a probe runs (``print(evaluate(train_data))``) executes inside the probe, isolated, and
+  takes no instance of the record: the script's own call after the probe still gets its checkpoint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import libcst as cst
@@ -27,9 +29,16 @@ class ReplayPlan:
     instrumentation: Instrumentation
     execute: dict[str, str]  # block id -> reason it must run
     probes: int
+    #: block id -> the probe that runs it: its instances inside the probe execute (isolated, no
+    #: checkpoint) on top of whatever the script's own instances do
+    in_probes: dict[str, str] = field(default_factory=dict)
 
-    def describe(self, plan: Plan, costs: dict[str, tuple[int, int, float, float]]) -> list[str]:
-        """Lines for stderr: what runs, what is skipped, and the estimated time."""
+    def describe(
+        self, plan: Plan, costs: dict[str, tuple[int, int, float, float]], why_not: dict[str, str] | None = None
+    ) -> list[str]:
+        """Lines for stderr: what runs, what is skipped (and why instances have no checkpoint),
+        and the estimated time."""
+        why_not = why_not or {}
         out = [f"replay plan: {self.probes} probe(s)"]
         est = 0.0
         for b in plan.blocks:
@@ -40,6 +49,10 @@ class ReplayPlan:
             else:
                 est += restore + compute * (n - k) / max(n, 1)
                 out.append(f"  {b.id} ({b.function}): skip {k} of {n} instance(s), restoring checkpoints")
+                if k < n and b.id in why_not:
+                    out.append(f"    the others execute: not checkpointed at record: {why_not[b.id]}")
+            if b.id in self.in_probes:
+                out.append(f"  {b.id} ({b.function}): also runs inside the probe {self.in_probes[b.id]}, executed there")
         for r in plan.refused:
             out.append(f"  loop at line {r.span.line}: runs as plain code ({r.reason})")
         out.append(f"estimated block time {est:.2f}s (record spent {sum(c[2] for c in costs.values()):.2f}s in blocks)")
@@ -81,6 +94,25 @@ def _names_read(node: cst.CSTNode) -> set[str]:
     return out - own
 
 
+def _names_called(node: cst.CSTNode) -> set[str]:
+    """Functions and methods a probe calls, by name (``evaluate`` of ``evaluate(val)`` and of
+    ``self.evaluate(val)``): the script's loops in them run inside the probe."""
+    out: set[str] = set()
+
+    def walk(n: cst.CSTNode) -> None:
+        if isinstance(n, cst.Call):
+            f = n.func
+            if isinstance(f, cst.Name):
+                out.add(f.value)
+            elif isinstance(f, cst.Attribute):
+                out.add(f.attr.value)
+        for c in n.children:
+            walk(c)
+
+    walk(node)
+    return out
+
+
 def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
     current = probes.current
     parents = current.wrapper.resolve(ParentNodeProvider)
@@ -89,6 +121,7 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
     blocks_at: dict[int, Block] = {to_cur[b.span.line]: b for b in plan.blocks}
     mains_at: dict[int, MainLoop] = {to_cur[m.span.line]: m for m in plan.main_loops}
     execute: dict[str, str] = {}
+    in_probes: dict[str, str] = {}
     for p in probes.probes:
         function = MODULE
         enclosing: list[str] = []
@@ -101,6 +134,10 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
                 function = _qualname(anc, parents)
         for bid in enclosing:
             execute.setdefault(bid, f"probe at line {p.line} is inside it")
+        for name in sorted(_names_called(p.node)):
+            for b in plan.blocks:
+                if b.function.rsplit(".", 1)[-1] == name:
+                    in_probes.setdefault(b.id, f"at line {p.line} (it calls {name}())")
         reads = _names_read(p.node)
         for b in plan.blocks:
             if b.id in execute:
@@ -118,7 +155,7 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
         mains=mains_at,
         probes={p.line: p.number for p in probes.probes},
     )
-    return ReplayPlan(inst, execute, len(probes.probes))
+    return ReplayPlan(inst, execute, len(probes.probes), in_probes)
 
 
 def _qualname(fn: cst.FunctionDef, parents: Any) -> str:

@@ -47,6 +47,16 @@ def _costs(store: Store, run_id: int) -> dict[str, tuple[int, int, float, float]
     return out
 
 
+def _why_not(store: Store, run_id: int) -> dict[str, str]:
+    """Per block, the reason its first instance that could not be checkpointed gives (a tensor
+    carrying an autograd graph, an object that cannot be captured), for the replay plan."""
+    out: dict[str, str] = {}
+    for b in store.blocks(run_id):
+        if b["state"] == "recorded" and b["note"] and b["block_id"] not in out:
+            out[b["block_id"]] = b["note"]
+    return out
+
+
 def replay(
     script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None
 ) -> int:
@@ -63,7 +73,7 @@ def replay(
     probes = find_probes(recorded_text, current_text, script, record.id)
     plan = analyse(parse(script, recorded_text))
     rplan = plan_replay(plan, probes)
-    for line in rplan.describe(plan, _costs(store, record.id)):
+    for line in rplan.describe(plan, _costs(store, record.id), _why_not(store, record.id)):
         print(f"flortrain: {line}", file=sys.stderr)
     code_text = transform(probes.current, rplan.instrumentation)
     code = compile_for(os.path.abspath(script), code_text, disk_text)

@@ -15,10 +15,11 @@ from flortrain.runtime.skipblock import SkipBlock
 __all__ = ["block", "main_enter", "main_exit", "main_iteration", "probe"]
 
 
-def block(block_id: str, first_line: int = 0, last_line: int = 0) -> SkipBlock:
+def block(block_id: str, first_line: int = 0, last_line: int = 0, values: tuple[str, ...] = ()) -> SkipBlock:
     """Open the SkipBlock of one memoized loop instance, whose loop spans these lines of the
-    script (how the runtime notices an exception carrying control out of the loop)."""
-    return SkipBlock(_session.current, block_id, (first_line, last_line))
+    script (how the runtime notices an exception carrying control out of the loop). ``values``
+    are rebound names read after the loop only as numbers: stored detached if they carry a graph."""
+    return SkipBlock(_session.current, block_id, (first_line, last_line), values)
 
 
 def main_enter(main_id: str) -> None:

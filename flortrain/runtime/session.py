@@ -59,12 +59,16 @@ class Session:
 
     # -- main loop ---------------------------------------------------------------------------------
     def main_enter(self, main_id: str) -> None:
+        if self.probe_depth:
+            return  # a probe that runs the main loop's function is the probe's business
         self.abort_frames()
         entry = self.main_entries.get(main_id, 0)
         self.main_entries[main_id] = entry + 1
         self.main = [main_id, entry, -1]
 
     def main_iteration(self, main_id: str) -> None:
+        if self.probe_depth:
+            return
         if self.main is None or self.main[0] != main_id:
             self.main_enter(main_id)  # closes any block left open
         else:
@@ -99,6 +103,8 @@ class Session:
         return rng.dumps_digests(out)
 
     def main_exit(self, main_id: str) -> None:
+        if self.probe_depth:
+            return
         self.abort_frames()
         self.main = None
 

@@ -4,7 +4,7 @@
 RECORD     execute; at the end, maybe materialize changeset + RNG (Eq. 4)
 SKIP       replay: iterate nothing; at the end, restore the checkpoint in place
 EXECUTE    replay: run the loop (it is probed, or this instance has no checkpoint)
-PASSTHROUGH outside a main-loop iteration, or nested in another block: plain code
+PASSTHROUGH outside a main-loop iteration, nested in another block, or run by a probe: plain code
 ========== =====================================================================
 
 Pseudoresume (a replay worker starting mid-run) is SKIP for every instance before its segment,
@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING, Any
 from flortrain import knobs
 from flortrain.runtime import rng
 from flortrain.runtime.materializer import deserialize
-from flortrain.runtime.state import Unrestorable, capture, clone_state, restore_into, snapshot_equal
+from flortrain.runtime.state import (
+    Unrestorable,
+    capture,
+    carries_graph,
+    clone_state,
+    graph_of,
+    restore_into,
+    snapshot_equal,
+)
 
 if TYPE_CHECKING:
     from flortrain.runtime.session import Session
@@ -39,6 +47,15 @@ class State(StrEnum):
     PASSTHROUGH = "passthrough"
 
 
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+#: A changeset element that is not bound at the end of the loop.
+ABSENT = _Absent()
+
+
 class Ref:
     """A rebound name that held one of the block's in-place objects: restore the live object."""
 
@@ -47,9 +64,16 @@ class Ref:
 
 
 class SkipBlock:
-    def __init__(self, session: Session | None, block_id: str, span: tuple[int, int] = (0, 0)) -> None:
+    def __init__(
+        self,
+        session: Session | None,
+        block_id: str,
+        span: tuple[int, int] = (0, 0),
+        detach_ok: tuple[str, ...] = (),
+    ) -> None:
         self.session = session
         self.id = block_id
+        self.detach_ok = detach_ok
         # The user's frame running the loop, and the loop's lines in it: an exception that leaves
         # the loop never reaches `end()`, and the session tells by the frame having moved on.
         self.span = span
@@ -63,7 +87,10 @@ class SkipBlock:
         self.watch: dict[int, Any] | None = None
         self.key = ""
         self.registry_start = session.registry.count() if session is not None else 0
-        if session is None or session.main is None or session.frames:
+        if session is None or session.main is None or session.frames or session.probe_depth:
+            # nested, outside the main loop, or opened by a probe (`print(evaluate(train_data))`):
+            # plain code. A probe's loops must not take the key, and so the checkpoint, of the
+            # script's own instance that follows it; they run, isolated with the probe.
             self.state = State.PASSTHROUGH
         else:
             self.key = session.next_key(block_id)
@@ -132,6 +159,10 @@ class SkipBlock:
             s.block_done(self, "executed", compute_s=time.perf_counter() - self.t0)
         return False
 
+    def has(self, name: str) -> bool:
+        """Whether the recorded instance left ``name`` bound (else it stays as it is: unbound)."""
+        return name in self.values
+
     def value(self, name: str) -> Any:
         return self.values[name]
 
@@ -159,16 +190,20 @@ class SkipBlock:
         s.block_done(self, "checkpointed", compute_s=compute, materialize_s=m.seconds)
 
     def _resolve(self, getters: Getters) -> dict[str, Any]:
+        """The changeset's current values; an element that is not bound (a name or attribute
+        assigned only in a branch this run never takes: ``if ddp:``) is :data:`ABSENT`. Absence
+        at the end of a loop is state like any other: the loop left the element unbound, and a
+        skipped instance leaves it unbound the same way."""
         out: dict[str, Any] = {}
         for expr, get in getters.items():
             try:
                 out[expr] = get()
-            except (NameError, AttributeError) as e:
-                raise Unrestorable(f"`{expr}` is not bound at the end of the loop ({e})") from None
+            except (NameError, AttributeError):
+                out[expr] = ABSENT
         return out
 
     def _payload(self, s: Session, objects: Getters, names: Getters) -> dict[str, Any]:
-        objs = self._resolve(objects)
+        objs = {e: o for e, o in self._resolve(objects).items() if o is not ABSENT}
         vals = self._resolve(names)
         memo: dict[int, str] = {}
         captured = {expr: capture(o, memo, expr) for expr, o in objs.items()}
@@ -179,7 +214,9 @@ class SkipBlock:
         by_id = {id(o): expr for expr, o in objs.items()}
         rebound: dict[str, Any] = {}
         for expr, v in vals.items():
-            rebound[expr] = Ref(by_id[id(v)]) if id(v) in by_id else _picklable(v)
+            if v is ABSENT:
+                continue  # not in the payload: `has()` is false and the name stays unbound
+            rebound[expr] = Ref(by_id[id(v)]) if id(v) in by_id else self._detachable(expr, v)
         registry = {
             "start": self.registry_start,
             "end": s.registry.count(),
@@ -187,12 +224,20 @@ class SkipBlock:
         }
         return {"objects": captured, "extra": extra, "names": rebound, "rng": rng.capture(), "registry": registry}
 
+    def _detachable(self, expr: str, v: Any) -> Any:
+        """A rebound value as the checkpoint stores it. A tensor carrying an autograd graph is
+        stored detached only when the static pass proved that nothing can tell (``values``: the
+        name is read after the loop only as a number, ``loss.item()``); otherwise a later
+        ``backward()`` through it would silently miss the loop's part of the graph."""
+        if graph_of(v) is None:
+            return v
+        if expr in self.detach_ok:
+            return v.detach()
+        raise Unrestorable(carries_graph(expr, v))
+
     def _learn_aliases(self, s: Session, objects: Getters) -> None:
         assert self.watch is not None
-        try:
-            objs = list(self._resolve(objects).values())
-        except Unrestorable:
-            return
+        objs = [o for o in self._resolve(objects).values() if o is not ABSENT]
         covered = {i for _, i, _ in s.augmentation(self.id, objs)} | {
             i for o in objs if (i := s.registry.id_of(o)) is not None
         }
@@ -228,7 +273,7 @@ class SkipBlock:
         assert payload is not None
         objs = self._resolve(objects)
         for expr, st in payload["objects"].items():
-            if expr in objs:
+            if objs.get(expr, ABSENT) is not ABSENT:
                 restore_into(objs[expr], st)
         for ref, st in payload["extra"].items():
             restore_into(s.registry.get(_registry_id(ref)), st)
@@ -247,10 +292,3 @@ class SkipBlock:
 def _registry_id(ref: str) -> int:
     """The registry id in an augmentation key (``module#3``)."""
     return int(ref.split("#", 1)[1])
-
-
-def _picklable(v: Any) -> Any:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(v, torch.Tensor) and v.grad_fn is not None:
-        return v.detach()  # the autograd graph cannot be stored; the values can
-    return v

@@ -22,6 +22,25 @@ class Unrestorable(Exception):
     """An object the checkpoint cannot hold faithfully: the block instance is not memoized."""
 
 
+class CarriesGraph(Unrestorable):
+    """A tensor with an autograd graph: training state that a checkpoint cannot hold."""
+
+
+def graph_of(obj: Any) -> Any:
+    """The autograd node a tensor hangs from (``grad_fn``), or None."""
+    torch = _torch()
+    return obj.grad_fn if torch is not None and isinstance(obj, torch.Tensor) else None
+
+
+def carries_graph(path: str, obj: Any) -> str:
+    """Why a tensor with a ``grad_fn`` cannot be checkpointed. Restored, it would be a detached
+    leaf: a later ``backward()`` through it (REINFORCE's ``torch.stack(log_probs).sum()``, a
+    ``total = total + loss`` accumulated over the loop) would miss every parameter upstream and
+    the update would be silently lost. The instance executes instead."""
+    node = type(obj.grad_fn).__name__
+    return f"`{path}` holds a tensor carrying an autograd graph (grad_fn={node}); it executes on replay"
+
+
 def _torch() -> Any:
     return sys.modules.get("torch")
 
@@ -76,7 +95,7 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
     """A picklable description of ``obj``'s state, referencing (not copying) its tensors: the
     materializer serializes it before training continues (or forks, for copy-on-write)."""
     memo = {} if memo is None else memo
-    if isinstance(obj, _IMMUTABLE):
+    if isinstance(obj, _IMMUTABLE) or _is_numpy_value(obj):
         return {"kind": "value", "value": obj}
     if id(obj) in memo:
         return {"kind": "ref", "path": memo[id(obj)]}
@@ -113,6 +132,8 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
         if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or type(obj).__name__ == "ReduceLROnPlateau":
             return {"kind": "scheduler", "state": obj.state_dict()}
         if isinstance(obj, torch.Tensor):
+            if obj.grad_fn is not None:
+                raise CarriesGraph(carries_graph(path, obj))
             t = obj.detach()
             return {"kind": "tensor", "value": t, "grad": obj.grad, "requires_grad": obj.requires_grad}
         if isinstance(obj, torch.Generator):
@@ -146,6 +167,13 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
     raise Unrestorable(f"cannot capture a {type(obj).__name__}")
 
 
+def _is_numpy_value(obj: Any) -> bool:
+    """NumPy scalars (``np.int64``, ``np.float32``) and dtypes are immutable values, like ``int``:
+    they are stored whole and put back by rebinding (gymnasium spaces and counters hold them)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(obj, np.generic | np.dtype)
+
+
 def _plain_attrs(module: Any, torch: Any, memo: dict[int, str], path: str) -> dict[str, Any]:
     """Captured states of a module's public attributes that training may change in place and
     ``state_dict`` leaves out: plain values, unregistered tensors, containers (``self.stats =
@@ -155,9 +183,11 @@ def _plain_attrs(module: Any, torch: Any, memo: dict[int, str], path: str) -> di
     for k, v in vars(module).items():
         if k.startswith("_") or k == "training" or isinstance(v, torch.nn.Module | torch.nn.Parameter):
             continue
-        if isinstance(v, (*_IMMUTABLE, *_CONTAINERS, torch.Tensor)) or _is_rng(v):
+        if isinstance(v, (*_IMMUTABLE, *_CONTAINERS, torch.Tensor)) or _is_rng(v) or _is_numpy_value(v):
             try:
                 out[k] = capture(v, memo, f"{path}.{k}")
+            except CarriesGraph:
+                raise
             except Unrestorable:
                 continue  # e.g. a list of callbacks: not training state
     return out

@@ -8,9 +8,10 @@ import libcst as cst
 from flortrain.errors import FlortrainError, Located
 from flortrain.static.changeset import NoEstimate, loop_changeset
 from flortrain.static.loops import LoopForest
-from flortrain.static.plan import Block, FunctionSpan, MainLoop, Plan, Refusal, Span
+from flortrain.static.plan import Block, FunctionSpan, MainLoop, Plan, Refusal, Restore, Span
 from flortrain.static.program import MODULE, Loop, Program, index
 from flortrain.static.source import Source
+from flortrain.static.values import value_only
 
 
 def _span(prog: Program, node: cst.CSTNode) -> Span:
@@ -73,6 +74,13 @@ def _analyse(source: Source) -> Plan:
                     reaches=cs.reaches,
                     bound=cs.bound,
                     main=main.id,
+                    values=tuple(
+                        c.expr
+                        for c in cs.changes
+                        if c.restore is Restore.REBOUND
+                        and "." not in c.expr
+                        and value_only(prog, cand.scope, cand.loop, c.expr)
+                    ),
                 )
             )
     functions = tuple(

@@ -51,6 +51,9 @@ class Block:
     reaches: tuple[str, ...]  # local functions reachable by calls from the loop body
     bound: tuple[str, ...]  # names bound in the loop body (loop-scoped or not)
     main: str  # id of the main loop it belongs to
+    #: rebound names read after the loop only as numbers (``loss.item()``): a graph-carrying
+    #: tensor there may be stored detached (see :mod:`flortrain.static.values`)
+    values: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,8 +105,9 @@ class Plan:
                     out.append("    changeset: (empty)")
                 for c in b.changeset:
                     scope = " global" if c.is_global else ""
+                    value = ", read only as a number" if c.expr in b.values else ""
                     out.append(
-                        f"    changeset: {c.expr} [{c.restore.value}{scope}] rule {c.rule} line {c.line}"
+                        f"    changeset: {c.expr} [{c.restore.value}{scope}{value}] rule {c.rule} line {c.line}"
                     )
             for r in (r for r in self.refused if r.main == m.id):
                 out.append(

@@ -6,12 +6,13 @@ Memoized loops become SkipBlocks without re-indenting the user's code::
     for batch in _flortrain_L24.iterate(loader):        # empty when the block is skipped
         ...
     if _flortrain_L24.end({"opt": lambda: opt}, {"total": lambda: total}):
-        total = _flortrain_L24.value("total")           # rebound names come back by assignment
+        if _flortrain_L24.has("total"): total = _flortrain_L24.value("total")  # by assignment
 
 ``while`` loops test ``_flortrain_L24.live() and (cond)``. The main loop is bracketed by
 ``main_enter``/``main_exit`` and its body starts with ``main_iteration``. Probes (statements added
 since the record) run inside ``with __flortrain__.probe(n):``. Lambdas defer reading each
-changeset element to block end, so a name the loop never bound is detected, not a crash.
+changeset element to block end, so a name the loop left unbound (assigned only under ``if ddp:``)
+is recorded as absent and stays unbound on replay, not a crash.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _end_statement(block: Block) -> cst.BaseStatement:
     lines = [f"if {call}:"]
     for c in rebound:
         target = f'globals()["{c.expr}"]' if c.is_global else c.expr
-        lines.append(f'    {target} = {var}.value("{c.expr}")')
+        lines.append(f'    if {var}.has("{c.expr}"): {target} = {var}.value("{c.expr}")')
     return _stmt("\n".join(lines) + "\n")
 
 
@@ -119,7 +120,9 @@ class _Transformer(cst.CSTTransformer):
                 )
                 loop = updated.with_changes(test=test, leading_lines=[])
             end_line = self.get_metadata(PositionProvider, original).end.line
-            enter = _stmt(f'{var} = {RUNTIME}.block("{block.id}", {line}, {end_line})\n')
+            values = ", ".join(f'"{v}"' for v in block.values)
+            extra = f", values=({values},)" if values else ""
+            enter = _stmt(f'{var} = {RUNTIME}.block("{block.id}", {line}, {end_line}{extra})\n')
             assert isinstance(enter, cst.SimpleStatementLine)
             return cst.FlattenSentinel([enter.with_changes(leading_lines=lead), loop, _end_statement(block)])
         if line in self.inst.mains:

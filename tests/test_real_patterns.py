@@ -1,0 +1,174 @@
+"""Patterns from real training code that once gave silent wrong answers or memoized nothing.
+
+Each test runs the correctness protocol (plain ``python`` is the ground truth) on a small script
+with the shape found in the wild, and asserts what memoization must do with it: a replay that is
+right but skips nothing is asserted as such, never the other way round.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.protocol import block_states, flortrain, latest_run, replay_matches_plain
+
+EVERY = {"FLORTRAIN_PERIOD": "every"}
+
+PRELUDE = """\
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+train = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]
+val = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(2)]
+"""
+
+
+def _states(tmp: Path, which: str = "replay") -> dict[str, int]:
+    runs = flortrain(tmp, "runs", "--json")
+    assert runs.code == 0
+    run = latest_run(tmp) if which == "replay" else {"id": 1}
+    return block_states(tmp / ".flortrain", int(run["id"]))  # type: ignore[call-overload]
+
+
+# -- a probe that calls the script's own function holding a memoized loop ----------------------------
+EVALUATE = PRELUDE + """
+def evaluate(data):
+    total = 0.0
+    with torch.no_grad():
+        for x, y in data:
+            total += ((model(x) - y) ** 2).mean().item()
+    return total / len(data)
+
+
+for epoch in range(3):
+    for x, y in train:
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+    #PROBE
+    print(epoch, f"{evaluate(val):.6f}")
+"""
+
+
+def test_probe_calling_a_memoized_function_does_not_take_its_checkpoints(tmp_path: Path) -> None:
+    rep = replay_matches_plain(tmp_path, EVALUATE, 'print("PROBE", f"{evaluate(train):.6f}")', env=EVERY)
+    # the script's own evaluate() calls and the training loop are all restored; the probe's
+    # evaluate() loops ran inside the probe and took no block instance of the record
+    assert _states(tmp_path) == {"skipped": 6}
+    assert "evaluate()" in rep.err and "inside the probe" in rep.err
+
+
+# -- tensors carrying an autograd graph out of a loop -------------------------------------------------
+REINFORCE = PRELUDE + """
+for episode in range(4):
+    log_probs = []
+    for x, y in train:
+        log_probs.append(((model(x) - y) ** 2).mean())
+    loss = torch.stack(log_probs).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    #PROBE
+    print(episode, f"{loss.item():.6f}")
+"""
+
+ACCUMULATE = PRELUDE + """
+for epoch in range(4):
+    total = 0
+    for x, y in train:
+        total = total + ((model(x) - y) ** 2).mean()
+    opt.zero_grad()
+    total.backward()
+    opt.step()
+    #PROBE
+    print(epoch, f"{total.item():.6f}")
+"""
+
+WEIGHT_PROBE = 'print("PROBE", f"{model.weight.sum().item():.8f}", f"{model.bias.item():.8f}")'
+
+
+def test_graph_carrying_list_is_not_restored_detached(tmp_path: Path) -> None:
+    rep = replay_matches_plain(tmp_path, REINFORCE, WEIGHT_PROBE, env=EVERY)
+    assert "autograd graph" in rep.err
+    assert _states(tmp_path) == {"executed": 4}
+
+
+def test_graph_carrying_name_used_by_backward_is_not_restored_detached(tmp_path: Path) -> None:
+    rep = replay_matches_plain(tmp_path, ACCUMULATE, WEIGHT_PROBE, env=EVERY)
+    assert "autograd graph" in rep.err
+    assert _states(tmp_path) == {"executed": 4}
+
+
+MICRO_STEPS = PRELUDE + """
+for it in range(4):
+    for micro in range(4):
+        x, y = train[micro]
+        with torch.enable_grad():
+            loss = ((model(x) - y) ** 2).mean()
+            loss = loss / 4
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+    lossf = loss.item() * 4
+    #PROBE
+    print(it, f"{lossf:.6f}")
+"""
+
+
+def test_graph_carrying_name_read_only_as_a_value_is_memoized(tmp_path: Path) -> None:
+    """nanoGPT's micro-step loop: ``loss`` leaves the loop with its graph but is only read through
+    ``.item()`` afterwards, and is assigned before any read in the loop, so the detached value is
+    all anything can observe."""
+    replay_matches_plain(tmp_path, MICRO_STEPS, WEIGHT_PROBE, env=EVERY)
+    assert _states(tmp_path) == {"skipped": 4}
+
+
+# -- names bound only in a branch the run never takes ------------------------------------------------
+UNTAKEN = PRELUDE + """
+ddp = False
+use_other = False
+for it in range(4):
+    for micro in range(4):
+        if ddp:
+            model.require_backward_grad_sync = micro == 3
+        if use_other:
+            other = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = train[micro]
+        ((model(x) - y) ** 2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+    #PROBE
+    print(it, "other" in globals(), hasattr(model, "require_backward_grad_sync"))
+if use_other:
+    print(other)
+"""
+
+
+def test_names_bound_only_in_untaken_branches_are_restored_absent(tmp_path: Path) -> None:
+    rep = replay_matches_plain(tmp_path, UNTAKEN, WEIGHT_PROBE, env=EVERY)
+    assert _states(tmp_path, "record") == {"checkpointed": 4}
+    assert _states(tmp_path) == {"skipped": 4}, rep.err
+
+
+# -- numpy scalars and dtypes are immutable values ---------------------------------------------------
+NUMPY_VALUES = PRELUDE + """
+import numpy as np
+
+stats = {"count": np.int64(0), "dtype": np.dtype("float32"), "history": []}
+for epoch in range(3):
+    for x, y in train:
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        stats["count"] += np.int64(1)
+        stats["history"].append(np.float32(loss.item()))
+    #PROBE
+    print(epoch, stats["count"], repr(stats["history"][-1]), stats["dtype"])
+"""
+
+
+def test_numpy_scalars_and_dtypes_are_captured_as_values(tmp_path: Path) -> None:
+    replay_matches_plain(tmp_path, NUMPY_VALUES, WEIGHT_PROBE, env=EVERY)
+    assert _states(tmp_path) == {"skipped": 3}
