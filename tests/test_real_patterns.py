@@ -172,3 +172,11 @@ for epoch in range(3):
 def test_numpy_scalars_and_dtypes_are_captured_as_values(tmp_path: Path) -> None:
     replay_matches_plain(tmp_path, NUMPY_VALUES, WEIGHT_PROBE, env=EVERY)
     assert _states(tmp_path) == {"skipped": 3}
+
+
+def test_probe_printing_a_detached_checkpointed_tensor_executes_its_loop(tmp_path: Path) -> None:
+    """``print(loss)`` shows ``grad_fn=``: the checkpoint's detached ``loss`` cannot print that,
+    so the planner runs the loop for such a probe."""
+    rep = replay_matches_plain(tmp_path, MICRO_STEPS, 'print("PROBE", loss)', env=EVERY)
+    assert "as a tensor" in rep.err
+    assert _states(tmp_path) == {"executed": 4}

@@ -1,13 +1,17 @@
 """``flortrain diff``: Flor's deferred correctness check.
 
-The record's and the replay's captured output are compared entry by entry over the regions both
-executed (top-level code, main-loop bodies, and block instances the replay re-executed), probe
-output excluded. RNG stream digests taken at every main-loop iteration boundary are compared too:
-a skipped block that restored the wrong state shows up there even when nothing printed differs.
+The record's and the replay's captured output are compared as sequences (a line inserted or lost
+is one difference) over the regions both executed (top-level code, main-loop bodies, and block
+instances the replay re-executed), probe output excluded. RNG stream digests taken at every
+main-loop iteration boundary are compared too: a skipped block that restored the wrong state
+shows up there even when nothing printed differs. And where the replay executed an instance the
+record checkpointed, the digests of the state each left behind are compared part by part
+(:mod:`flortrain.runtime.digest`).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -26,10 +30,12 @@ class DiffResult:
     rng_checked: int = 0
     rng_mismatches: list[tuple[str, int, int]] = field(default_factory=list)
     beyond_record: int = 0  # replay lines past the end of a record that ended early
+    states_checked: int = 0
+    state_mismatches: list[tuple[str, str]] = field(default_factory=list)  # (block key, part)
 
     @property
     def identical(self) -> bool:
-        return not self.differences and not self.rng_mismatches
+        return not self.differences and not self.rng_mismatches and not self.state_mismatches
 
     def report(self, limit: int = 5) -> list[str]:
         rec, rep = self.record.id, self.replay.id
@@ -37,6 +43,7 @@ class DiffResult:
             out = [
                 f"replay {rep} matches record {rec}: {self.compared} output lines compared,"
                 f" RNG streams equal at {self.rng_checked} main-loop iteration boundaries"
+                + (f", state equal at {self.states_checked} checkpoints" if self.states_checked else "")
             ]
             if self.beyond_record:
                 out.append(
@@ -54,6 +61,8 @@ class DiffResult:
             out.append(f"  ... {len(self.differences) - limit} more differing lines")
         for m, entry, it in self.rng_mismatches[:limit]:
             out.append(f"  RNG streams differ at the start of {m} iteration {it} (entry {entry})")
+        for key, part in self.state_mismatches[:limit]:
+            out.append(f"  state differs from the record's checkpoint after {key}: `{part.split(':', 1)[1]}`")
         return out
 
 
@@ -93,6 +102,43 @@ def comparable_lines(entries: Iterable[LogEntry], executed: set[str]) -> list[Lo
     return out
 
 
+def _key(e: LogEntry) -> tuple[object, ...]:
+    return (e.text, e.main_id, e.main_inst, e.iteration, e.region)
+
+
+def line_differences(a: list[LogEntry], b: list[LogEntry]) -> list[tuple[LogEntry | None, LogEntry | None]]:
+    """The lines that differ, by a sequence diff: a line inserted or lost is one difference, and
+    the lines after it still line up (a zip would report every later line)."""
+    ka, kb = [_key(e) for e in a], [_key(e) for e in b]
+    if ka == kb:
+        return []
+    out: list[tuple[LogEntry | None, LogEntry | None]] = []
+    matcher = difflib.SequenceMatcher(None, ka, kb, autojunk=False)
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            continue
+        xs, ys = a[i1:i2], b[j1:j2]
+        for k in range(max(len(xs), len(ys))):
+            out.append((xs[k] if k < len(xs) else None, ys[k] if k < len(ys) else None))
+    return out
+
+
+def _state_differences(store: Store, record: int, replay: int) -> tuple[int, list[tuple[str, str]]]:
+    """Checkpoint state digests: at each instance the replay executed where the record took a
+    checkpoint, every part both digested must be equal."""
+    recorded = {b["key"]: b["state_sha"] for b in store.blocks(record) if b["state_sha"]}
+    checked, mismatches = 0, []
+    for b in store.blocks(replay):
+        if b["state"] != "executed" or not b["state_sha"] or b["key"] not in recorded:
+            continue
+        ra, rb = json.loads(recorded[b["key"]]), json.loads(b["state_sha"])
+        checked += 1
+        for part in sorted(set(ra) & set(rb)):
+            if ra[part] != rb[part]:
+                mismatches.append((b["key"], part))
+    return checked, mismatches
+
+
 def diff_runs(store: Store, replay: Run) -> DiffResult:
     if replay.parent is None:
         raise FlortrainError(f"replay {replay.id} has no record", code="FT030")
@@ -104,18 +150,13 @@ def diff_runs(store: Store, replay: Run) -> DiffResult:
     a = comparable_lines(store.logs(record.id), executed)
     b = comparable_lines(store.logs(replay.id), executed)
     result = DiffResult(record, replay, compared=min(len(a), len(b)))
-    for x, y in zip(a, b, strict=False):
-        if (x.text, x.main_id, x.main_inst, x.iteration, x.region) != (y.text, y.main_id, y.main_inst, y.iteration, y.region):
-            result.differences.append((x, y))
-    for x in a[len(b):]:
-        result.differences.append((x, None))
-    if record.effective_status == "complete":
-        for y in b[len(a):]:
-            result.differences.append((None, y))
-    else:
+    if record.effective_status != "complete":
         # the record was killed or crashed: the replay runs on past where it stopped, and the
         # comparison covers the output both produced
         result.beyond_record = max(0, len(b) - len(a))
+        b = b[: len(a)]
+    result.differences = line_differences(a, b)
+    result.states_checked, result.state_mismatches = _state_differences(store, record.id, replay.id)
     ra = {k: json.loads(v) for k, v in store.iteration_hashes(record.id).items()}
     rb = {k: json.loads(v) for k, v in store.iteration_hashes(replay.id).items()}
     # A stream counts once it moves during the record. It is not compared at a boundary where it

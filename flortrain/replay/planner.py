@@ -22,6 +22,7 @@ from flortrain.replay.probes import ProbeSet
 from flortrain.static.plan import Block, MainLoop, Plan
 from flortrain.static.program import MODULE
 from flortrain.static.transform import Instrumentation
+from flortrain.static.values import reads_only_values
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,13 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
                 execute[b.id] = f"probe at line {p.line} is in {function}(), which it calls"
                 continue
             if b.function == function:
+                tensors = sorted(v for v in b.values if v in reads and not reads_only_values(p.node, v))
+                if tensors:
+                    execute[b.id] = (
+                        f"probe at line {p.line} reads `{tensors[0]}` as a tensor; its checkpoints hold it"
+                        " without its autograd graph"
+                    )
+                    continue
                 held = {c.expr.split(".")[0] for c in b.changeset}
                 only_inside = sorted((reads & set(b.bound)) - held)
                 if only_inside:

@@ -160,12 +160,14 @@ class Session:
             return State.EXECUTE
         return State.SKIP
 
-    def block_done(self, block: SkipBlock, state: str, **costs: Any) -> None:
+    def block_done(
+        self, block: SkipBlock, state: str, digests: dict[str, str] | None = None, **costs: Any
+    ) -> None:
         self.counts[state] = self.counts.get(state, 0) + 1
         assert self.main is not None
         m, entry, it = self.main
         occ = int(block.key.rsplit("#", 1)[1])
-        self.store.put_block(self.run_id, block.key, block.id, m, entry, it, occ, state, **costs)
+        self.store.put_block(self.run_id, block.key, block.id, m, entry, it, occ, state, state_sha=digests, **costs)
 
     def region(self) -> str | None:
         for f in self.frames:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from flortrain import knobs
 from flortrain.runtime import rng
+from flortrain.runtime.digest import state_digests
 from flortrain.runtime.materializer import deserialize
 from flortrain.runtime.state import (
     Unrestorable,
@@ -61,6 +62,9 @@ class Ref:
 
     def __init__(self, where: str) -> None:
         self.where = where
+
+    def __repr__(self) -> str:  # what the state digest of a checkpoint sees
+        return f"Ref({self.where!r})"
 
 
 class SkipBlock:
@@ -156,8 +160,19 @@ class SkipBlock:
             self._restore(s, objects)
             return True
         if self.state is State.EXECUTE:
-            s.block_done(self, "executed", compute_s=time.perf_counter() - self.t0)
+            compute = time.perf_counter() - self.t0
+            s.block_done(self, "executed", compute_s=compute, digests=self._replay_digests(s, objects, names))
         return False
+
+    def _replay_digests(self, s: Session, objects: Getters, names: Getters) -> dict[str, str] | None:
+        """Digests of the state this executed instance produced, where the record checkpointed the
+        same instance: ``diff`` compares them part by part."""
+        if s.replay is None or self.key not in s.replay.checkpoints:
+            return None
+        try:
+            return state_digests(self._payload(s, objects, names))
+        except Exception:  # what cannot be captured cannot be compared; the record had it
+            return None
 
     def has(self, name: str) -> bool:
         """Whether the recorded instance left ``name`` bound (else it stays as it is: unbound)."""
@@ -187,7 +202,9 @@ class SkipBlock:
             s.block_done(self, "recorded", compute_s=compute, note=str(e))
             return
         s.adaptive.materialized(self.id, m.seconds)
-        s.block_done(self, "checkpointed", compute_s=compute, materialize_s=m.seconds)
+        s.block_done(
+            self, "checkpointed", compute_s=compute, materialize_s=m.seconds, digests=state_digests(payload)
+        )
 
     def _resolve(self, getters: Getters) -> dict[str, Any]:
         """The changeset's current values; an element that is not bound (a name or attribute

@@ -6,12 +6,13 @@ would miss the loop's part of the graph. But most such names are read afterwards
 numbers (nanoGPT's ``lossf = loss.item() * gradient_accumulation_steps``), and for those the
 detached value is indistinguishable from the original. This module proves that, conservatively:
 
-- every read of the name outside the loop, in its scope, is a *value read*: ``x.item()``,
-  ``x.tolist()``, ``x.detach()``, ``float(x)``, ``int(x)``, or an f-string field with a format
-  spec (``f"{x:.4f}"``), none of which can reach the graph;
-- inside the loop, the first statement that mentions the name (in order, through ``with``
-  blocks) rebinds it from an expression that does not read it, so a later instance of the loop
-  never sees the restored value;
+- every read of the name outside the loop, in its scope, is a *value read*: it flows through
+  out-of-place tensor methods and arithmetic into ``.item()``, ``.tolist()``, ``.detach()``,
+  ``float()``, ``int()`` or an f-string field with a format spec (``f"{x.norm():.4f}"``), none
+  of which can reach the graph;
+- inside the loop, the name is rebound unconditionally (in order, through ``with`` blocks)
+  before any read that is not a value read (``hidden = hidden.detach()`` is fine), so a later
+  instance of the loop never builds on the restored value;
 - no other scope (a function reading the global, a closure) and no lambda mentions it.
 
 Anything else (``return loss``, ``print(loss)``, which prints ``grad_fn=``, ``total.backward()``)
@@ -28,6 +29,8 @@ from flortrain.static.program import MODULE, Loop, Program, Scope
 
 _VALUE_METHODS = frozenset({"item", "tolist", "detach"})
 _VALUE_FUNCTIONS = frozenset({"float", "int"})
+#: methods that reach or extend the graph itself, whatever their result
+_GRAPH_METHODS = frozenset({"backward", "register_hook", "retain_grad", "requires_grad"})
 
 
 def value_only(prog: Program, scope: Scope, loop: Loop, name: str) -> bool:
@@ -86,31 +89,44 @@ def _is_target(parents: Sequence[cst.CSTNode]) -> bool:
 
 
 def _value_read(node: cst.Name, parents: Sequence[cst.CSTNode]) -> bool:
+    """Whether this read of a tensor only feeds a number out: it flows through out-of-place tensor
+    methods and arithmetic (``hidden.norm()``, ``loss * 4``) into a sink that leaves autograd
+    (``.item()``, ``.tolist()``, ``.detach()``, ``float()``/``int()``, a formatted f-string field)."""
     if any(isinstance(p, cst.Lambda) for p in parents):
         return False
-    if len(parents) >= 2:
-        attr, call = parents[-1], parents[-2]
-        if (
-            isinstance(attr, cst.Attribute)
-            and attr.value is node
-            and attr.attr.value in _VALUE_METHODS
-            and isinstance(call, cst.Call)
-            and call.func is attr
-        ):
-            return True
-        arg, call = parents[-1], parents[-2]
-        if (
-            isinstance(arg, cst.Arg)
-            and isinstance(call, cst.Call)
-            and isinstance(call.func, cst.Name)
-            and call.func.value in _VALUE_FUNCTIONS
-            and len(call.args) == 1
-        ):
-            return True
-    parent = parents[-1] if parents else None
-    return isinstance(parent, cst.FormattedStringExpression) and parent.expression is node and (
-        parent.format_spec is not None
-    )
+    child: cst.CSTNode = node
+    for i in range(len(parents) - 1, -1, -1):
+        p = parents[i]
+        if p is child:
+            continue  # the call of a method handled at its attribute
+        up = parents[i - 1] if i > 0 else None
+        if isinstance(p, cst.Attribute) and p.value is child and isinstance(up, cst.Call) and up.func is p:
+            method = p.attr.value
+            if method in _VALUE_METHODS:
+                return True
+            if method.endswith("_") or method in _GRAPH_METHODS:
+                return False
+            child = up  # an out-of-place tensor method: its result carries the graph on
+            continue
+        if isinstance(p, cst.Call) and child is not p.func:
+            return (
+                isinstance(p.func, cst.Name) and p.func.value in _VALUE_FUNCTIONS and len(p.args) == 1
+            )
+        if isinstance(p, cst.Arg):
+            child = p
+            continue
+        if isinstance(p, cst.BinaryOperation | cst.UnaryOperation):
+            child = p
+            continue
+        if isinstance(p, cst.FormattedStringExpression):
+            return p.expression is child and p.format_spec is not None
+        return False
+    return False
+
+
+def reads_only_values(node: cst.CSTNode, name: str) -> bool:
+    """Whether every read of ``name`` in ``node`` (a probe) is a value read (targets excluded)."""
+    return all(_is_target(parents) or _value_read(n, parents) for n, parents in _occurrences(node, name))
 
 
 def _mentions(node: cst.CSTNode, name: str) -> bool:
@@ -133,12 +149,15 @@ def _statements(body: cst.BaseSuite) -> Iterator[cst.BaseStatement | cst.BaseSma
 
 
 def _rebinds_first(body: cst.BaseSuite, name: str) -> bool:
+    """Whether each instance of the loop rebinds ``name`` unconditionally before any read that
+    is not a value read: then a later instance never uses the restored value for autograd."""
     for s in _statements(body):
         if not _mentions(s, name):
             continue
-        if not isinstance(s, cst.Assign) or _mentions(s.value, name):
+        if not reads_only_values(s, name):
             return False
-        return any(_binds(t.target, name) for t in s.targets)
+        if isinstance(s, cst.Assign) and any(_binds(t.target, name) for t in s.targets):
+            return True
     return False
 
 

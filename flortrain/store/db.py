@@ -20,7 +20,7 @@ from flortrain.errors import FlortrainError, Located
 
 #: Bumped whenever a table changes. ``CREATE TABLE IF NOT EXISTS`` never migrates, so a store
 #: written by another version must be refused when it is opened, not fail in the middle of a run.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (sha TEXT PRIMARY KEY, text TEXT NOT NULL);
@@ -54,6 +54,8 @@ CREATE TABLE IF NOT EXISTS blocks (
     materialize_s REAL,
     restore_s REAL,
     note TEXT,
+    state_sha TEXT,                   -- JSON: part -> digest of the state at the end (checkpointed,
+                                      -- or executed where the record has a checkpoint)
     PRIMARY KEY (run_id, key)
 );
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -255,13 +257,13 @@ class Store:
     def put_block(self, run_id: int, key: str, block_id: str, main_id: str, main_inst: int,
                   iteration: int, occurrence: int, state: str, compute_s: float | None = None,
                   materialize_s: float | None = None, restore_s: float | None = None,
-                  note: str | None = None) -> None:
+                  note: str | None = None, state_sha: dict[str, str] | None = None) -> None:
         if not self.owned():
             return
         self.db.execute(
-            "INSERT OR REPLACE INTO blocks VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT OR REPLACE INTO blocks VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (run_id, key, block_id, main_id, main_inst, iteration, occurrence, state, compute_s,
-             materialize_s, restore_s, note),
+             materialize_s, restore_s, note, None if state_sha is None else json.dumps(state_sha)),
         )
 
     def blocks(self, run_id: int) -> list[dict[str, Any]]:
