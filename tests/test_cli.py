@@ -15,6 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from flortrain.cli import cli
+from flortrain.replay.diff import line_differences
+from flortrain.store.db import LogEntry
 from tests.protocol import flortrain, plain, probe_lines
 
 # A training loop in plain Python: weights in a list, a global RNG, an accumulator carried over.
@@ -514,3 +516,38 @@ def test_instrument_output_of_a_latin1_file_runs_as_printed(work: Path) -> None:
     assert r.exit_code == 0 and r.stdout.startswith("# -*- coding: utf-8 -*-\n")
     (work / "printed.py").write_text(r.stdout, encoding="utf-8")
     assert plain(work / "printed.py").out == "café\n"
+
+
+def test_executed_instances_are_compared_with_the_checkpointed_state(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLORTRAIN_PERIOD", "every")
+    assert invoke("record", "train.py").exit_code == 0
+    probed = SCRIPT.replace("        total += err * err\n", "        total += err * err\n        print('PROBE', round(err, 9))\n")
+    (work / "train.py").write_text(probed)
+    assert invoke("replay", "train.py").exit_code == 0
+    d = invoke("diff")
+    assert d.exit_code == 0, d.stdout
+    assert "state equal at 4 checkpoints" in d.stdout
+    # a record whose checkpoint of epoch 2 held other weights than the replay computes
+    db = sqlite3.connect(os.environ["FLORTRAIN_STORE"] + "/flortrain.db")
+    (key, sha), = db.execute("SELECT key, state_sha FROM blocks WHERE run_id=1 AND iteration=2").fetchall()
+    parts = json.loads(sha)
+    parts["objects:w"] = "0" * 32
+    db.execute("UPDATE blocks SET state_sha=? WHERE run_id=1 AND key=?", (json.dumps(parts), key))
+    db.commit()
+    db.close()
+    d = invoke("diff")
+    assert d.exit_code == 1
+    assert f"state differs from the record's checkpoint after {key}: `w`" in d.stdout
+
+
+def test_an_inserted_line_is_one_difference() -> None:
+    def line(seq: int, text: str) -> LogEntry:
+        return LogEntry(seq, text, "M1", 0, seq, None, False)
+
+    a = [line(i, t) for i, t in enumerate("abcdef")]
+    extra = line(2, "extra")
+    assert line_differences(a, [*a[:2], extra, *a[2:]]) == [(None, extra)]
+    assert line_differences(a, a) == []
+    changed = line(3, "D")
+    assert line_differences(a, [*a[:3], changed, *a[4:]]) == [(a[3], changed)]
+    assert line_differences(a, a[:4]) == [(a[4], None), (a[5], None)]
