@@ -26,6 +26,12 @@ ALIAS_WATCH_INSTANCES = 2
 #: Captured stdout lines are committed to SQLite in batches of this many (and at exit).
 LOG_BATCH = 256
 
+#: Main-loop boundaries (RNG digests, the lines printed since) are committed at most this often,
+#: in seconds: a step-based script (nanoGPT's ``while True``, thousands of millisecond iterations)
+#: would otherwise pay a SQLite transaction per step. A killed run loses at most this much.
+COMMIT_INTERVAL_ENV = "FLORTRAIN_COMMIT_INTERVAL"
+DEFAULT_COMMIT_INTERVAL_S = 1.0
+
 
 #: "adaptive" (Flor's Eq. 4, the default) or "every" (checkpoint every block instance).
 PERIOD_ENV = "FLORTRAIN_PERIOD"
@@ -53,7 +59,22 @@ def period() -> str:
     return raw
 
 
+def commit_interval() -> float:
+    """Seconds between commits of main-loop boundaries, validated: a number >= 0 (0: every one)."""
+    raw = os.environ.get(COMMIT_INTERVAL_ENV)
+    if raw is None:
+        return DEFAULT_COMMIT_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise FlortrainError(f"{COMMIT_INTERVAL_ENV}={raw!r} must be a number of seconds >= 0 (default 1)", code="FT050")
+    return value
+
+
 def validate() -> None:
     """Check every environment knob before a run starts, so a typo fails in one line up front."""
     epsilon()
     period()
+    commit_interval()

@@ -275,7 +275,7 @@ def test_usage_errors_are_one_line(work: Path, args: list[str]) -> None:
     assert line.startswith("flortrain: ") and "--help" in line
 
 
-@pytest.mark.parametrize(("var", "value"), [("FLORTRAIN_EPSILON", "abc"), ("FLORTRAIN_EPSILON", "-1"), ("FLORTRAIN_PERIOD", "often")])
+@pytest.mark.parametrize(("var", "value"), [("FLORTRAIN_EPSILON", "abc"), ("FLORTRAIN_EPSILON", "-1"), ("FLORTRAIN_PERIOD", "often"), ("FLORTRAIN_COMMIT_INTERVAL", "-2")])
 def test_bad_knobs_fail_before_running(work: Path, monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
     monkeypatch.setenv(var, value)
     assert "FT050" in one_line_error(invoke("record", "train.py"))

@@ -124,7 +124,7 @@ def test_a_record_killed_midway_is_compared_up_to_where_it_stopped(tmp_path: Pat
         """
     )
     (tmp_path / "train.py").write_text(text)
-    env = {"FLORTRAIN_PERIOD": "every"}
+    env = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_COMMIT_INTERVAL": "0"}  # commit every boundary
     assert flortrain(tmp_path, "record", "train.py", env={**env, "KILL": "1"}).code == -9
     rep = flortrain(tmp_path, "replay", "train.py", env=env)
     assert rep.code == 0 and len(rep.out.splitlines()) == 4

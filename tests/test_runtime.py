@@ -133,7 +133,8 @@ assert KILLED != BASE
 def test_killed_record_stays_readable_and_replayable(tmp_path: Path) -> None:
     script = _write(tmp_path, KILLED)
     truth = plain(script)
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    # with the commit interval at 0, every iteration boundary commits what was printed before it
+    rec = flortrain(tmp_path, "record", "train.py", env={**EVERY, "FLORTRAIN_COMMIT_INTERVAL": "0"})
     assert rec.code == -9 and truth.code == -9
     assert rec.out == truth.out
     run = latest_run(tmp_path)

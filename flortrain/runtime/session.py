@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from flortrain import knobs
 from flortrain.runtime import rng
 from flortrain.runtime.adaptive import AdaptivePeriod
 from flortrain.runtime.capture import Tee
@@ -52,6 +54,8 @@ class Session:
     _warned: set[str] = field(default_factory=set)
     _iterations: list[tuple[str, int, int, str, bytes | None]] = field(default_factory=list)
     _initial_digests: dict[str, str] = field(default_factory=dict)
+    _last_commit: float = 0.0
+    commit_interval: float = field(default_factory=knobs.commit_interval)
 
     def __post_init__(self) -> None:
         if self.materializer is None:
@@ -79,12 +83,16 @@ class Session:
         state = rng.capture()
         key = (main_id, self.main[1], self.main[2])
         self._iterations.append((*key, self._boundary_digests(state), rng.encode(state)))
-        # Commit what the previous iteration printed and the boundary states: a killed run then
-        # loses at most the iteration in flight (one small transaction per iteration).
-        if self.tee is not None:
-            self.tee.flush_entries()
-        self.store.put_iterations(self.run_id, self._iterations)
-        self._iterations = []
+        # Commit what was printed and the boundary states, at most once per commit interval: a
+        # killed run loses at most that much, and a step-based main loop does not pay a
+        # transaction per step.
+        now = time.monotonic()
+        if now - self._last_commit >= self.commit_interval:
+            self._last_commit = now
+            if self.tee is not None:
+                self.tee.flush_entries()
+            self.store.put_iterations(self.run_id, self._iterations)
+            self._iterations = []
 
     def note_initial_streams(self) -> None:
         """Remember each global stream's state before the script runs: it comes from OS entropy
