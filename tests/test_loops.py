@@ -369,8 +369,98 @@ def test_explain_lists_main_loops_blocks_and_refusals() -> None:
                     mystery(c)
     """)
     assert plan.explain().splitlines() == [
-        "train.py:2:5 main loop M2 (for) in main",
+        "train.py:2:5 main loop M2 (for) in main: it contains the training step (line 4)",
         "  train.py:3:9 memoized for loop L3 in main",
         "    changeset: opt [in_place] rule 4 line 4",
         "  train.py:5:9 refused loop in main: line 6: rule 5: call to `mystery()` has no side-effect estimate",
     ]
+
+
+# -- which loop nest is the main loop ---------------------------------------------------------------
+FORWARD_FORWARD = """
+    class Layer:
+        def train_layer(self, x):
+            for i in range(self.num_epochs):
+                loss = self.forward(x).pow(2).mean()
+                self.opt.zero_grad()
+                loss.backward()
+                self.opt.step()
+            return self.forward(x).detach()
+
+    class Net:
+        def predict(self, x):
+            scores = []
+            for label in range(10):
+                h = x + label
+                for layer in self.layers:
+                    h = layer(h)
+                scores.append(h)
+            return scores
+
+        def train(self, x):
+            for layer in self.layers:
+                x = layer.train_layer(x)
+"""
+
+
+def test_the_loop_that_trains_is_the_main_loop_not_the_inference_nest() -> None:
+    """mnist_forward_forward: training runs through `layer.train_layer(x)` on an element of a
+    list, which the pass cannot resolve; the inference nest in `predict` must not be chosen."""
+    plan = plan_of(FORWARD_FORWARD)
+    (main,) = plan.main_loops
+    assert (main.function, main.span.line) == ("Layer.train_layer", 3)
+    assert "training step (line 6)" in main.why
+    explain = plan.explain()
+    assert "train.py:13:9 loop in Net.predict not memoized: not a main loop: it does not train" in explain
+    assert "train.py:15:13 loop in Net.predict not memoized: inside the loop at line 13" in explain
+
+
+def test_a_final_evaluation_nest_is_not_a_main_loop() -> None:
+    plan = plan_of("""
+        for epoch in range(3):
+            for x, y in loader:
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+        for split in splits:
+            for x, y in split:
+                total += metric(model(x), y)
+    """)
+    assert [m.span.line for m in plan.main_loops] == [1]
+    assert [b.span.line for b in plan.blocks] == [2]
+    assert "train.py:6:1 loop in <module> not memoized: not a main loop" in plan.explain()
+
+
+def test_without_a_visible_training_step_every_outermost_nest_is_a_main_loop() -> None:
+    plan = plan_of("""
+        for epoch in range(3):
+            for x in loader:
+                trainer.fit_batch(x)
+        for split in splits:
+            for x in split:
+                total += metric(x)
+    """)
+    assert [m.span.line for m in plan.main_loops] == [1, 4]
+    assert all("no backward() or step() found" in m.why for m in plan.main_loops)
+
+
+def test_explain_says_why_every_other_loop_is_plain_code() -> None:
+    plan = plan_of("""
+        data = []
+        for i in range(100):
+            data.append(i)
+        def evaluate():
+            for x in data:
+                for y in x:
+                    pass
+        for epoch in range(3):
+            for b in loader:
+                opt.step()
+                for p in params:
+                    p.grad = None
+    """)
+    explain = plan.explain()
+    assert "train.py:2:1 loop in <module> not memoized: outside every main loop" in explain
+    assert "train.py:5:5 loop in evaluate not memoized: not a main loop: it does not train" in explain
+    assert "train.py:6:9 loop in evaluate not memoized: inside the loop at line 5" in explain
+    assert "train.py:11:9 loop in <module> not memoized: part of memoized loop L9" in explain

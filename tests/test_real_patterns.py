@@ -180,3 +180,60 @@ def test_probe_printing_a_detached_checkpointed_tensor_executes_its_loop(tmp_pat
     rep = replay_matches_plain(tmp_path, MICRO_STEPS, 'print("PROBE", loss)', env=EVERY)
     assert "as a tensor" in rep.err
     assert _states(tmp_path) == {"executed": 4}
+
+
+# -- the main loop is the loop that trains ------------------------------------------------------------
+FORWARD_FORWARD = """\
+import torch
+
+torch.manual_seed(0)
+
+
+class Layer(torch.nn.Linear):
+    def __init__(self, i, o):
+        super().__init__(i, o)
+        self.opt = torch.optim.SGD(self.parameters(), lr=0.03)
+
+    def train_layer(self, x_pos, x_neg):
+        for i in range(4):
+            g_pos = torch.relu(self(x_pos)).pow(2).mean(1)
+            g_neg = torch.relu(self(x_neg)).pow(2).mean(1)
+            loss = torch.log(1 + torch.exp(torch.cat([2.0 - g_pos, g_neg - 2.0]))).mean()
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            #PROBE
+        return torch.relu(self(x_pos)).detach(), torch.relu(self(x_neg)).detach()
+
+
+class Net:
+    def __init__(self, dims):
+        self.layers = [Layer(dims[d], dims[d + 1]) for d in range(len(dims) - 1)]
+
+    def predict(self, x):
+        scores = []
+        for label in range(3):
+            h = x + label
+            for layer in self.layers:
+                h = torch.relu(layer(h))
+            scores.append(h.pow(2).mean(1, keepdim=True))
+        return torch.cat(scores, 1).argmax(1)
+
+    def train(self, x_pos, x_neg):
+        for layer in self.layers:
+            x_pos, x_neg = layer.train_layer(x_pos, x_neg)
+
+
+net = Net([6, 8, 8])
+x = torch.randn(16, 6)
+net.train(x, x.flip(0))
+print(net.predict(x).tolist())
+"""
+
+
+def test_the_training_loop_not_the_inference_nest_is_the_main_loop(tmp_path: Path) -> None:
+    replay_matches_plain(tmp_path, FORWARD_FORWARD, 'print("PROBE", i, f"{loss.item():.8f}")', env=EVERY)
+    explain = flortrain(tmp_path, "instrument", "--explain", "train.py")
+    first = explain.out.splitlines()[0]
+    assert first.startswith("train.py:12:9 main loop M12 (for) in Layer.train_layer: its body is the training step")
+    assert "train.py:29:9 loop in Net.predict not memoized: not a main loop: it does not train" in explain.out

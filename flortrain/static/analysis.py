@@ -46,13 +46,14 @@ def _analyse(source: Source) -> Plan:
     blocks: list[Block] = []
     refused: list[Refusal] = []
     taken: set[Loop] = set()
-    for m in forest.main_loops():
+    found = forest.main_loops()
+    for m in found:
         ms = prog.loop_scope[m]
         if isinstance(m, cst.For) and m.asynchronous is not None:
             continue
         if m in prog.class_body_loops:
             continue
-        main = MainLoop(loop_id("M", prog.line(m)), _kind(m), _span(prog, m), ms.qualname)
+        main = MainLoop(loop_id("M", prog.line(m)), _kind(m), _span(prog, m), ms.qualname, forest.why.get(m, ""))
         mains.append(main)
         for cand in forest.candidates(m):
             if cand.loop in taken:
@@ -83,9 +84,56 @@ def _analyse(source: Source) -> Plan:
                     ),
                 )
             )
+    others = _other_loops(prog, forest, set(found) | taken, blocks, refused)
     functions = tuple(
         FunctionSpan(s.qualname, _span(prog, s.node))
         for s in prog.scopes.values()
         if s.qualname != MODULE and isinstance(s.node, cst.FunctionDef)
     )
-    return Plan(source.path, tuple(mains), tuple(blocks), tuple(refused), functions)
+    return Plan(source.path, tuple(mains), tuple(blocks), tuple(refused), functions, others)
+
+
+def _other_loops(
+    prog: Program, forest: LoopForest, taken: set[Loop], blocks: list[Block], refused: list[Refusal]
+) -> tuple[Refusal, ...]:
+    """Why each loop that is neither a main loop nor a candidate (``taken``) runs as plain code."""
+    passed = dict(forest.passed_over)
+    by_line = {b.span.line: b for b in blocks}
+    refused_lines = {r.span.line for r in refused}
+    out: list[Refusal] = []
+    for scope in prog.scopes.values():
+        for lp in scope.loops:
+            if lp in taken:
+                continue
+            span = _span(prog, lp)
+            if lp in prog.class_body_loops:
+                reason = "a loop in a class body runs once, at class creation"
+            elif lp in passed:
+                reason = passed[lp]
+            else:
+                reason = _inside(prog, lp, by_line, refused_lines, {prog.line(p) for p in passed}) or (
+                    "outside every main loop: runs as plain code (setup, or code before or after training)"
+                )
+            out.append(Refusal(span, scope.qualname, reason, ""))
+    out.sort(key=lambda r: r.span.line)
+    return tuple(out)
+
+
+def _inside(
+    prog: Program, loop: Loop, blocks: dict[int, Block], refused: set[int], passed: set[int]
+) -> str | None:
+    parent = prog.loop_parent.get(loop)
+    while parent is not None:
+        line = prog.line(parent)
+        if line in passed:
+            return f"inside the loop at line {line}, which is not a main loop"
+        if line in blocks:
+            return f"part of memoized loop {blocks[line].id}, which restores its effects"
+        if line in refused:
+            return f"inside the loop at line {line}, which is not memoized"
+        parent = prog.loop_parent.get(parent)
+    qual = prog.loop_scope[loop].qualname
+    for b in blocks.values():
+        if qual in b.reaches:
+            return f"runs in {qual}(), which memoized loop {b.id} calls: part of that loop"
+    return None

@@ -65,6 +65,20 @@ def non_loop_calls_scope(stmts: Sequence[cst.CSTNode]) -> list[cst.CSTNode]:
     return out
 
 
+def _training_call(prog: Program, nodes: Sequence[cst.CSTNode]) -> int | None:
+    """The line of the first ``x.backward()``, ``torch.autograd.backward(..)`` or ``opt.step()``
+    (a ``step`` whose receiver is not a scheduler) in ``nodes``."""
+    for call in prog.calls_in(nodes):
+        f = call.func
+        if not isinstance(f, cst.Attribute):
+            continue
+        name = f.attr.value
+        receiver = prog.code(f.value).lower()
+        if name == "backward" or (name == "step" and "sched" not in receiver):
+            return prog.line(call)
+    return None
+
+
 @dataclass(frozen=True)
 class Candidate:
     loop: Loop
@@ -100,17 +114,73 @@ class LoopForest:
         return any(self.function_has_loop(c) for c in self.prog.callees(list(body), scope))
 
     def main_loops(self) -> list[Loop]:
+        """The main loops, in line order; :attr:`why` says why each was chosen and
+        :attr:`passed_over` why other loop nests were not.
+
+        An outermost loop nest is a main loop. When some nests train (a ``backward()`` or an
+        optimizer ``step()`` is reachable from their body) and others do not (inference over a
+        list of layers, a final evaluation), only the training ones are: a nest whose training
+        step hides behind a call the pass cannot resolve (``layer.train(x)`` on an element of a
+        list) must not make the inference nest the main loop. And when the only training loop's
+        body is itself the step (``while True:`` over iterations, no inner loop), it is chosen."""
+        nests = self._outermost(self.qualifying)
+        trains = {lp: self.training_line(lp) for lp in nests}
+        self.why: dict[Loop, str] = {}
+        self.passed_over: list[tuple[Loop, str]] = []
+        training = [lp for lp in nests if trains[lp] is not None]
+        if not training:
+            steps = [
+                lp for lp in self._outermost([lp for s in self.prog.scopes.values() for lp in s.loops])
+                if lp not in self.prog.class_body_loops
+            ]
+            trains.update({lp: self.training_line(lp) for lp in steps})
+            training = [lp for lp in steps if trains[lp] is not None and not self._under_any(lp, nests)]
+            for lp in training:
+                self.why[lp] = f"its body is the training step (line {trains[lp]}); it contains no other loop"
+        for lp in nests:
+            if not training:
+                self.why[lp] = "the outermost loop that contains another loop (no backward() or step() found)"
+            elif trains[lp] is not None:
+                self.why[lp] = f"it contains the training step (line {trains[lp]})"
+            else:
+                lines = ", ".join(str(self.prog.line(t)) for t in training)
+                self.passed_over.append(
+                    (lp, f"not a main loop: it does not train, and the loop at line {lines} does; it runs as plain code")
+                )
+        return sorted(training or nests, key=self.prog.line)
+
+    def _outermost(self, loops: list[Loop]) -> list[Loop]:
+        """The loops not lexically inside another one of them, nor in a function it reaches."""
         dominated: set[Loop] = set()
-        for q in self.qualifying:
+        for q in loops:
             reach = self.prog.reachable(list(loop_body(q)), self.prog.loop_scope[q])
-            for lp in self.qualifying:
+            for lp in loops:
                 if lp is q:
                     continue
                 if self._lexically_inside(lp, q) or self.prog.loop_scope[lp].qualname in reach:
                     dominated.add(lp)
-        mains = [lp for lp in self.qualifying if lp not in dominated]
-        mains.sort(key=self.prog.line)
-        return mains
+        return [lp for lp in loops if lp not in dominated]
+
+    def _under_any(self, loop: Loop, nests: list[Loop]) -> bool:
+        qual = self.prog.loop_scope[loop].qualname
+        return any(
+            self._lexically_inside(loop, n) or qual in self.prog.reachable(list(loop_body(n)), self.prog.loop_scope[n])
+            for n in nests
+        )
+
+    def training_line(self, loop: Loop) -> int | None:
+        """The line of a ``backward()`` or optimizer ``step()`` the loop's body reaches, lexically
+        or through calls to local functions; None when there is none."""
+        scope = self.prog.loop_scope[loop]
+        body = list(loop_body(loop))
+        found = _training_call(self.prog, body)
+        if found is not None:
+            return found
+        for q in sorted(self.prog.reachable(body, scope)):
+            found = _training_call(self.prog, list(self.prog.scopes[q].body))
+            if found is not None:
+                return found
+        return None
 
     def _lexically_inside(self, inner: Loop, outer: Loop) -> bool:
         p = self.prog.loop_parent.get(inner)

@@ -72,6 +72,7 @@ class MainLoop:
     kind: str
     span: Span
     function: str
+    why: str = ""  # why this loop was chosen as a main loop (``--explain``)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,8 @@ class Plan:
     blocks: tuple[Block, ...] = ()
     refused: tuple[Refusal, ...] = ()
     functions: tuple[FunctionSpan, ...] = field(default_factory=tuple)
+    #: every other loop (neither a main loop nor a candidate), with why it is plain code
+    others: tuple[Refusal, ...] = ()
 
     def explain(self) -> str:
         """The plan as a person reads it (``flortrain instrument --explain``)."""
@@ -96,6 +99,7 @@ class Plan:
         for m in self.main_loops:
             out.append(
                 f"{self.path}:{m.span.line}:{m.span.col} main loop {m.id} ({m.kind}) in {m.function}"
+                + (f": {m.why}" if m.why else "")
             )
             for b in (b for b in self.blocks if b.main == m.id):
                 out.append(
@@ -113,4 +117,6 @@ class Plan:
                 out.append(
                     f"  {self.path}:{r.span.line}:{r.span.col} refused loop in {r.function}: {r.reason}"
                 )
+        for r in self.others:
+            out.append(f"{self.path}:{r.span.line}:{r.span.col} loop in {r.function} not memoized: {r.reason}")
         return "\n".join(out)
