@@ -112,7 +112,9 @@ def _other_loops(
                 reason = passed[lp]
             else:
                 reason = _inside(prog, lp, by_line, refused_lines, {prog.line(p) for p in passed}) or (
-                    "outside every main loop: runs as plain code (setup, or code before or after training)"
+                    "outside every main loop as far as the static pass can see: setup, code before or"
+                    " after training, or a function reached only through calls it cannot follow"
+                    " (a module's forward); runs as plain code"
                 )
             out.append(Refusal(span, scope.qualname, reason, ""))
     out.sort(key=lambda r: r.span.line)
