@@ -11,7 +11,7 @@ from flortrain.errors import FlortrainError, Located
 from flortrain.static.analysis import analyse, module_prefix
 from flortrain.static.linemap import compile_mapped
 from flortrain.static.plan import Plan
-from flortrain.static.source import Source, parse
+from flortrain.static.source import Source, parse, read_text
 from flortrain.static.transform import Instrumentation, transform
 
 
@@ -102,4 +102,25 @@ def project_imports(script: str, text: str) -> list[tuple[str, str]]:
         path = _module_file(root, name)
         if path is not None:
             out.append((name, os.path.relpath(path)))
+    return out
+
+
+def explain_modules(script: str, text: str) -> list[str]:
+    """``--explain`` lines for the project modules the script imports directly: each module's
+    plan, as the import hook will apply it (ids prefixed by the module name), or why it is
+    imported plainly."""
+    found = project_imports(script, text)
+    if not found:
+        return []
+    out = ["project modules are instrumented when imported; those this script imports directly:"]
+    for name, path in found:
+        try:
+            inst = instrument_module(path, read_text(path), name)
+        except FlortrainError as e:
+            out.append(f"{path}: module {name} imported plainly: {e.one_line()}")
+            continue
+        if inst is None:
+            out.append(f"{path}: module {name}: no main loop; imported plainly")
+        else:
+            out.append(inst.plan.explain())
     return out
