@@ -195,6 +195,7 @@ def test_changed_module_is_refused(tmp_path: Path) -> None:
 def test_module_attributes_and_relative_imports_are_pythons(tmp_path: Path) -> None:
     script = """\
         import sys
+        import xxsubtype  # built in (and imported by nothing else): a project file does not shadow it
         import pkg
         import pkg.loops as a
         from pkg import loops as b
@@ -204,9 +205,10 @@ def test_module_attributes_and_relative_imports_are_pythons(tmp_path: Path) -> N
             print(m.__name__, m.__file__, m.__package__, m.__cached__, spec.name, spec.origin)
             print(getattr(m, "__path__", None), spec.submodule_search_locations, spec.parent)
         print(a is b is sys.modules["pkg.loops"], pkg.run is a.run)
-        print(a.run(2))
+        print(a.run(2), xxsubtype.__name__, hasattr(xxsubtype, "bench"))
         """
     package(tmp_path, script)
+    (tmp_path / "xxsubtype.py").write_text(LOOPS.replace("from . import helpers", "from pkg import helpers"))
     rec, record_id = record_matches_plain(tmp_path)
     assert "module pkg.loops (pkg/loops.py): 1 main loop(s), 1 memoized loop(s)" in rec.err, rec.err
     assert block_ids(tmp_path / ".flortrain", record_id) == {"pkg.loops:L7"}

@@ -2,10 +2,10 @@
 
 Only the script given on the command line is transformed up front, but training code often lives
 in a module it imports (minGPT: ``from mingpt.trainer import Trainer``, whose ``run()`` holds the
-epoch loop). :class:`ProjectHook` sits first on ``sys.meta_path`` while the script runs. For a
-module the standard path finder locates in a ``.py`` file of the project, it hands the import
-system a loader whose code is the instrumented module, compiled with the file's own name and
-line numbers. Everything else about the import (spec, ``__file__``, ``__path__``, ``__cached__``,
+epoch loop). :class:`ProjectHook` sits on ``sys.meta_path``, just before the standard path finder,
+while the script runs. For a module the standard path finder locates in a ``.py`` file of the
+project, it hands the import system a loader whose code is the instrumented module, compiled with
+the file's own name and line numbers. Everything else about the import (spec, ``__file__``, ``__path__``, ``__cached__``,
 relative imports, one module per name in ``sys.modules``) is what the standard machinery does,
 because the spec is the standard one with only its loader replaced.
 
@@ -71,10 +71,23 @@ class ProjectFiles:
         # replay carries the probes, which a module may not)
         self.script = os.path.realpath(script)
 
+        self._dirs: dict[str, bool] = {}
+
     def contains(self, path: str) -> bool:
         real = os.path.realpath(path)
-        if not real.endswith(".py") or real == self.script:
-            return False
+        return real.endswith(".py") and real != self.script and self._ours(real)
+
+    def may_hold(self, directories: Sequence[str]) -> bool:
+        """Whether a package's ``__path__`` can hold a project module: torch's hundreds of
+        submodules are then passed over without a second search of the path."""
+        for d in directories:
+            if d not in self._dirs:
+                self._dirs[d] = self._ours(os.path.realpath(d))
+            if self._dirs[d]:
+                return True
+        return False
+
+    def _ours(self, real: str) -> bool:
         if {"site-packages", "dist-packages"} & set(Path(real).parts):
             return False
         if any(_under(real, x) for x in self.excluded):
@@ -119,7 +132,9 @@ class ProjectHook(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname == "flortrain" or fullname.startswith("flortrain."):
+        if fullname == "flortrain" or fullname.startswith("flortrain.") or (
+            path is not None and not self.files.may_hold(path)
+        ):
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if (
@@ -158,12 +173,16 @@ class ProjectHook(importlib.abc.MetaPathFinder):
 
 @contextmanager
 def installed(hook: importlib.abc.MetaPathFinder | None) -> Iterator[None]:
-    """``hook`` first on ``sys.meta_path`` for the block, so it sees imports before the path
-    finder does; removed afterwards (a record run inside a test process leaves nothing behind)."""
+    """``hook`` on ``sys.meta_path`` for the block, just before the standard path finder: the
+    finders ahead of it (built-in and frozen modules, any the user installed) keep precedence, so
+    a project file named ``time.py`` is no more imported for ``import time`` than under python.
+    Removed afterwards (a record run inside a test process leaves nothing behind)."""
     if hook is None:
         yield
         return
-    sys.meta_path.insert(0, hook)
+    finders = sys.meta_path
+    at = next((i for i, f in enumerate(finders) if f is importlib.machinery.PathFinder), len(finders))
+    finders.insert(at, hook)
     try:
         yield
     finally:
