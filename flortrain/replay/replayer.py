@@ -58,6 +58,16 @@ def _why_not(store: Store, run_id: int) -> dict[str, str]:
     return out
 
 
+def _module_blocks(costs: dict[str, tuple[int, int, float, float]]) -> list[str]:
+    """Replay-plan lines for the blocks of project modules (ids ``module:L<line>``): never probed,
+    so each instance with a checkpoint is skipped."""
+    return [
+        f"  {bid}: skip {k} of {n} instance(s), restoring checkpoints (project module, unchanged)"
+        for bid, (n, k, _, _) in costs.items()
+        if ":" in bid
+    ]
+
+
 def recorded_modules(store: Store, record: Run) -> dict[str, str]:
     """The project modules the record instrumented (file -> text), each checked against the file
     on disk. Replay runs them with the recorded plan, so a changed module is refused: probes (and
@@ -98,10 +108,11 @@ def replay(
     modules = recorded_modules(store, record)
     plan = analyse(parse(script, recorded_text))
     rplan = plan_replay(plan, probes)
-    for line in rplan.describe(plan, _costs(store, record.id), _why_not(store, record.id)):
+    costs = _costs(store, record.id)
+    lines = rplan.describe(plan, costs, _why_not(store, record.id))
+    lines[-1:-1] = _module_blocks(costs)
+    for line in lines:
         print(f"flortrain: {line}", file=sys.stderr)
-    for path in modules:
-        print(f"flortrain:   module {os.path.relpath(path)}: unchanged, replayed with its recorded plan", file=sys.stderr)
     code_text = transform(probes.current, rplan.instrumentation)
     code = compile_for(os.path.abspath(script), code_text, disk_text)
     args = record.argv if new_args is None else new_args
