@@ -58,7 +58,8 @@ def _excluded_roots() -> list[str]:
 
 def project_roots(script: str) -> tuple[str, ...]:
     """The directories whose modules are the project's: the script's and the working one."""
-    return tuple(dict.fromkeys(os.path.realpath(p) for p in (os.path.dirname(os.path.abspath(script)), os.getcwd())))
+    dirs = (os.path.dirname(os.path.abspath(script)), os.getcwd())
+    return tuple(dict.fromkeys(os.path.realpath(d) for d in dirs))
 
 
 class ProjectFiles:
@@ -70,7 +71,6 @@ class ProjectFiles:
         # the script runs as __main__; imported by its own name it stays plain (its text on
         # replay carries the probes, which a module may not)
         self.script = os.path.realpath(script)
-
         self._dirs: dict[str, bool] = {}
 
     def contains(self, path: str) -> bool:
@@ -144,14 +144,16 @@ class ProjectHook(importlib.abc.MetaPathFinder):
             or not self.files.contains(spec.origin)
         ):
             return None  # not ours: the rest of sys.meta_path finds it as usual
-        code = self._code(fullname, os.path.abspath(spec.origin))
+        code = self._code(fullname, spec.origin)
         if code is None:
             return None
         spec.loader = InstrumentedLoader(fullname, spec.origin, code)
         return spec
 
-    def _code(self, name: str, path: str) -> CodeType | None:
-        """The module's instrumented code, or None to import it plainly."""
+    def _code(self, name: str, origin: str) -> CodeType | None:
+        """The module's instrumented code, or None to import it plainly. Frames name ``origin``,
+        as under python; the store knows the file by its absolute path."""
+        path = os.path.abspath(origin)
         if self.recorded is not None and path not in self.recorded:
             return None
         try:
@@ -162,7 +164,7 @@ class ProjectHook(importlib.abc.MetaPathFinder):
             inst = instrument_module(path, text, name)
             if inst is None:
                 return None
-            code = compile_for(path, inst.code_text, text)
+            code = compile_for(origin, inst.code_text, text)
         except FlortrainError as e:
             _warn(e, name)
             return None
