@@ -173,10 +173,15 @@ def runs(ctx: click.Context, as_json: bool) -> None:
 @_one_line_errors
 def instrument(script: str, explain: bool) -> None:
     """Print SCRIPT instrumented for record (or, with --explain, the plan)."""
-    from flortrain.instrument import instrument_file
+    from flortrain.instrument import explain_modules, instrument_file
+    from flortrain.static.source import read_text
 
-    result = instrument_file(script)
-    text = result.plan.explain() if explain else _as_utf8(result.code_text)
+    source = read_text(script)
+    result = instrument_file(script, source)
+    if explain:
+        text = "\n".join([result.plan.explain(), *explain_modules(script, source)])
+    else:
+        text = _as_utf8(result.code_text)
     click.echo(text, nl=not text.endswith("\n"))
 
 

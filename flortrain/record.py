@@ -6,13 +6,16 @@ import os
 import platform
 import sys
 import time
+from typing import Any
 
 from flortrain import knobs
 from flortrain.instrument import compile_for, instrument_file
-from flortrain.runtime.launch import execute, intra_op_threads, uses_torch
+from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
+from flortrain.runtime.launch import execute, intra_op_threads, project_uses_torch
 from flortrain.runtime.session import Session
+from flortrain.static.plan import Plan
 from flortrain.static.source import read_text
-from flortrain.store.db import open_store
+from flortrain.store.db import Store, open_store
 
 
 def _versions() -> dict[str, str]:
@@ -23,13 +26,36 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _module_recorder(script: str, store: Store, run_id: int, meta: dict[str, Any]) -> ProjectHook:
+    """The import hook for a record: every project module it instruments has its text stored and
+    its path -> source sha added to the run's meta at once (a record that crashes later is still
+    replayable), and its plan summarised on stderr like the script's."""
+    modules: dict[str, str] = {}
+
+    def on_module(name: str, path: str, text: str, plan: Plan) -> None:
+        if not store.owned():
+            return  # a forked DataLoader worker importing late: the parent's connection is not its
+        modules[path] = store.put_source(text)
+        store.set_meta(run_id, {**meta, "modules": modules})
+        shown = os.path.relpath(path)
+        print(
+            f"flortrain: module {name} ({shown}): {len(plan.main_loops)} main loop(s),"
+            f" {len(plan.blocks)} memoized loop(s), {len(plan.refused)} refused",
+            file=sys.stderr,
+        )
+        for r in plan.refused:
+            print(f"flortrain: {shown}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
+
+    return ProjectHook(ProjectFiles(project_roots(script), script), on_module)
+
+
 def record(script: str, args: list[str], store_dir: str | None) -> int:
     knobs.validate()
     text = read_text(script)
     inst = instrument_file(script, text)
     code = compile_for(os.path.abspath(script), inst.code_text, text)
     store = open_store(store_dir)
-    torch_script = uses_torch(text)
+    torch_script = project_uses_torch(script, text)
     threads = intra_op_threads(torch_script)
     plan = inst.plan
     meta = {
@@ -48,7 +74,8 @@ def record(script: str, args: list[str], store_dir: str | None) -> int:
         print(f"flortrain: {script}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
     session = Session("record", store, run_id)
     t0 = time.perf_counter()
-    status = execute(session, code, script, args, torch_script)
+    hook = _module_recorder(script, store, run_id, meta)
+    status = execute(session, code, script, args, torch_script, hook)
     elapsed = time.perf_counter() - t0
     store.finish_run(run_id, "complete" if status == 0 else "failed", status)
     c = session.counts

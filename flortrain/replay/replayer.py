@@ -12,7 +12,8 @@ from flortrain.instrument import compile_for
 from flortrain.replay.diff import diff_runs
 from flortrain.replay.planner import plan_replay
 from flortrain.replay.probes import add_cli_probe, find_probes
-from flortrain.runtime.launch import execute, pin_threads, uses_torch
+from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
+from flortrain.runtime.launch import execute, pin_threads, project_uses_torch
 from flortrain.runtime.session import ReplaySource, Session
 from flortrain.static.analysis import analyse
 from flortrain.static.source import parse, read_text
@@ -57,6 +58,39 @@ def _why_not(store: Store, run_id: int) -> dict[str, str]:
     return out
 
 
+def _module_blocks(costs: dict[str, tuple[int, int, float, float]]) -> list[str]:
+    """Replay-plan lines for the blocks of project modules (ids ``module:L<line>``): never probed,
+    so each instance with a checkpoint is skipped."""
+    return [
+        f"  {bid}: skip {k} of {n} instance(s), restoring checkpoints (project module, unchanged)"
+        for bid, (n, k, _, _) in costs.items()
+        if ":" in bid
+    ]
+
+
+def recorded_modules(store: Store, record: Run) -> dict[str, str]:
+    """The project modules the record instrumented (file -> text), each checked against the file
+    on disk. Replay runs them with the recorded plan, so a changed module is refused: probes (and
+    any edit) inside imported modules are not supported yet, only in the script."""
+    out: dict[str, str] = {}
+    for path, sha in dict(record.meta.get("modules", {})).items():
+        text = store.source(sha)
+        shown = os.path.relpath(path)
+        try:
+            same = read_text(path) == text
+        except FlortrainError:
+            same = False
+        if not same:
+            raise FlortrainError(
+                f"project module changed since record {record.id}; imported modules replay unchanged"
+                " (probes and edits are supported only in the script for now): restore it",
+                Located(shown),
+                "FT032",
+            )
+        out[path] = text
+    return out
+
+
 def replay(
     script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None
 ) -> int:
@@ -71,9 +105,13 @@ def replay(
     for spec in cli_probes:
         current_text = add_cli_probe(current_text, spec, script)
     probes = find_probes(recorded_text, current_text, script, record.id)
+    modules = recorded_modules(store, record)
     plan = analyse(parse(script, recorded_text))
     rplan = plan_replay(plan, probes)
-    for line in rplan.describe(plan, _costs(store, record.id), _why_not(store, record.id)):
+    costs = _costs(store, record.id)
+    lines = rplan.describe(plan, costs, _why_not(store, record.id))
+    lines[-1:-1] = _module_blocks(costs)
+    for line in lines:
         print(f"flortrain: {line}", file=sys.stderr)
     code_text = transform(probes.current, rplan.instrumentation)
     code = compile_for(os.path.abspath(script), code_text, disk_text)
@@ -86,7 +124,8 @@ def replay(
     source = ReplaySource(record.id, frozenset(rplan.execute), store.checkpoints(record.id))
     session = Session("replay", store, run, replay=source)
     t0 = time.perf_counter()
-    status = execute(session, code, script, args, uses_torch(current_text))
+    hook = ProjectHook(ProjectFiles(project_roots(script), script), recorded=modules)
+    status = execute(session, code, script, args, project_uses_torch(script, current_text), hook)
     elapsed = time.perf_counter() - t0
     store.finish_run(run, "complete" if status == 0 else "failed", status)
     c = session.counts

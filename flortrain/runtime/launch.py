@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
 import importlib.util
 import sys
+from pathlib import Path
 from types import CodeType
 
 from flortrain.runtime import session as _session
 from flortrain.runtime.capture import Tee
+from flortrain.runtime.importhook import installed
 from flortrain.runtime.runner import run_as_main
 from flortrain.runtime.session import Session
 
@@ -22,6 +25,20 @@ def uses_torch(source: str) -> bool:
     test on purpose: importing torch costs seconds, and a script that never names torch has no
     modules or optimizers to register."""
     return "torch" in source
+
+
+def project_uses_torch(script: str, text: str) -> bool:
+    """:func:`uses_torch` for the script or a project module it imports directly: minGPT's
+    ``train.py`` may leave every torch call to ``mingpt/trainer.py``."""
+    from flortrain.instrument import project_imports
+
+    if uses_torch(text):
+        return True
+    for _, path in project_imports(script, text):
+        with contextlib.suppress(OSError):
+            if uses_torch(Path(path).read_text(errors="replace")):
+                return True
+    return False
 
 
 def intra_op_threads(uses_torch: bool = True) -> int | None:
@@ -40,11 +57,19 @@ def pin_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-def execute(session: Session, code: CodeType, script: str, args: list[str], uses_torch: bool = True) -> int:
+def execute(
+    session: Session,
+    code: CodeType,
+    script: str,
+    args: list[str],
+    uses_torch: bool = True,
+    hook: importlib.abc.MetaPathFinder | None = None,
+) -> int:
     """Run the script under ``session``; always finalize what was captured.
 
     The registry must be in place before the script builds its first module, so torch is imported
-    up front when the script uses it (and not at all for a script that never mentions it)."""
+    up front when the script uses it (and not at all for a script that never mentions it).
+    ``hook`` (the project-module import hook) is on ``sys.meta_path`` while the script runs."""
     if uses_torch and torch_available():
         session.registry.install()
     session.note_initial_streams()
@@ -55,7 +80,8 @@ def execute(session: Session, code: CodeType, script: str, args: list[str], uses
     _session.current = session
     status = 1
     try:
-        status = run_as_main(code, script, args)
+        with installed(hook):
+            status = run_as_main(code, script, args)
     finally:
         _session.current = None
         sys.stdout = saved_stdout

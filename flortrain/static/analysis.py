@@ -28,18 +28,26 @@ def loop_id(prefix: str, line: int) -> str:
     return f"{prefix}{line}"
 
 
-def analyse(source: Source) -> Plan:
-    """Every static fact about ``source``. A file too deeply nested for libcst's recursive walks
+def module_prefix(module: str) -> str:
+    """The id prefix of an imported project module's loops (``mingpt.trainer:L24``): line numbers
+    alone collide across files, and the dotted name is what the import system keys a module by.
+    The script keeps bare ids (``L24``), so records made before the import hook still read."""
+    return f"{module}:"
+
+
+def analyse(source: Source, prefix: str = "") -> Plan:
+    """Every static fact about ``source``; ``prefix`` goes before every block and main-loop id
+    (see :func:`module_prefix`). A file too deeply nested for libcst's recursive walks
     (``pydoc_data/topics.py``'s thousand-line string concatenation) is a one-line refusal."""
     try:
-        return _analyse(source)
+        return _analyse(source, prefix)
     except RecursionError:
         raise FlortrainError(
             "too deeply nested for the static pass", Located(source.path), "FT004"
         ) from None
 
 
-def _analyse(source: Source) -> Plan:
+def _analyse(source: Source, prefix: str) -> Plan:
     prog = index(source)
     forest = LoopForest(prog)
     mains: list[MainLoop] = []
@@ -53,7 +61,9 @@ def _analyse(source: Source) -> Plan:
             continue
         if m in prog.class_body_loops:
             continue
-        main = MainLoop(loop_id("M", prog.line(m)), _kind(m), _span(prog, m), ms.qualname, forest.why.get(m, ""))
+        main = MainLoop(
+            loop_id(prefix + "M", prog.line(m)), _kind(m), _span(prog, m), ms.qualname, forest.why.get(m, "")
+        )
         mains.append(main)
         for cand in forest.candidates(m):
             if cand.loop in taken:
@@ -67,7 +77,7 @@ def _analyse(source: Source) -> Plan:
                 continue
             blocks.append(
                 Block(
-                    id=loop_id("L", span.line),
+                    id=loop_id(prefix + "L", span.line),
                     kind=_kind(cand.loop),
                     span=span,
                     function=cand.scope.qualname,

@@ -17,6 +17,7 @@ is recorded as absent and stays unbound on replay, not a crash.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -47,7 +48,9 @@ def _stmt(code: str) -> cst.SimpleStatementLine | cst.BaseCompoundStatement:
 
 
 def _frame(block: Block) -> str:
-    return f"_flortrain_{block.id}"
+    """The block's local variable: its id made an identifier (a module's ids carry ``.`` and
+    ``:``, ``mingpt.trainer:L24``), still ``_flortrain_\\w+`` as the line map expects."""
+    return "_flortrain_" + re.sub(r"\W", "_", block.id)
 
 
 def _end_statement(block: Block) -> cst.BaseStatement:

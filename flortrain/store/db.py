@@ -224,6 +224,11 @@ class Store:
         assert cur.lastrowid is not None
         return cur.lastrowid
 
+    def set_meta(self, run_id: int, meta: dict[str, Any]) -> None:
+        """Replace a run's meta: what a run learns while it runs (the project modules a record
+        instrumented, as they are imported)."""
+        self.db.execute("UPDATE runs SET meta=? WHERE id=?", (json.dumps(meta), run_id))
+
     def finish_run(self, run_id: int, status: str, exit_code: int) -> None:
         self.db.execute(
             "UPDATE runs SET finished=?, status=?, exit_code=? WHERE id=?",
