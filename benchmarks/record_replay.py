@@ -37,14 +37,19 @@ OUT = ROOT / "benchmarks" / "results"
 #: is smaller is not measured, and ratios of it are not reported.
 FLOOR_NOISE_S = 0.5
 
-WORKLOADS = {
-    # name: (source file, args, outer probe (after, statement), inner probe (after, statement))
+REALCODE = ROOT / "fixtures" / "realcode"
+
+WORKLOADS: dict[str, tuple[Path, list[str], tuple[str, str] | None, tuple[str, str] | None, dict[str, str]]] = {
+    # name: (source file, args, outer probe (after, statement), inner probe (after, statement),
+    #        edits to the source that make the run long enough to measure beyond start-up)
+    # None for a probe: use the file's `# flortrain-probe outer/inner:` marker
     # training dominates: an epoch costs far more than checkpointing its loop
     "example-40-epochs": (
         ROOT / "examples" / "train.py",
         ["--epochs", "40"],
         ("        scheduler.step()\n", "        print('PROBE', model[0].weight.norm().item())\n"),
         ("        loss.backward()\n", "        print('PROBE', model[0].weight.grad.norm().item())\n"),
+        {},
     ),
     # start-up dominates, and a 6 ms epoch costs about as much as its checkpoint: Eq. 4 declines
     # to checkpoint after the first instance, so replay re-executes nearly everything
@@ -53,6 +58,23 @@ WORKLOADS = {
         ["--epochs", "8"],
         None,
         None,
+        {},
+    ),
+    # nanoGPT's shape: `while True` over iterations, micro-steps, a ddp-guarded attribute
+    "realcode-nanogpt": (
+        REALCODE / "nanogpt.py",
+        [],
+        None,
+        None,
+        {"max_iters = 60 ": "max_iters = 400 ", "lr_decay_iters = 60 ": "lr_decay_iters = 400 "},
+    ),
+    # pytorch/examples word_language_model: hidden state carried across batches, evaluate()
+    "realcode-word_language_model": (
+        REALCODE / "word_language_model.py",
+        ["--emsize", "64", "--nhid", "64", "--epochs", "6"],
+        None,
+        None,
+        {"self._generate(rng, succ, 2048)": "self._generate(rng, succ, 16384)"},
     ),
 }
 
@@ -85,8 +107,11 @@ def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
 
 
 def bench(name: str, reps: int) -> dict[str, object]:
-    src, args, outer, inner = WORKLOADS[name]
+    src, args, outer, inner, edits = WORKLOADS[name]
     base = src.read_text()
+    for old, new in edits.items():
+        assert old in base, old
+        base = base.replace(old, new)
     s_outer = _insert(base, *outer) if outer else _marker(base, "outer")
     s_inner = _insert(base, *inner) if inner else _marker(base, "inner")
     env = {**os.environ}

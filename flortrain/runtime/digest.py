@@ -19,6 +19,27 @@ import hashlib
 import sys
 from typing import Any
 
+_SCALARS = frozenset({int, float, bool, str, type(None)})
+
+
+def _flat(x: Any) -> bool:
+    """A value whose ``repr`` is exact and cheap: a scalar, or a tuple of scalars (a shape)."""
+    return type(x) in _SCALARS or (type(x) is tuple and all(type(y) in _SCALARS for y in x))
+
+
+def _numpy_dtypes_of(torch: Any) -> frozenset[Any]:
+    """The dtypes a tensor can be viewed as a NumPy array in (built once torch is loaded)."""
+    global _numpy_dtypes
+    if _numpy_dtypes is None:
+        _numpy_dtypes = frozenset(
+            {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16,
+             torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128}
+        )
+    return _numpy_dtypes
+
+
+_numpy_dtypes: frozenset[Any] | None = None
+
 
 def state_digests(payload: dict[str, Any]) -> dict[str, str]:
     """One digest per part of a checkpoint payload (see :mod:`flortrain.runtime.skipblock`)."""
@@ -44,18 +65,25 @@ def _feed(h: Any, v: Any) -> None:
         t = v.detach()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
         try:
-            h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            if t.device.type == "cpu" and t.is_contiguous() and t.dtype in _numpy_dtypes_of(torch):
+                h.update(t.numpy().data)  # the bytes in place, no copy
+            else:
+                h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         except (RuntimeError, TypeError):  # sparse, quantized, meta: fall back on the printed form
             h.update(repr(t).encode())
     elif np is not None and isinstance(v, np.ndarray):
         h.update(f"A{v.dtype}{v.shape}".encode())
         h.update(v.tobytes() if v.dtype != object else repr(v.tolist()).encode())
+    elif isinstance(v, dict) and all(_flat(x) for x in v.values()):
+        h.update(repr(sorted(v.items(), key=repr)).encode())  # a captured plain value, a flag dict
     elif isinstance(v, dict):
         h.update(b"{")
         for k in sorted(v, key=repr):
             h.update(repr(k).encode())
             _feed(h, v[k])
         h.update(b"}")
+    elif isinstance(v, list | tuple) and all(_flat(x) for x in v):
+        h.update(repr(v).encode())  # flags, shapes, param ids: one update, not one per element
     elif isinstance(v, list | tuple):
         h.update(b"[" if isinstance(v, list) else b"(")
         for x in v:
