@@ -134,7 +134,9 @@ def _state_differences(store: Store, record: int, replay: int) -> tuple[int, lis
         ra, rb = json.loads(recorded[b["key"]]), json.loads(b["state_sha"])
         checked += 1
         for part in sorted(set(ra) & set(rb)):
-            if ra[part] != rb[part]:
+            # digests made different ways (the blob format's, or the fallback walk's when one run's
+            # payload held something the format does not take) are not comparable
+            if ra[part][:1] == rb[part][:1] and ra[part] != rb[part]:
                 mismatches.append((b["key"], part))
     return checked, mismatches
 

@@ -9,8 +9,11 @@ checkpointed (it is probed) digests the same parts at the same point. Equal stat
 digests; ``diff`` reports any part that differs. Parts are compared only where both runs have
 them: the record's alias watch may have learned extra objects the replay does not name.
 
-The digest is canonical, not the serialized bytes: tensors by dtype, shape and raw bytes,
-containers element-wise, other values by ``repr`` (exact for ints, floats and strings).
+Checkpoints written in flortrain's own format are digested while they are written (see
+:mod:`flortrain.runtime.blobformat`); this module is the fallback for payloads that format does
+not take: a canonical walk, tensors by dtype, shape and raw bytes, containers element-wise,
+other values by ``repr`` (exact for ints, floats and strings). Record and replay digest a
+payload the same way, since the same payload shape takes the same path.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def state_digests(payload: dict[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     for section in ("objects", "extra", "names"):
         for key, value in payload.get(section, {}).items():
-            out[f"{section}:{key}"] = _digest(value)
+            out[f"{section}:{key}"] = "w" + _digest(value)  # "w": the walk's digest
     # The RNG streams are left out: a stream the script never seeded holds OS entropy, different in
     # every process; the main-loop boundary digests compare the streams that matter.
     return out

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from flortrain.runtime import blobformat
+from flortrain.runtime.digest import state_digests
 from flortrain.store.db import Store
 
 
@@ -24,6 +26,7 @@ class Materialized:
     key: str
     nbytes: int
     seconds: float  # time the training thread spent (the M_i of Flor's Eq. 4)
+    digests: dict[str, str]  # per part of the state, for `diff`
 
 
 class Materializer(Protocol):
@@ -32,15 +35,21 @@ class Materializer(Protocol):
     def flush(self) -> None: ...
 
 
-def serialize(payload: dict[str, Any]) -> bytes:
-    """torch.save when the script uses torch (tensors serialize by storage), plain pickle
-    otherwise; one leading byte says which."""
+def serialize(payload: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+    """The blob of a payload and the digests of its parts (:mod:`flortrain.runtime.digest`).
+
+    flortrain's own tensor format when the script uses torch (see
+    :mod:`flortrain.runtime.blobformat`; it digests while it writes), else ``torch.save`` when the
+    payload needs it, or plain pickle; the leading byte says which."""
     torch = sys.modules.get("torch")
-    if torch is None:
-        return b"P" + pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    return b"T" + buf.getvalue()
+    if torch is not None:
+        try:
+            return blobformat.dumps(payload, torch)
+        except blobformat.Unsupported:
+            buf = io.BytesIO()
+            torch.save(payload, buf)
+            return b"T" + buf.getvalue(), state_digests(payload)
+    return b"P" + pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL), state_digests(payload)
 
 
 def deserialize(data: bytes) -> dict[str, Any]:
@@ -49,6 +58,9 @@ def deserialize(data: bytes) -> dict[str, Any]:
         return out
     import torch
 
+    if data[:1] == blobformat.MAGIC:
+        loaded: dict[str, Any] = blobformat.loads(data, torch)
+        return loaded
     out = torch.load(io.BytesIO(data[1:]), weights_only=False, map_location="cpu")
     return out
 
@@ -62,10 +74,10 @@ class SyncMaterializer:
 
     def submit(self, key: str, payload: dict[str, Any]) -> Materialized:
         t0 = time.perf_counter()
-        data = serialize(payload)
+        data, digests = serialize(payload)
         rel, sha = self.store.write_blob(self.run_id, key, data)
         self.store.commit_checkpoint(self.run_id, key, rel, sha, len(data))
-        return Materialized(key, len(data), time.perf_counter() - t0)
+        return Materialized(key, len(data), time.perf_counter() - t0, digests)
 
     def flush(self) -> None:
         return None

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from flortrain import knobs
 from flortrain.runtime import rng
-from flortrain.runtime.digest import state_digests
-from flortrain.runtime.materializer import deserialize
+from flortrain.runtime.materializer import deserialize, serialize
 from flortrain.runtime.state import (
     Unrestorable,
     capture,
@@ -170,7 +169,7 @@ class SkipBlock:
         if s.replay is None or self.key not in s.replay.checkpoints:
             return None
         try:
-            return state_digests(self._payload(s, objects, names))
+            return serialize(self._payload(s, objects, names))[1]
         except Exception:  # what cannot be captured cannot be compared; the record had it
             return None
 
@@ -199,8 +198,7 @@ class SkipBlock:
         try:
             payload = self._payload(s, objects, names)
             assert s.materializer is not None
-            s.materializer.submit(self.key, payload)
-            digests = state_digests(payload)
+            digests = s.materializer.submit(self.key, payload).digests
         except Exception as e:  # any failure to checkpoint leaves the instance to re-execute
             s.warn_once(self.id, f"block {self.id} not checkpointed: {e}")
             s.block_done(self, "recorded", compute_s=compute, note=str(e))

@@ -1,0 +1,94 @@
+"""The checkpoint blob format: exact round trips, shared tensors stored once, digests that
+depend on values only (runtime/blobformat.py)."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+import torch
+
+from flortrain.runtime import blobformat
+from flortrain.runtime.materializer import deserialize, serialize
+
+
+def _payload(seed: int = 0) -> dict[str, object]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(4, 3, generator=g)
+    return {
+        "objects": {
+            "model": {"kind": "module", "state": OrderedDict(weight=w, bias=torch.zeros(3))},
+            "tags": {"kind": "set", "value": {"alpha", "beta", "gamma", "delta"}},
+        },
+        "extra": {"optimizer#1": {"params": [[w.detach()]], "step": torch.tensor(3.0)}},
+        "names": {
+            "half": torch.randn(5, generator=g).to(torch.bfloat16),
+            "mask": torch.tensor([True, False, True]),
+            "scalar": torch.tensor(7, dtype=torch.int64),
+            "empty": torch.zeros(0, 2),
+            "strided": torch.arange(12.0).reshape(3, 4).t(),
+            "plain": (1, 2.5, "x", None),
+        },
+        "rng": {"random": random.Random(seed).getstate(), "torch": g.get_state()},
+        "registry": {"start": 0, "end": 2, "ids": {}},
+    }
+
+
+def _equal(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and type(a) is type(b) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type]
+    return a == b
+
+
+def test_round_trip_is_exact_for_every_dtype_layout_and_container() -> None:
+    payload = _payload()
+    data, digests = serialize(payload)
+    assert data[:1] == blobformat.MAGIC
+    assert _equal(deserialize(data), payload)
+    assert set(digests) == {
+        "objects:model", "objects:tags", "extra:optimizer#1",
+        "names:half", "names:mask", "names:scalar", "names:empty", "names:strided", "names:plain",
+    }
+
+
+def test_tensors_sharing_memory_are_stored_once() -> None:
+    big = torch.randn(256, 256)
+    alone, _ = serialize({"objects": {"a": {"t": big}}})
+    twice, _ = serialize({"objects": {"a": {"t": big}}, "extra": {"b": {"params": [big.detach()]}}})
+    assert len(twice) - len(alone) < 1024 < big.numel() * 4
+
+
+def test_digests_follow_values_not_object_identity() -> None:
+    a, b = _payload(0), _payload(0)
+    assert serialize(a)[1] == serialize(b)[1]
+    # a string shared by two slots in one run and equal copies in another digest the same
+    s = "".join(["sha", "red"])
+    shared = {"names": {"x": [s, s]}}
+    copies = {"names": {"x": ["".join(["sha", "red"]), "".join(["sha", "red"])]}}
+    assert serialize(shared)[1] == serialize(copies)[1]
+    c = _payload(0)
+    c["objects"]["model"]["state"]["bias"][1] = 1e-7  # type: ignore[index]
+    changed = serialize(c)[1]
+    assert changed["objects:model"] != serialize(a)[1]["objects:model"]
+    assert {k: v for k, v in changed.items() if k != "objects:model"} == {
+        k: v for k, v in serialize(a)[1].items() if k != "objects:model"
+    }
+
+
+def test_sets_digest_the_same_in_any_iteration_order() -> None:
+    one = {"names": {"s": {f"k{i}" for i in range(50)}}}
+    other = {"names": {"s": set(reversed(sorted(f"k{i}" for i in range(50))))}}
+    assert serialize(one)[1] == serialize(other)[1]
+    assert deserialize(serialize(one)[0])["names"]["s"] == one["names"]["s"]
+
+
+def test_tensors_the_format_does_not_take_fall_back_to_torch_save() -> None:
+    odd = torch.eye(3).to_sparse()
+    data, digests = serialize({"names": {"odd": odd}, "registry": {}})
+    assert data[:1] == b"T"
+    assert digests["names:odd"].startswith("w")
+    assert torch.equal(deserialize(data)["names"]["odd"].to_dense(), torch.eye(3))
