@@ -1,8 +1,8 @@
 """``flortrain diff``: Flor's deferred correctness check.
 
 The record's and the replay's captured output are compared as sequences (a line inserted or lost
-is one difference) over the regions both executed (top-level code, main-loop bodies, and block
-instances the replay re-executed), probe output excluded. RNG stream digests taken at every
+is one difference) over the regions both executed (top-level code, main-loop iterations the replay
+did not jump over, and block instances it re-executed), probe output excluded. RNG stream digests taken at every
 main-loop iteration boundary are compared too: a skipped block that restored the wrong state
 shows up there even when nothing printed differs. And where the replay executed an instance the
 record checkpointed, the digests of the state each left behind are compared part by part
@@ -78,14 +78,19 @@ def resolve_replay(store: Store, run_id: int | None) -> Run:
     return run
 
 
-def comparable_lines(entries: Iterable[LogEntry], executed: set[str]) -> list[LogEntry]:
-    """The output both runs produced: pieces printed by probes or inside block instances the
-    replay skipped are dropped, and what remains is re-split into lines. A line whose newline was
-    dropped joins the next (a probe's own newline in the middle of a progress line)."""
+def comparable_lines(
+    entries: Iterable[LogEntry], executed: set[str], jumped: set[tuple[str, int, int]] | None = None
+) -> list[LogEntry]:
+    """The output both runs produced: pieces printed by probes, inside block instances the
+    replay skipped, or in main-loop iterations it jumped over are dropped, and what remains is
+    re-split into lines. A line whose newline was dropped joins the next (a probe's own newline
+    in the middle of a progress line)."""
     out: list[LogEntry] = []
     text = ""
     first: LogEntry | None = None
     for e in entries:
+        if jumped and e.main_id is not None and (e.main_id, e.main_inst, e.iteration) in jumped:
+            continue
         pieces = e.pieces()
         for i, (piece, region, probe) in enumerate(pieces):
             if probe or (region is not None and region not in executed):
@@ -149,8 +154,9 @@ def diff_runs(store: Store, replay: Run) -> DiffResult:
     record = store.run(replay.parent)
     executed = {b["key"] for b in store.blocks(replay.id) if b["state"] == "executed"}
 
-    a = comparable_lines(store.logs(record.id), executed)
-    b = comparable_lines(store.logs(replay.id), executed)
+    jumped = store.jumped(replay.id)
+    a = comparable_lines(store.logs(record.id), executed, jumped)
+    b = comparable_lines(store.logs(replay.id), executed, jumped)
     result = DiffResult(record, replay, compared=min(len(a), len(b)))
     if record.effective_status != "complete":
         # the record was killed or crashed: the replay runs on past where it stopped, and the

@@ -21,6 +21,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 from flortrain.replay.probes import ProbeSet
 from flortrain.static.plan import Block, MainLoop, Plan
 from flortrain.static.program import MODULE
+from flortrain.static.spans import Guard, probe_guard
 from flortrain.static.transform import Instrumentation
 from flortrain.static.values import reads_only_values
 
@@ -33,6 +34,10 @@ class ReplayPlan:
     #: block id -> the probe that runs it: its instances inside the probe execute (isolated, no
     #: checkpoint) on top of whatever the script's own instances do
     in_probes: dict[str, str] = field(default_factory=dict)
+    #: main id -> the guards of the probes in its body: iterations where none fires are jumped
+    spans: dict[str, list[Guard]] = field(default_factory=dict)
+    #: main id -> why every iteration of it runs
+    no_spans: dict[str, str] = field(default_factory=dict)
 
     def describe(
         self, plan: Plan, costs: dict[str, tuple[int, int, float, float]], why_not: dict[str, str] | None = None
@@ -56,6 +61,12 @@ class ReplayPlan:
                 out.append(f"  {b.id} ({b.function}): also runs inside the probe {self.in_probes[b.id]}, executed there")
         for r in plan.refused:
             out.append(f"  loop at line {r.span.line}: runs as plain code ({r.reason})")
+        for m in plan.main_loops:
+            if m.id in self.spans:
+                guards = " or ".join(f"`{g.source}`" for g in self.spans[m.id]) or "no probe in it"
+                out.append(f"  main loop {m.id}: iterations where no probe fires are jumped over ({guards})")
+            elif m.id in self.no_spans:
+                out.append(f"  main loop {m.id}: every iteration runs: {self.no_spans[m.id]}")
         out.append(f"estimated block time {est:.2f}s (record spent {sum(c[2] for c in costs.values()):.2f}s in blocks)")
         return out
 
@@ -163,7 +174,62 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
         mains=mains_at,
         probes={p.line: p.number for p in probes.probes},
     )
-    return ReplayPlan(inst, execute, len(probes.probes), in_probes)
+    spans, no_spans = _span_guards(probes, mains_at, parents, pos)
+    return ReplayPlan(inst, execute, len(probes.probes), in_probes, spans, no_spans)
+
+
+def _span_guards(
+    probes: ProbeSet, mains_at: dict[int, MainLoop], parents: Any, pos: Any
+) -> tuple[dict[str, list[Guard]], dict[str, str]]:
+    """Per main loop, the guards of the probes in its body (iteration spans), or why every
+    iteration must run: it has no boundary state, or a probe in it cannot be told off a run."""
+    module = probes.current.module
+    no_spans: dict[str, str] = {m.id: f"no boundary state ({m.no_boundary})" for m in mains_at.values() if m.boundary is None}
+    spans: dict[str, list[Guard]] = {m.id: [] for m in mains_at.values() if m.boundary is not None}
+    rebindable = {
+        n.name.value
+        for node in _walk(module)
+        if isinstance(node, cst.Global | cst.Nonlocal)
+        for n in node.names
+    }
+
+    def line(node: cst.CSTNode) -> int:
+        return int(pos[node].start.line)
+
+    def refuse(main_id: str, why: str) -> None:
+        spans.pop(main_id, None)
+        no_spans.setdefault(main_id, why)
+
+    for p in probes.probes:
+        chain = list(_ancestors(p.node, parents))
+        loops = [(i, a) for i, a in enumerate(chain) if isinstance(a, cst.For | cst.While)]
+        fn = next((i for i, a in enumerate(chain) if isinstance(a, cst.FunctionDef | cst.Lambda)), None)
+        mains = [(i, mains_at[line(a)]) for i, a in loops if line(a) in mains_at]
+        if fn is not None and (not mains or fn < mains[0][0]):
+            for m in mains_at.values():
+                refuse(m.id, f"the probe at line {p.line} is inside a function, which any iteration may call")
+            continue
+        if not mains:
+            continue  # before or after the main loop: it sees the state the loop leaves
+        at, main = mains[0]
+        if main.boundary is None:
+            continue
+        loop = chain[at]
+        assert isinstance(loop, cst.For | cst.While)
+        guard = probe_guard(p.node, chain[: at + 1], loop, main.boundary, line, module, rebindable)
+        if isinstance(guard, str):
+            refuse(main.id, f"the probe at line {p.line} cannot be told off a run: {guard}")
+        elif main.id in spans:
+            spans[main.id].append(guard)
+    return spans, no_spans
+
+
+def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(n.children)
 
 
 def _qualname(fn: cst.FunctionDef, parents: Any) -> str:

@@ -10,11 +10,12 @@ from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
 from flortrain.instrument import compile_for
 from flortrain.replay.diff import diff_runs
-from flortrain.replay.planner import plan_replay
+from flortrain.replay.planner import ReplayPlan, plan_replay
 from flortrain.replay.probes import add_cli_probe, find_probes
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
 from flortrain.runtime.launch import execute, pin_threads, project_uses_torch
 from flortrain.runtime.session import ReplaySource, Session
+from flortrain.runtime.spans import SpanReplay, compile_guard
 from flortrain.static.analysis import analyse
 from flortrain.static.source import parse, read_text
 from flortrain.static.transform import transform
@@ -41,6 +42,8 @@ def find_record(store: Store, script: str, run_id: int | None) -> Run:
 def _costs(store: Store, run_id: int) -> dict[str, tuple[int, int, float, float]]:
     out: dict[str, tuple[int, int, float, float]] = {}
     for b in store.blocks(run_id):
+        if b["state"] == "boundary":
+            continue  # a main-loop boundary checkpoint, not a block instance
         n, k, c, r = out.get(b["block_id"], (0, 0, 0.0, 0.0))
         ck = b["state"] == "checkpointed"
         m = b["materialize_s"] or 0.0
@@ -56,6 +59,23 @@ def _why_not(store: Store, run_id: int) -> dict[str, str]:
         if b["state"] == "recorded" and b["note"] and b["block_id"] not in out:
             out[b["block_id"]] = b["note"]
     return out
+
+
+def _span_replay(
+    store: Store, record: int, rplan: ReplayPlan, checkpoints: dict[str, tuple[str, str, int]]
+) -> SpanReplay | None:
+    """What the runtime needs to jump over main-loop iterations: the probes' guards, the
+    recorded scalars of every iteration, and where boundary checkpoints were taken."""
+    if not rplan.spans:
+        return None
+    boundaries: dict[tuple[str, int], list[int]] = {}
+    for b in store.blocks(record):
+        if b["state"] == "boundary" and b["key"] in checkpoints:
+            boundaries.setdefault((b["main_id"], b["main_inst"]), []).append(b["iteration"])
+    guards = {
+        m: [compile_guard(g.source, g.recorded, g.live) for g in gs] for m, gs in rplan.spans.items()
+    }
+    return SpanReplay(guards, store.iteration_scalars(record), {k: sorted(v) for k, v in boundaries.items()})
 
 
 def _module_blocks(costs: dict[str, tuple[int, int, float, float]]) -> list[str]:
@@ -121,7 +141,8 @@ def replay(
         "replay", os.path.abspath(script), args, current_text, record.id, record.threads,
         {"probes": [p.code for p in probes.probes], "execute": rplan.execute},
     )
-    source = ReplaySource(record.id, frozenset(rplan.execute), store.checkpoints(record.id))
+    checkpoints = store.checkpoints(record.id)
+    source = ReplaySource(record.id, frozenset(rplan.execute), checkpoints, _span_replay(store, record.id, rplan, checkpoints))
     session = Session("replay", store, run, replay=source)
     t0 = time.perf_counter()
     hook = ProjectHook(ProjectFiles(project_roots(script), script), recorded=modules)
@@ -131,7 +152,8 @@ def replay(
     c = session.counts
     print(
         f"flortrain: replay run {run} of record {record.id} {'complete' if status == 0 else f'failed (exit {status})'}"
-        f" in {elapsed:.2f}s: {c.get('skipped', 0)} block instances skipped, {c.get('executed', 0)} executed",
+        f" in {elapsed:.2f}s: {c.get('skipped', 0)} block instances skipped, {c.get('executed', 0)} executed"
+        + (f", {c['jumped']} main-loop iterations jumped over" if c.get("jumped") else ""),
         file=sys.stderr,
     )
     if status == 0 and new_args is None:

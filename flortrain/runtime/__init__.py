@@ -1,4 +1,4 @@
-"""What instrumented scripts call. Five names, no torch import at load time.
+"""What instrumented scripts call. Six names, no torch import at load time.
 
 With no active session (instrumented code run by plain ``python``) every hook is a no-op and the
 script behaves exactly as written.
@@ -6,13 +6,19 @@ script behaves exactly as written.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
+from typing import TypeVar
 
 from flortrain.runtime import session as _session
 from flortrain.runtime.probe import isolated
-from flortrain.runtime.skipblock import SkipBlock
+from flortrain.runtime.skipblock import Getters, SkipBlock
+from flortrain.runtime.spans import NO_BOUNDARY, Boundary, NoBoundary
 
-__all__ = ["block", "main_enter", "main_exit", "main_iteration", "probe"]
+T = TypeVar("T")
+
+__all__ = ["block", "main_enter", "main_exit", "main_iter", "main_iteration", "probe"]
 
 
 def block(block_id: str, first_line: int = 0, last_line: int = 0, values: tuple[str, ...] = ()) -> SkipBlock:
@@ -27,9 +33,28 @@ def main_enter(main_id: str) -> None:
         _session.current.main_enter(main_id)
 
 
-def main_iteration(main_id: str) -> None:
-    if _session.current is not None:
-        _session.current.main_iteration(main_id)
+def main_iteration(
+    main_id: str,
+    objects: Getters | None = None,
+    names: Getters | None = None,
+    targets: Getters | None = None,
+    values: tuple[str, ...] = (),
+) -> Boundary | NoBoundary:
+    """The start of a main-loop iteration; with the loop's boundary state (getters of what an
+    iteration changes), what a replay restored when it jumped here (see ``jumped()``)."""
+    if _session.current is None:
+        return NO_BOUNDARY
+    b = _session.current.main_iteration(main_id, objects, names, targets, values, sys._getframe(1))
+    return NO_BOUNDARY if b is None else b
+
+
+def main_iter(main_id: str, iterable: Iterable[T]) -> Iterable[T]:
+    """A main ``for`` loop's iterable; on a replay that can jump iterations, a generator that
+    skips the items of the iterations jumped over."""
+    s = _session.current
+    if s is None or s.replay is None or s.replay.spans is None:
+        return iterable
+    return s.iterate_main(main_id, iterable)
 
 
 def main_exit(main_id: str) -> None:

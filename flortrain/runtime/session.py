@@ -21,7 +21,8 @@ from flortrain.runtime.adaptive import AdaptivePeriod
 from flortrain.runtime.capture import Tee
 from flortrain.runtime.materializer import Materializer, SyncMaterializer
 from flortrain.runtime.registry import Registry
-from flortrain.runtime.skipblock import SkipBlock, State
+from flortrain.runtime.skipblock import Getters, SkipBlock, State
+from flortrain.runtime.spans import Boundary, SpanReplay, scalars_json
 from flortrain.store.db import Store
 
 
@@ -32,6 +33,7 @@ class ReplaySource:
     run_id: int
     execute: frozenset[str]  # block ids that must run (probed)
     checkpoints: dict[str, tuple[str, str, int]]
+    spans: SpanReplay | None = None  # jumping over main-loop iterations no probe needs
 
 
 @dataclass
@@ -52,7 +54,11 @@ class Session:
     counts: dict[str, int] = field(default_factory=dict)
     tee: Tee | None = None
     _warned: set[str] = field(default_factory=set)
-    _iterations: list[tuple[str, int, int, str, bytes | None]] = field(default_factory=list)
+    _iterations: list[tuple[str, int, int, str, bytes | None, str | None]] = field(default_factory=list)
+    _pending: tuple[str, int, Boundary] | None = None  # a jump the main loop's generator decided
+    _driven: set[str] = field(default_factory=set)  # main loops whose iterator the runtime wraps
+    _boundary_t: dict[str, float] = field(default_factory=dict)
+    _no_boundary: set[str] = field(default_factory=set)
     _initial_digests: dict[str, str] = field(default_factory=dict)
     _last_commit: float = 0.0
     commit_interval: float = field(default_factory=knobs.commit_interval)
@@ -70,19 +76,39 @@ class Session:
         self.main_entries[main_id] = entry + 1
         self.main = [main_id, entry, -1]
 
-    def main_iteration(self, main_id: str) -> None:
+    def main_iteration(
+        self,
+        main_id: str,
+        objects: Getters | None = None,
+        names: Getters | None = None,
+        targets: Getters | None = None,
+        values: tuple[str, ...] = (),
+        frame: FrameType | None = None,
+    ) -> Boundary | None:
+        """The start of a main-loop iteration. With a boundary state (``objects`` given: the
+        static pass found the loop's changeset), record its scalars and maybe checkpoint it, or
+        on replay jump over the iterations no probe needs (:mod:`flortrain.runtime.spans`)."""
         if self.probe_depth:
-            return
+            return None
         if self.main is None or self.main[0] != main_id:
             self.main_enter(main_id)  # closes any block left open
         else:
             self.abort_frames()
         assert self.main is not None
-        self.main[2] += 1
+        i = self.main[2] + 1
+        self.main[2] = i
         self.occurrences.clear()
+        boundary: Boundary | None = None
+        scalars: str | None = None
+        if objects is not None and names is not None:
+            if self.mode == "record":
+                scalars = scalars_json({**names, **(targets or {})})
+                boundary = self._record_boundary(main_id, i, objects, names, values)
+            else:
+                boundary = self._jump(main_id, i, objects, values, frame)
         state = rng.capture()
         key = (main_id, self.main[1], self.main[2])
-        self._iterations.append((*key, self._boundary_digests(state), rng.encode(state)))
+        self._iterations.append((*key, self._boundary_digests(state), rng.encode(state), scalars))
         # Commit what was printed and the boundary states, at most once per commit interval: a
         # killed run loses at most that much, and a step-based main loop does not pay a
         # transaction per step.
@@ -93,6 +119,102 @@ class Session:
                 self.tee.flush_entries()
             self.store.put_iterations(self.run_id, self._iterations)
             self._iterations = []
+        return boundary
+
+    def _record_boundary(
+        self, main_id: str, i: int, objects: Getters, names: Getters, values: tuple[str, ...]
+    ) -> Boundary | None:
+        """Checkpoint the boundary when Eq. 4 allows, the iteration being the unit of compute.
+        The first boundary (the loop's entry state) is never needed: a replay is there anyway."""
+        now = time.perf_counter()
+        last = self._boundary_t.get(main_id)
+        if last is not None:
+            self.adaptive.executed(main_id, now - last)
+        self._boundary_t[main_id] = now
+        if i == 0 or main_id in self._no_boundary or not self.adaptive.should_materialize(main_id):
+            return None
+        assert self.main is not None and self.materializer is not None
+        b = Boundary(self, main_id, values)
+        b.key = f"{main_id}@{main_id}.{self.main[1]}.{i}#0"
+        try:
+            done = self.materializer.submit(b.key, b._payload(self, objects, names))
+        except Exception as e:  # the iterations still run and record; only jumping is lost
+            self._no_boundary.add(main_id)
+            self.warn(f"main loop {main_id}: iteration boundaries not checkpointed: {e}")
+            return None
+        blocked = time.perf_counter() - now
+        self.adaptive.materialized(main_id, blocked)
+        self.store.put_block(
+            self.run_id, b.key, main_id, main_id, self.main[1], i, 0, "boundary",
+            materialize_s=blocked, state_sha=done.digests,
+        )
+        self._boundary_t[main_id] = time.perf_counter()  # its cost is not the next iteration's
+        return b
+
+    def iterate_main(self, main_id: str, iterable: Any) -> Iterator[Any]:
+        """A replay's main ``for`` loop: the jump is decided before an item is taken, so the
+        iterator skips the items of the iterations jumped over (``main_iteration`` restores)."""
+        self._driven.add(main_id)
+        it = iter(iterable)
+        while True:
+            skip = 0
+            spans = self.replay.spans if self.replay is not None else None
+            if spans is not None and not self.probe_depth and self.main is not None and self.main[0] == main_id:
+                _, entry, last = self.main
+                i = last + 1
+                j = spans.target(main_id, entry, i, sys._getframe(1))
+                b = self._load_boundary(main_id, entry, j) if j > i else None
+                if b is not None:
+                    self._pending, skip = (main_id, j, b), j - i
+            try:
+                for _ in range(skip):
+                    next(it)
+                item = next(it)
+            except StopIteration:
+                self._pending = None
+                return
+            yield item
+
+    def _jump(
+        self, main_id: str, i: int, objects: Getters, values: tuple[str, ...], frame: FrameType | None
+    ) -> Boundary | None:
+        assert self.main is not None and self.replay is not None
+        spans = self.replay.spans
+        if spans is None:
+            return None
+        entry = self.main[1]
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == main_id:
+            j, b = pending[1], pending[2]
+        elif main_id in self._driven:
+            return None  # the generator decided not to jump
+        else:
+            j = spans.target(main_id, entry, i, frame)
+            found = self._load_boundary(main_id, entry, j) if j > i else None
+            if found is None:
+                return None
+            b = found
+        b.restore(self, objects)
+        b.jumped_to = j
+        self.main[2] = j
+        self.store.put_jump(self.run_id, main_id, entry, i, j)
+        self.counts["jumped"] = self.counts.get("jumped", 0) + j - i
+        return b
+
+    def _load_boundary(self, main_id: str, entry: int, j: int) -> Boundary | None:
+        assert self.replay is not None
+        key = f"{main_id}@{main_id}.{entry}.{j}#0"
+        ck = self.replay.checkpoints.get(key)
+        data = self.store.read_blob(ck[0], ck[1]) if ck is not None else None
+        if data is None:
+            self.warn_once(f"corrupt:{key}", f"boundary checkpoint {key} is missing or corrupt; running on")
+            return None
+        b = Boundary(self, main_id, ())
+        problem = b.load(self, data)
+        if problem is not None:
+            self.warn_once(f"unusable:{main_id}", f"boundary checkpoint {key} {problem}; running on")
+            return None
+        return b
 
     def note_initial_streams(self) -> None:
         """Remember each global stream's state before the script runs: it comes from OS entropy

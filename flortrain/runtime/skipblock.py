@@ -66,7 +66,117 @@ class Ref:
         return f"Ref({self.where!r})"
 
 
-class SkipBlock:
+class Checkpointable:
+    """A changeset that can be captured into a checkpoint payload and restored from one: what a
+    SkipBlock does at a loop's end, and a main-loop boundary (iteration spans) at an iteration's
+    start. ``values`` holds the rebound names a restore hands back to the generated code."""
+
+    def __init__(self, block_id: str, detach_ok: tuple[str, ...], registry_start: int) -> None:
+        self.id = block_id
+        self.detach_ok = detach_ok
+        self.values: dict[str, Any] = {}
+        self.payload: dict[str, Any] | None = None
+        self.key = ""
+        self.registry_start = registry_start
+
+    def has(self, name: str) -> bool:
+        """Whether the recorded state left ``name`` bound (else it stays as it is: unbound)."""
+        return name in self.values
+
+    def value(self, name: str) -> Any:
+        return self.values[name]
+
+    def augment(self, s: Session, objs: list[Any]) -> list[tuple[str, int, Any]]:
+        """Live objects the state holds beyond its named changeset (registry kind, id, object)."""
+        return s.augmentation(self.id, objs)
+
+    def _resolve(self, getters: Getters) -> dict[str, Any]:
+        """The changeset's current values; an element that is not bound (a name or attribute
+        assigned only in a branch this run never takes: ``if ddp:``) is :data:`ABSENT`. Absence
+        at the end of a loop is state like any other: the loop left the element unbound, and a
+        skipped instance leaves it unbound the same way."""
+        out: dict[str, Any] = {}
+        for expr, get in getters.items():
+            try:
+                out[expr] = get()
+            except (NameError, AttributeError):
+                out[expr] = ABSENT
+        return out
+
+    def _payload(self, s: Session, objects: Getters, names: Getters) -> dict[str, Any]:
+        objs = {e: o for e, o in self._resolve(objects).items() if o is not ABSENT}
+        vals = self._resolve(names)
+        memo: dict[int, str] = {}
+        captured = {expr: capture(o, memo, expr) for expr, o in objs.items()}
+        extra = {
+            f"{kind}#{i}": {**capture(o, memo, f"{kind}#{i}"), "type": type(o).__name__}
+            for kind, i, o in self.augment(s, list(objs.values()))
+        }
+        by_id = {id(o): expr for expr, o in objs.items()}
+        rebound: dict[str, Any] = {}
+        for expr, v in vals.items():
+            if v is ABSENT:
+                continue  # not in the payload: `has()` is false and the name stays unbound
+            rebound[expr] = Ref(by_id[id(v)]) if id(v) in by_id else self._detachable(expr, v)
+        registry = {
+            "start": self.registry_start,
+            "end": s.registry.count(),
+            "ids": {e: i for e, v in vals.items() if (i := s.registry.id_of(v)) is not None},
+        }
+        return {"objects": captured, "extra": extra, "names": rebound, "rng": rng.capture(), "registry": registry}
+
+    def _detachable(self, expr: str, v: Any) -> Any:
+        """A rebound value as the checkpoint stores it. A tensor carrying an autograd graph is
+        stored detached only when the static pass proved that nothing can tell (``values``: the
+        name is read afterwards only as a number, ``loss.item()``); otherwise a later
+        ``backward()`` through it would silently miss the loop's part of the graph."""
+        if graph_of(v) is None:
+            return v
+        if expr in self.detach_ok:
+            return v.detach()
+        raise Unrestorable(carries_graph(expr, v))
+
+    def load(self, session: Session, data: bytes) -> str | None:
+        """Take a checkpoint for restoring; the reason it cannot be used, or None."""
+        try:
+            self.payload = deserialize(data)
+        except Exception as e:
+            return f"cannot be read ({type(e).__name__})"
+        reg = self.payload["registry"]
+        if reg["start"] != self.registry_start:
+            return (
+                f"was taken with {reg['start']} modules/optimizers alive, the replay has"
+                f" {self.registry_start} (the script creates them differently on replay)"
+            )
+        for ref, st in self.payload["extra"].items():
+            obj = session.registry.get(_registry_id(ref))
+            if type(obj).__name__ != st["type"]:
+                return f"refers to {ref} ({st['type']}), which the replay does not have"
+        return None
+
+    def restore(self, s: Session, objects: Getters) -> None:
+        """Put the loaded checkpoint's state back: objects in place, rebound names into
+        ``values`` (the generated code assigns them), registry ids aligned, RNG streams."""
+        payload = self.payload
+        assert payload is not None
+        objs = self._resolve(objects)
+        for expr, st in payload["objects"].items():
+            if objs.get(expr, ABSENT) is not ABSENT:
+                restore_into(objs[expr], st)
+        for ref, st in payload["extra"].items():
+            restore_into(s.registry.get(_registry_id(ref)), st)
+        for expr, v in payload["names"].items():
+            self.values[expr] = objs[v.where] if isinstance(v, Ref) else v
+        # objects the recorded state created keep their ids, so later ids stay aligned
+        reg = payload["registry"]
+        s.registry.pad(reg["end"] - reg["start"])
+        for expr, i in reg["ids"].items():
+            if i >= reg["start"]:
+                s.registry.place(i, self.values[expr])
+        rng.restore(payload["rng"])
+
+
+class SkipBlock(Checkpointable):
     def __init__(
         self,
         session: Session | None,
@@ -74,9 +184,8 @@ class SkipBlock:
         span: tuple[int, int] = (0, 0),
         detach_ok: tuple[str, ...] = (),
     ) -> None:
+        super().__init__(block_id, detach_ok, session.registry.count() if session is not None else 0)
         self.session = session
-        self.id = block_id
-        self.detach_ok = detach_ok
         # The user's frame running the loop, and the loop's lines in it: an exception that leaves
         # the loop never reaches `end()`, and the session tells by the frame having moved on.
         self.span = span
@@ -85,11 +194,7 @@ class SkipBlock:
         self.aborted = False
         if session is not None:
             session.close_left_frames()
-        self.values: dict[str, Any] = {}
-        self.payload: dict[str, Any] | None = None
         self.watch: dict[int, Any] | None = None
-        self.key = ""
-        self.registry_start = session.registry.count() if session is not None else 0
         if session is None or session.main is None or session.frames or session.probe_depth:
             # nested, outside the main loop, or opened by a probe (`print(evaluate(train_data))`):
             # plain code. A probe's loops must not take the key, and so the checkpoint, of the
@@ -156,7 +261,9 @@ class SkipBlock:
             self._record(s, objects, names)
             return False
         if self.state is State.SKIP:
-            self._restore(s, objects)
+            t0 = time.perf_counter()
+            self.restore(s, objects)
+            s.block_done(self, "skipped", restore_s=time.perf_counter() - t0)
             return True
         if self.state is State.EXECUTE:
             compute = time.perf_counter() - self.t0
@@ -172,13 +279,6 @@ class SkipBlock:
             return serialize(self._payload(s, objects, names))[1]
         except Exception:  # what cannot be captured cannot be compared; the record had it
             return None
-
-    def has(self, name: str) -> bool:
-        """Whether the recorded instance left ``name`` bound (else it stays as it is: unbound)."""
-        return name in self.values
-
-    def value(self, name: str) -> Any:
-        return self.values[name]
 
     # -- record ----------------------------------------------------------------------------------
     def _record(self, s: Session, objects: Getters, names: Getters) -> None:
@@ -207,52 +307,6 @@ class SkipBlock:
         s.adaptive.materialized(self.id, blocked)
         s.block_done(self, "checkpointed", compute_s=compute, materialize_s=blocked, digests=digests)
 
-    def _resolve(self, getters: Getters) -> dict[str, Any]:
-        """The changeset's current values; an element that is not bound (a name or attribute
-        assigned only in a branch this run never takes: ``if ddp:``) is :data:`ABSENT`. Absence
-        at the end of a loop is state like any other: the loop left the element unbound, and a
-        skipped instance leaves it unbound the same way."""
-        out: dict[str, Any] = {}
-        for expr, get in getters.items():
-            try:
-                out[expr] = get()
-            except (NameError, AttributeError):
-                out[expr] = ABSENT
-        return out
-
-    def _payload(self, s: Session, objects: Getters, names: Getters) -> dict[str, Any]:
-        objs = {e: o for e, o in self._resolve(objects).items() if o is not ABSENT}
-        vals = self._resolve(names)
-        memo: dict[int, str] = {}
-        captured = {expr: capture(o, memo, expr) for expr, o in objs.items()}
-        extra = {
-            f"{kind}#{i}": {**capture(o, memo, f"{kind}#{i}"), "type": type(o).__name__}
-            for kind, i, o in s.augmentation(self.id, list(objs.values()))
-        }
-        by_id = {id(o): expr for expr, o in objs.items()}
-        rebound: dict[str, Any] = {}
-        for expr, v in vals.items():
-            if v is ABSENT:
-                continue  # not in the payload: `has()` is false and the name stays unbound
-            rebound[expr] = Ref(by_id[id(v)]) if id(v) in by_id else self._detachable(expr, v)
-        registry = {
-            "start": self.registry_start,
-            "end": s.registry.count(),
-            "ids": {e: i for e, v in vals.items() if (i := s.registry.id_of(v)) is not None},
-        }
-        return {"objects": captured, "extra": extra, "names": rebound, "rng": rng.capture(), "registry": registry}
-
-    def _detachable(self, expr: str, v: Any) -> Any:
-        """A rebound value as the checkpoint stores it. A tensor carrying an autograd graph is
-        stored detached only when the static pass proved that nothing can tell (``values``: the
-        name is read after the loop only as a number, ``loss.item()``); otherwise a later
-        ``backward()`` through it would silently miss the loop's part of the graph."""
-        if graph_of(v) is None:
-            return v
-        if expr in self.detach_ok:
-            return v.detach()
-        raise Unrestorable(carries_graph(expr, v))
-
     def _learn_aliases(self, s: Session, objects: Getters) -> None:
         assert self.watch is not None
         objs = [o for o in self._resolve(objects).values() if o is not ABSENT]
@@ -265,47 +319,6 @@ class SkipBlock:
             obj = s.registry.get(i)
             if obj is not None and not snapshot_equal(clone_state(obj), before):
                 s.learn(self.id, i, type(obj).__name__)
-
-    # -- replay ----------------------------------------------------------------------------------
-    def load(self, session: Session, data: bytes) -> str | None:
-        """Take a checkpoint for restoring; the reason it cannot be used, or None."""
-        try:
-            self.payload = deserialize(data)
-        except Exception as e:
-            return f"cannot be read ({type(e).__name__})"
-        reg = self.payload["registry"]
-        if reg["start"] != self.registry_start:
-            return (
-                f"was taken with {reg['start']} modules/optimizers alive, the replay has"
-                f" {self.registry_start} (the script creates them differently on replay)"
-            )
-        for ref, st in self.payload["extra"].items():
-            obj = session.registry.get(_registry_id(ref))
-            if type(obj).__name__ != st["type"]:
-                return f"refers to {ref} ({st['type']}), which the replay does not have"
-        return None
-
-    def _restore(self, s: Session, objects: Getters) -> None:
-        t0 = time.perf_counter()
-        payload = self.payload
-        assert payload is not None
-        objs = self._resolve(objects)
-        for expr, st in payload["objects"].items():
-            if objs.get(expr, ABSENT) is not ABSENT:
-                restore_into(objs[expr], st)
-        for ref, st in payload["extra"].items():
-            restore_into(s.registry.get(_registry_id(ref)), st)
-        for expr, v in payload["names"].items():
-            self.values[expr] = objs[v.where] if isinstance(v, Ref) else v
-        # objects the recorded block created keep their ids, so later ids stay aligned
-        reg = payload["registry"]
-        s.registry.pad(reg["end"] - reg["start"])
-        for expr, i in reg["ids"].items():
-            if i >= reg["start"]:
-                s.registry.place(i, self.values[expr])
-        rng.restore(payload["rng"])
-        s.block_done(self, "skipped", restore_s=time.perf_counter() - t0)
-
 
 def _registry_id(ref: str) -> int:
     """The registry id in an augmentation key (``module#3``)."""

@@ -11,6 +11,7 @@ from flortrain.static.loops import LoopForest
 from flortrain.static.plan import Block, FunctionSpan, MainLoop, Plan, Refusal, Restore, Span
 from flortrain.static.program import MODULE, Loop, Program, index
 from flortrain.static.source import Source
+from flortrain.static.spans import boundary_state
 from flortrain.static.values import value_only
 
 
@@ -61,8 +62,13 @@ def _analyse(source: Source, prefix: str) -> Plan:
             continue
         if m in prog.class_body_loops:
             continue
+        try:
+            boundary, no_boundary = boundary_state(prog, m), ""
+        except NoEstimate as e:
+            boundary, no_boundary = None, str(e)
         main = MainLoop(
-            loop_id(prefix + "M", prog.line(m)), _kind(m), _span(prog, m), ms.qualname, forest.why.get(m, "")
+            loop_id(prefix + "M", prog.line(m)), _kind(m), _span(prog, m), ms.qualname, forest.why.get(m, ""),
+            boundary, no_boundary,
         )
         mains.append(main)
         for cand in forest.candidates(m):

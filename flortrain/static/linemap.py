@@ -20,6 +20,8 @@ _INJECTED = re.compile(
     r"""^(?:
         _flortrain_\w+\ =\ __flortrain__\.block\(
       | (?:if\ )?_flortrain_\w+\.end\(
+      | if\ _flortrain_\w+\.(?:has|jumped)\(
+      | _flortrain_\w+\ =\ __flortrain__\.main_iteration\(
       | (?:globals\(\)\[".*"\]|[\w.]+)\ =\ _flortrain_\w+\.value\(
       | __flortrain__\.main_(?:enter|iteration|exit)\(
       | with\ __flortrain__\.probe\(
@@ -30,12 +32,12 @@ _INJECTED = re.compile(
 
 #: The transform's rewrites of loop headers: ``for x in _flortrain_L6.iterate(it):`` and
 #: ``while _flortrain_L6.live() and (cond):``.
-_WRAPPER = re.compile(r"_flortrain_\w+\.iterate\(|_flortrain_\w+\.live\(\) and ")
+_WRAPPER = re.compile(r'_flortrain_\w+\.iterate\(|_flortrain_\w+\.live\(\) and |__flortrain__\.main_iter\("[^"]*", ')
 
 #: Inserted lines that open something (mapped to the next original line): the runtime import,
 #: a block's enter line, main-loop enter/iteration hooks, a probe's ``with``.
 _OPENS = re.compile(
-    r"^(?:_flortrain_\w+ = __flortrain__\.block\(|__flortrain__\.main_(?:enter|iteration)\("
+    r"^(?:_flortrain_\w+ = __flortrain__\.(?:block|main_iteration)\(|__flortrain__\.main_(?:enter|iteration)\("
     r"|with __flortrain__\.probe\(|import flortrain\.runtime as __flortrain__$)"
 )
 

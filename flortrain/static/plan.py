@@ -67,12 +67,24 @@ class Refusal:
 
 
 @dataclass(frozen=True)
+class Boundary:
+    """What a main-loop iteration boundary holds for a replay to resume there (iteration spans,
+    :mod:`flortrain.static.spans`)."""
+
+    changes: tuple[Change, ...]  # objects restored in place; names and attributes reassigned
+    values: tuple[str, ...]  # carried names read only as numbers: may be stored detached
+    targets: tuple[str, ...]  # the main ``for`` loop's target names (their scalars are recorded)
+
+
+@dataclass(frozen=True)
 class MainLoop:
     id: str
     kind: str
     span: Span
     function: str
     why: str = ""  # why this loop was chosen as a main loop (``--explain``)
+    boundary: Boundary | None = None
+    no_boundary: str = ""  # why there is no boundary state (then no iteration spans)
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,11 @@ class Plan:
                 f"{self.path}:{m.span.line}:{m.span.col} main loop {m.id} ({m.kind}) in {m.function}"
                 + (f": {m.why}" if m.why else "")
             )
+            if m.boundary is not None:
+                held = ", ".join(c.expr for c in m.boundary.changes) or "(nothing)"
+                out.append(f"  iteration boundary state (iteration spans): {held}")
+            else:
+                out.append(f"  no iteration spans: {m.no_boundary}")
             for b in (b for b in self.blocks if b.main == m.id):
                 out.append(
                     f"  {self.path}:{b.span.line}:{b.span.col} memoized {b.kind} loop {b.id} in {b.function}"

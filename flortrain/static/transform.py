@@ -25,7 +25,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from flortrain.errors import FlortrainError, Located
-from flortrain.static.plan import Block, MainLoop, Restore
+from flortrain.static.plan import Block, Change, MainLoop, Restore
 from flortrain.static.source import Source
 
 RUNTIME = "__flortrain__"
@@ -47,32 +47,66 @@ def _stmt(code: str) -> cst.SimpleStatementLine | cst.BaseCompoundStatement:
     return stmt
 
 
-def _frame(block: Block) -> str:
+def _frame(block: Block | MainLoop) -> str:
     """The block's local variable: its id made an identifier (a module's ids carry ``.`` and
     ``:``, ``mingpt.trainer:L24``), still ``_flortrain_\\w+`` as the line map expects."""
     return "_flortrain_" + re.sub(r"\W", "_", block.id)
 
 
+def _getters(changes: Sequence[Change], restore: Restore) -> str:
+    """``{"expr": lambda: expr, ...}``: each element read when the runtime asks, so one the run
+    left unbound (assigned only under ``if ddp:``) is absent, not an error."""
+    return "{" + ", ".join(f'"{c.expr}": lambda: {c.expr}' for c in changes if c.restore is restore) + "}"
+
+
+def _reassign(var: str, changes: Sequence[Change]) -> list[str]:
+    """The assignments that put restored rebound names back, indented under an ``if``."""
+    out = []
+    for c in changes:
+        if c.restore is Restore.REBOUND:
+            target = f'globals()["{c.expr}"]' if c.is_global else c.expr
+            out.append(f'    if {var}.has("{c.expr}"): {target} = {var}.value("{c.expr}")')
+    return out
+
+
 def _end_statement(block: Block) -> cst.BaseStatement:
     var = _frame(block)
-    objs = ", ".join(f'"{c.expr}": lambda: {c.expr}' for c in block.changeset if c.restore is Restore.IN_PLACE)
-    names = ", ".join(f'"{c.expr}": lambda: {c.expr}' for c in block.changeset if c.restore is Restore.REBOUND)
-    call = f"{var}.end({{{objs}}}, {{{names}}})"
-    rebound = [c for c in block.changeset if c.restore is Restore.REBOUND]
-    if not rebound:
+    call = f"{var}.end({_getters(block.changeset, Restore.IN_PLACE)}, {_getters(block.changeset, Restore.REBOUND)})"
+    lines = _reassign(var, block.changeset)
+    if not lines:
         return _stmt(call + "\n")
-    lines = [f"if {call}:"]
-    for c in rebound:
-        target = f'globals()["{c.expr}"]' if c.is_global else c.expr
-        lines.append(f'    if {var}.has("{c.expr}"): {target} = {var}.value("{c.expr}")')
-    return _stmt("\n".join(lines) + "\n")
+    return _stmt("\n".join([f"if {call}:", *lines]) + "\n")
 
 
-def _prepend(body: cst.BaseSuite, stmt: cst.BaseStatement) -> cst.BaseSuite:
+def _iteration_statements(main: MainLoop) -> list[cst.BaseStatement]:
+    """The first statements of a main-loop iteration. With a boundary state (iteration spans)::
+
+        _flortrain_M12 = __flortrain__.main_iteration("M12", {objects}, {names}, {targets}, values)
+        if _flortrain_M12.jumped():      # replay restored a later iteration's boundary
+            if _flortrain_M12.has("step"): step = _flortrain_M12.value("step")
+    """
+    if main.boundary is None:
+        return [_stmt(f'{RUNTIME}.main_iteration("{main.id}")\n')]
+    b = main.boundary
+    var = _frame(main)
+    targets = "{" + ", ".join(f'"{t}": lambda: {t}' for t in b.targets) + "}"
+    values = "".join(f'"{v}", ' for v in b.values)
+    call = (
+        f'{var} = {RUNTIME}.main_iteration("{main.id}", {_getters(b.changes, Restore.IN_PLACE)},'
+        f" {_getters(b.changes, Restore.REBOUND)}, {targets}, ({values}))\n"
+    )
+    out: list[cst.BaseStatement] = [_stmt(call)]
+    lines = _reassign(var, b.changes)
+    if lines:
+        out.append(_stmt("\n".join([f"if {var}.jumped():", *lines]) + "\n"))
+    return out
+
+
+def _prepend(body: cst.BaseSuite, stmts: Sequence[cst.BaseStatement]) -> cst.BaseSuite:
     if isinstance(body, cst.IndentedBlock):
-        return body.with_changes(body=[stmt, *body.body])
+        return body.with_changes(body=[*stmts, *body.body])
     assert isinstance(body, cst.SimpleStatementSuite)
-    return cst.IndentedBlock(body=[stmt, cst.SimpleStatementLine(body=body.body)])
+    return cst.IndentedBlock(body=[*stmts, cst.SimpleStatementLine(body=body.body)])
 
 
 #: Statements a probe can be (besides loops, handled in leave_For/leave_While): any statement a
@@ -131,7 +165,12 @@ class _Transformer(cst.CSTTransformer):
         if line in self.inst.mains:
             main = self.inst.mains[line]
             self.applied.add(line)
-            body = _prepend(updated.body, _stmt(f'{RUNTIME}.main_iteration("{main.id}")\n'))
+            body = _prepend(updated.body, _iteration_statements(main))
+            if main.boundary is not None and isinstance(updated, cst.For):
+                # the runtime's generator can jump the iterator to a later iteration on replay
+                it = cst.parse_expression(f'{RUNTIME}.main_iter("{main.id}", 0)')
+                assert isinstance(it, cst.Call)
+                updated = updated.with_changes(iter=it.with_changes(args=[it.args[0], cst.Arg(updated.iter)]))
             enter = _stmt(f'{RUNTIME}.main_enter("{main.id}")\n')
             assert isinstance(enter, cst.SimpleStatementLine)
             return cst.FlattenSentinel(

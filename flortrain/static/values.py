@@ -35,22 +35,22 @@ _GRAPH_METHODS = frozenset({"backward", "register_hook", "retain_grad", "require
 
 def value_only(prog: Program, scope: Scope, loop: Loop, name: str) -> bool:
     """Whether ``name``, rebound by ``loop``, is only ever read as a number outside it."""
-    if name in scope.declared_global or _read_elsewhere(prog, scope, name):
+    if name in scope.declared_global or read_elsewhere(prog, scope, name):
         return False
     rng = prog.range(loop)
     start, end = rng.start.line, rng.end.line
-    for node, parents in _occurrences(scope.node, name):
+    for node, parents in occurrences(scope.node, name):
         line = prog.line(node)
         if start <= line <= end:
             continue  # the loop itself: see _rebinds_first
-        if _is_target(parents):
+        if is_target(parents):
             continue
-        if not _value_read(node, parents):
+        if not value_read(node, parents):
             return False
     return _rebinds_first(loop.body, name)
 
 
-def _read_elsewhere(prog: Program, scope: Scope, name: str) -> bool:
+def read_elsewhere(prog: Program, scope: Scope, name: str) -> bool:
     for other in prog.scopes.values():
         if other is scope:
             continue
@@ -61,7 +61,7 @@ def _read_elsewhere(prog: Program, scope: Scope, name: str) -> bool:
     return False
 
 
-def _occurrences(root: cst.CSTNode, name: str) -> Iterator[tuple[cst.Name, list[cst.CSTNode]]]:
+def occurrences(root: cst.CSTNode, name: str) -> Iterator[tuple[cst.Name, list[cst.CSTNode]]]:
     """Every ``Name`` node spelling ``name`` in the scope, with its ancestors (nearest last),
     not entering nested functions or classes (their own scopes). A lambda's occurrences are
     reported with the lambda among the ancestors (and so are never value reads)."""
@@ -78,7 +78,7 @@ def _occurrences(root: cst.CSTNode, name: str) -> Iterator[tuple[cst.Name, list[
             stack.append((child, [*parents, node]))
 
 
-def _is_target(parents: Sequence[cst.CSTNode]) -> bool:
+def is_target(parents: Sequence[cst.CSTNode]) -> bool:
     """Whether the occurrence is bound by an assignment (``loss = 0``, ``logits, loss = f()``)."""
     for p in reversed(parents):
         if isinstance(p, cst.AssignTarget):
@@ -88,7 +88,7 @@ def _is_target(parents: Sequence[cst.CSTNode]) -> bool:
     return False
 
 
-def _value_read(node: cst.Name, parents: Sequence[cst.CSTNode]) -> bool:
+def value_read(node: cst.Name, parents: Sequence[cst.CSTNode]) -> bool:
     """Whether this read of a tensor only feeds a number out: it flows through out-of-place tensor
     methods and arithmetic (``hidden.norm()``, ``loss * 4``) into a sink that leaves autograd
     (``.item()``, ``.tolist()``, ``.detach()``, ``float()``/``int()``, a formatted f-string field)."""
@@ -126,11 +126,11 @@ def _value_read(node: cst.Name, parents: Sequence[cst.CSTNode]) -> bool:
 
 def reads_only_values(node: cst.CSTNode, name: str) -> bool:
     """Whether every read of ``name`` in ``node`` (a probe) is a value read (targets excluded)."""
-    return all(_is_target(parents) or _value_read(n, parents) for n, parents in _occurrences(node, name))
+    return all(is_target(parents) or value_read(n, parents) for n, parents in occurrences(node, name))
 
 
 def _mentions(node: cst.CSTNode, name: str) -> bool:
-    return any(True for _ in _occurrences(node, name))
+    return any(True for _ in occurrences(node, name))
 
 
 def _statements(body: cst.BaseSuite) -> Iterator[cst.BaseStatement | cst.BaseSmallStatement]:

@@ -20,7 +20,7 @@ from flortrain.errors import FlortrainError, Located
 
 #: Bumped whenever a table changes. ``CREATE TABLE IF NOT EXISTS`` never migrates, so a store
 #: written by another version must be refused when it is opened, not fail in the middle of a run.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (sha TEXT PRIMARY KEY, text TEXT NOT NULL);
@@ -73,7 +73,17 @@ CREATE TABLE IF NOT EXISTS iterations (
     iteration INTEGER NOT NULL,
     rng_sha TEXT NOT NULL,
     rng BLOB,
+    scalars TEXT,                     -- JSON: the main loop's carried plain scalars at the start
+                                      -- of the iteration (iteration spans evaluate probe guards)
     PRIMARY KEY (run_id, main_id, main_inst, iteration)
+);
+CREATE TABLE IF NOT EXISTS jumps (    -- replay: main-loop iterations skipped as a span
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    main_id TEXT NOT NULL,
+    main_inst INTEGER NOT NULL,
+    first INTEGER NOT NULL,           -- first iteration skipped
+    resumed INTEGER NOT NULL,         -- the iteration whose boundary checkpoint was restored
+    PRIMARY KEY (run_id, main_id, main_inst, first)
 );
 CREATE TABLE IF NOT EXISTS logs (
     run_id INTEGER NOT NULL REFERENCES runs(id),
@@ -308,12 +318,38 @@ class Store:
         return data if hashlib.sha256(data).hexdigest() == sha else None
 
     # -- iterations ------------------------------------------------------------------------------
-    def put_iterations(self, run_id: int, rows: Iterable[tuple[str, int, int, str, bytes | None]]) -> None:
+    def put_iterations(
+        self, run_id: int, rows: Iterable[tuple[str, int, int, str, bytes | None, str | None]]
+    ) -> None:
         if not self.owned():
             return
         self.db.executemany(
-            "INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?)", [(run_id, *r) for r in rows]
+            "INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?,?)", [(run_id, *r) for r in rows]
         )
+
+    def iteration_scalars(self, run_id: int) -> dict[tuple[str, int, int], dict[str, Any] | None]:
+        """Per main-loop iteration of a run, the carried scalars recorded at its start (None where
+        none were recorded): every iteration the run reached is a key."""
+        return {
+            (m, i, it): None if sc is None else json.loads(sc)
+            for m, i, it, sc in self.db.execute(
+                "SELECT main_id, main_inst, iteration, scalars FROM iterations WHERE run_id=?", (run_id,)
+            )
+        }
+
+    def put_jump(self, run_id: int, main_id: str, main_inst: int, first: int, resumed: int) -> None:
+        if not self.owned():
+            return
+        self.db.execute("INSERT OR REPLACE INTO jumps VALUES (?,?,?,?,?)", (run_id, main_id, main_inst, first, resumed))
+
+    def jumped(self, run_id: int) -> set[tuple[str, int, int]]:
+        """The main-loop iterations a replay skipped over (restoring a later boundary instead)."""
+        out: set[tuple[str, int, int]] = set()
+        for m, i, first, resumed in self.db.execute(
+            "SELECT main_id, main_inst, first, resumed FROM jumps WHERE run_id=?", (run_id,)
+        ):
+            out.update((m, i, it) for it in range(first, resumed))
+        return out
 
     def iteration_hashes(self, run_id: int) -> dict[tuple[str, int, int], str]:
         return {
