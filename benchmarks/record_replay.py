@@ -68,6 +68,19 @@ WORKLOADS: dict[str, tuple[Path, list[str], tuple[str, str] | None, tuple[str, s
         None,
         {"max_iters = 60 ": "max_iters = 400 ", "lr_decay_iters = 60 ": "lr_decay_iters = 400 "},
     ),
+    # the same, with the outer probe guarded as nanoGPT guards its own logging
+    # (`if iter_num % log_interval == 0`): iteration spans jump over the iterations between
+    "realcode-nanogpt-logged": (
+        REALCODE / "nanogpt.py",
+        [],
+        (
+            "    optimizer.zero_grad(set_to_none=True)\n",
+            "    if iter_num % 50 == 0: print(f\"PROBE outer {iter_num}"
+            " {sum(p.detach().abs().sum().item() for p in raw_model.parameters()):.10f}\")\n",
+        ),
+        None,
+        {"max_iters = 60 ": "max_iters = 400 ", "lr_decay_iters = 60 ": "lr_decay_iters = 400 "},
+    ),
     # pytorch/examples word_language_model: hidden state carried across batches, evaluate()
     "realcode-word_language_model": (
         REALCODE / "word_language_model.py",

@@ -73,9 +73,10 @@ def copy_fixture(name: str, into: Path) -> Path:
 
 
 def block_states(store: Path, run_id: int) -> dict[str, int]:
+    """Block instances by state (main-loop boundary checkpoints, state ``boundary``, left out)."""
     db = sqlite3.connect(store / "flortrain.db")
     try:
-        rows = db.execute("SELECT state, COUNT(*) FROM blocks WHERE run_id=? GROUP BY state", (run_id,))
+        rows = db.execute("SELECT state, COUNT(*) FROM blocks WHERE run_id=? AND state != 'boundary' GROUP BY state", (run_id,))
         return {s: n for s, n in rows}
     finally:
         db.close()

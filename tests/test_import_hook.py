@@ -147,7 +147,7 @@ def run_meta(store: Path, run_id: int) -> dict[str, object]:
 def block_ids(store: Path, run_id: int) -> set[str]:
     db = sqlite3.connect(store / "flortrain.db")
     try:
-        return {b for (b,) in db.execute("SELECT DISTINCT block_id FROM blocks WHERE run_id=?", (run_id,))}
+        return {b for (b,) in db.execute("SELECT DISTINCT block_id FROM blocks WHERE run_id=? AND state != 'boundary'", (run_id,))}
     finally:
         db.close()
 

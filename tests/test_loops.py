@@ -370,6 +370,7 @@ def test_explain_lists_main_loops_blocks_and_refusals() -> None:
     """)
     assert plan.explain().splitlines() == [
         "train.py:2:5 main loop M2 (for) in main: it contains the training step (line 4)",
+        "  no iteration spans: line 6: rule 5: call to `mystery()` has no side-effect estimate",
         "  train.py:3:9 memoized for loop L3 in main",
         "    changeset: opt [in_place] rule 4 line 4",
         "  train.py:5:9 refused loop in main: line 6: rule 5: call to `mystery()` has no side-effect estimate",

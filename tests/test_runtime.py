@@ -157,7 +157,7 @@ def test_corrupt_checkpoint_is_reexecuted_not_trusted(tmp_path: Path) -> None:
     script = _write(tmp_path, BASE)
     flortrain(tmp_path, "record", "train.py", env=EVERY)
     db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
-    [(rel,)] = db.execute("SELECT path FROM checkpoints WHERE key LIKE '%.1#0'").fetchall()
+    [(rel,)] = db.execute("SELECT path FROM checkpoints WHERE key LIKE 'L%.1#0'").fetchall()
     db.close()
     blob = tmp_path / ".flortrain" / "blobs" / rel
     data = bytearray(blob.read_bytes())

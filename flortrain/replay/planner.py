@@ -183,6 +183,9 @@ def _span_guards(
 ) -> tuple[dict[str, list[Guard]], dict[str, str]]:
     """Per main loop, the guards of the probes in its body (iteration spans), or why every
     iteration must run: it has no boundary state, or a probe in it cannot be told off a run."""
+    if not probes.probes:
+        # nothing to look at: the replay re-runs what it must to check the record, and prints it
+        return {}, {}
     module = probes.current.module
     no_spans: dict[str, str] = {m.id: f"no boundary state ({m.no_boundary})" for m in mains_at.values() if m.boundary is None}
     spans: dict[str, list[Guard]] = {m.id: [] for m in mains_at.values() if m.boundary is not None}

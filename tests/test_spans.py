@@ -1,0 +1,219 @@
+"""Iteration spans: a replay jumps over main-loop iterations in which no probe fires.
+
+Ground truth is always a plain ``python`` run of the probed script (tests/protocol.py). The jump
+counts are exact: with ``FLORTRAIN_PERIOD=every`` every iteration boundary is checkpointed, so a
+replay lands on each iteration a probe fires in, and on the last one.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from flortrain.static.analysis import analyse
+from flortrain.static.source import parse
+from tests.protocol import FIXTURES, flortrain, plain, probe_lines, replay_matches_plain
+
+REALCODE = FIXTURES / "realcode"
+
+EVERY = {"FLORTRAIN_PERIOD": "every"}
+
+STEPS = textwrap.dedent("""\
+    import torch
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = torch.randn(64, 4)
+    target = data.sum(1, keepdim=True)
+    iter_num = 0
+    max_iters = 29
+    log_every = 5
+    while True:
+        idx = torch.randint(0, 64, (8,))
+        for micro in range(2):
+            loss = ((model(data[idx]) - target[idx]) ** 2).mean() / 2
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        #PROBE
+        if iter_num % 10 == 0:
+            print(f"iter {iter_num} loss {loss.item():.6f}")
+        iter_num += 1
+        if iter_num > max_iters:
+            break
+    print("final", model.weight.sum().item())
+""")
+
+EPOCHS = textwrap.dedent("""\
+    import torch
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = torch.randn(32, 4)
+    target = data.sum(1, keepdim=True)
+    for epoch in range(12):
+        perm = torch.randperm(32)
+        for b in range(4):
+            i = perm[b * 8:(b + 1) * 8]
+            loss = ((model(data[i]) - target[i]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        #PROBE
+        print(f"epoch {epoch} loss {loss.item():.6f}")
+    print("final", model.weight.sum().item())
+""")
+
+
+def _jumped(stderr: str) -> int:
+    for line in stderr.splitlines():
+        if "main-loop iterations jumped over" in line:
+            return int(line.rsplit(", ", 1)[1].split()[0])
+    return 0
+
+
+def test_guarded_probe_in_a_while_true_step_loop_jumps_to_each_firing(tmp_path: Path) -> None:
+    probe = 'if iter_num % log_every == 0: print("PROBE", iter_num, f"{model.weight.norm().item():.10f}")'
+    rep = replay_matches_plain(tmp_path, STEPS, probe, env=EVERY)
+    # fires at 0, 5, .., 25: from 1 to 5, .., from 21 to 25 (4 each), then 26..28 to the last
+    assert _jumped(rep.err) == 5 * 4 + 3, rep.err
+    assert "(`(iter_num % log_every == 0)`)" in rep.err
+
+
+def test_guarded_probe_in_an_epoch_loop_skips_the_iterator_too(tmp_path: Path) -> None:
+    probe = 'if epoch % 4 == 3: print("PROBE", epoch, f"{model.weight.norm().item():.10f}")'
+    rep = replay_matches_plain(tmp_path, EPOCHS, probe, env=EVERY)
+    assert _jumped(rep.err) == 9, rep.err  # 0-2, 4-6, 8-10
+
+
+def test_an_enclosing_if_and_an_else_branch_are_guards(tmp_path: Path) -> None:
+    text = STEPS.replace("    #PROBE\n", "    if iter_num % 7 == 0:\n        pass\n    else:\n        pass\n        #PROBE\n")
+    probe = 'if iter_num > 20: print("PROBE", iter_num, f"{model.bias.item():.10f}")'
+    rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
+    # fires at 22..27 and 29 (not 21, 28: multiples of 7): 0..21 jump to 22, 28 to 29
+    assert _jumped(rep.err) == 22 + 1, rep.err
+
+
+def test_a_probe_after_the_main_loop_jumps_to_its_last_iteration(tmp_path: Path) -> None:
+    text = STEPS.replace("    #PROBE\n", "").replace('print("final"', '#PROBE\nprint("final"')
+    rep = replay_matches_plain(tmp_path, text, 'print("PROBE", f"{model.weight.norm().item():.10f}")', env=EVERY)
+    assert _jumped(rep.err) == 29, rep.err
+
+
+def test_an_unguarded_probe_runs_every_iteration_and_says_why(tmp_path: Path) -> None:
+    rep = replay_matches_plain(tmp_path, STEPS, 'print("PROBE", iter_num, f"{loss.item():.10f}")', env=EVERY)
+    assert _jumped(rep.err) == 0
+    assert "every iteration runs: the probe at line 18 cannot be told off a run: nothing guards it" in rep.err
+
+
+def test_a_guard_on_a_name_the_iteration_rebinds_first_is_not_trusted(tmp_path: Path) -> None:
+    text = STEPS.replace("    opt.zero_grad()\n", "    opt.zero_grad()\n    step_loss = loss.item()\n")
+    probe = 'if step_loss > 0: print("PROBE", iter_num, f"{step_loss:.10f}")'
+    rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
+    assert _jumped(rep.err) == 0
+    assert "its guard reads `step_loss`, which the iteration rebinds before it" in rep.err
+
+
+def test_a_guard_that_calls_a_function_is_not_trusted(tmp_path: Path) -> None:
+    probe = 'if abs(iter_num) % 5 == 0: print("PROBE", iter_num)'
+    rep = replay_matches_plain(tmp_path, STEPS, probe, env=EVERY)
+    assert _jumped(rep.err) == 0
+    assert "calls a function" in rep.err
+
+
+def test_a_missing_boundary_checkpoint_means_running_on_not_a_wrong_answer(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(STEPS)
+    assert flortrain(tmp_path, "record", "train.py", env=EVERY).code == 0
+    blobs = sorted((tmp_path / ".flortrain").rglob("M11_M11.0.5_0.*"))
+    assert blobs, sorted(p.name for p in (tmp_path / ".flortrain").rglob("*.pt"))[:5]
+    for b in blobs:
+        b.write_bytes(b"damaged")
+    probe = '    if iter_num % log_every == 0: print("PROBE", iter_num, f"{model.weight.norm().item():.10f}")'
+    script.write_text(STEPS.replace("    #PROBE", probe))
+    want = probe_lines(plain(script).out)
+    rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
+    assert rep.code == 0, rep.err
+    assert probe_lines(rep.out) == want
+    assert "boundary checkpoint M11@M11.0.5#0 is missing or corrupt; running on" in rep.err
+    assert _jumped(rep.err) == 4 * 4 + 3  # 1..4 run; the rest as before
+    assert flortrain(tmp_path, "diff").code == 0
+
+
+def test_nanogpt_shape_with_a_guarded_outer_probe(tmp_path: Path) -> None:
+    """nanoGPT's `while True` with micro-steps, `loss` carried into the log line (stored
+    detached: read only through `.item()`), ddp-guarded attribute absent, at the adaptive period."""
+    src = (REALCODE / "nanogpt.py").read_text()
+    marker = next(ln for ln in src.splitlines() if "# flortrain-probe outer:" in ln)
+    text = src.replace(marker, "    #PROBE")
+    probe = (
+        'if iter_num % 15 == 0: print("PROBE", iter_num,'
+        ' f"{sum(p.detach().abs().sum().item() for p in raw_model.parameters()):.10f}")'
+    )
+    rep = replay_matches_plain(tmp_path, text, probe)
+    assert _jumped(rep.err) > 20, rep.err
+
+
+def _boundary(text: str) -> tuple[dict[str, str], tuple[str, ...]]:
+    plan = analyse(parse("train.py", textwrap.dedent(text)))
+    b = plan.main_loops[0].boundary
+    assert b is not None, plan.main_loops[0].no_boundary
+    return {c.expr: c.restore.value for c in b.changes}, b.values
+
+
+def test_boundary_state_holds_what_the_next_iteration_reads_before_binding() -> None:
+    changes, values = _boundary("""
+        prev = None
+        for step in range(10):
+            for b in loader:
+                loss = model(b)
+                loss.backward()
+                opt.step()
+            if step % 2:
+                delta = loss.item() - last
+            last = loss.item()
+            scratch = 3
+            print(scratch)
+    """)
+    # `loss` reaches the next iteration's `if` only as a number; `last` is read before it is
+    # bound; `scratch` and `delta` never carry over; `prev` is never rebound
+    assert changes == {"opt": "in_place", "loss": "rebound", "last": "rebound"}
+    assert values == ("loss",)  # `last` feeds `delta` through arithmetic: not proved a value read
+
+
+def test_a_carried_tensor_used_for_autograd_is_not_stored_detached() -> None:
+    changes, values = _boundary("""
+        total = 0
+        for step in range(10):
+            for b in loader:
+                total = total + model(b)
+            total.backward()
+            opt.step()
+    """)
+    assert changes["total"] == "rebound"
+    assert values == ()
+
+
+def test_explain_names_the_boundary_state() -> None:
+    plan = analyse(parse("train.py", (REALCODE / "nanogpt.py").read_text()))
+    text = plan.explain()
+    assert "  iteration boundary state (iteration spans): best_val_loss, model.require_backward_grad_sync, X, Y," in text
+
+
+def test_a_data_loader_built_every_epoch_does_not_block_jumps(tmp_path: Path) -> None:
+    """Jumped iterations create loaders the replay never has: their registry ids are reserved,
+    and the loaders themselves (not carried) are left out of the restore."""
+    text = EPOCHS.replace(
+        "import torch\n", "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n", 1
+    ).replace(
+        "    perm = torch.randperm(32)\n    for b in range(4):\n        i = perm[b * 8:(b + 1) * 8]\n"
+        "        loss = ((model(data[i]) - target[i]) ** 2).mean()\n",
+        "    loader = DataLoader(TensorDataset(data, target), batch_size=8, shuffle=True)\n"
+        "    for x, y in loader:\n        loss = ((model(x) - y) ** 2).mean()\n",
+    )
+    assert "DataLoader(TensorDataset" in text
+    probe = 'if epoch % 4 == 3: print("PROBE", epoch, f"{model.weight.norm().item():.10f}")'
+    rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
+    assert _jumped(rep.err) == 9, rep.err
