@@ -39,6 +39,17 @@ FLOOR_NOISE_S = 0.5
 
 REALCODE = ROOT / "fixtures" / "realcode"
 
+#: nanoGPT at a small but not toy size (64-dim embeddings, 32-token context, 400 iterations): an
+#: iteration computes for several times what checkpointing its state costs, as in real runs
+#: (at the fixture's 16-dim size, checkpointing costs about what an iteration does)
+NANOGPT_EDITS = {
+    "max_iters = 60 ": "max_iters = 400 ",
+    "lr_decay_iters = 60 ": "lr_decay_iters = 400 ",
+    "n_embd = 16\n": "n_embd = 64\n",
+    "block_size = 8\n": "block_size = 32\n",
+    "batch_size = 8 ": "batch_size = 16 ",
+}
+
 WORKLOADS: dict[str, tuple[Path, list[str], tuple[str, str] | None, tuple[str, str] | None, dict[str, str]]] = {
     # name: (source file, args, outer probe (after, statement), inner probe (after, statement),
     #        edits to the source that make the run long enough to measure beyond start-up)
@@ -66,7 +77,7 @@ WORKLOADS: dict[str, tuple[Path, list[str], tuple[str, str] | None, tuple[str, s
         [],
         None,
         None,
-        {"max_iters = 60 ": "max_iters = 400 ", "lr_decay_iters = 60 ": "lr_decay_iters = 400 "},
+        NANOGPT_EDITS,
     ),
     # the same, with the outer probe guarded as nanoGPT guards its own logging
     # (`if iter_num % log_interval == 0`): iteration spans jump over the iterations between
@@ -79,15 +90,15 @@ WORKLOADS: dict[str, tuple[Path, list[str], tuple[str, str] | None, tuple[str, s
             " {sum(p.detach().abs().sum().item() for p in raw_model.parameters()):.10f}\")\n",
         ),
         None,
-        {"max_iters = 60 ": "max_iters = 400 ", "lr_decay_iters = 60 ": "lr_decay_iters = 400 "},
+        NANOGPT_EDITS,
     ),
     # pytorch/examples word_language_model: hidden state carried across batches, evaluate()
     "realcode-word_language_model": (
         REALCODE / "word_language_model.py",
-        ["--emsize", "64", "--nhid", "64", "--epochs", "6"],
+        ["--emsize", "128", "--nhid", "128", "--epochs", "6", "--log-interval", "200"],
         None,
         None,
-        {"self._generate(rng, succ, 2048)": "self._generate(rng, succ, 16384)"},
+        {"self._generate(rng, succ, 2048)": "self._generate(rng, succ, 65536)"},
     ),
 }
 

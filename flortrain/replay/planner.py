@@ -189,12 +189,12 @@ def _span_guards(
     module = probes.current.module
     no_spans: dict[str, str] = {m.id: f"no boundary state ({m.no_boundary})" for m in mains_at.values() if m.boundary is None}
     spans: dict[str, list[Guard]] = {m.id: [] for m in mains_at.values() if m.boundary is not None}
-    rebindable = {
-        n.name.value
-        for node in _walk(module)
-        if isinstance(node, cst.Global | cst.Nonlocal)
-        for n in node.names
-    }
+    text = module.code
+    rebindable = (
+        {n.name.value for node in _walk(module) if isinstance(node, cst.Global | cst.Nonlocal) for n in node.names}
+        if "global" in text or "nonlocal" in text
+        else set()
+    )
 
     def line(node: cst.CSTNode) -> int:
         return int(pos[node].start.line)

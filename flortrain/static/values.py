@@ -65,17 +65,44 @@ def occurrences(root: cst.CSTNode, name: str) -> Iterator[tuple[cst.Name, list[c
     """Every ``Name`` node spelling ``name`` in the scope, with its ancestors (nearest last),
     not entering nested functions or classes (their own scopes). A lambda's occurrences are
     reported with the lambda among the ancestors (and so are never value reads)."""
-    stack: list[tuple[cst.CSTNode, list[cst.CSTNode]]] = [(root, [])]
+    names, parent = _index(root)
+    for node in names.get(name, ()):
+        chain: list[cst.CSTNode] = []
+        up = parent.get(node)
+        while up is not None:
+            chain.append(up)
+            up = parent.get(up)
+        chain.reverse()
+        yield node, chain
+
+
+#: one walk per scope, shared by every name asked about (the analyses ask about many)
+_INDEXES: dict[cst.CSTNode, tuple[dict[str, list[cst.Name]], dict[cst.CSTNode, cst.CSTNode]]] = {}
+
+
+def _index(root: cst.CSTNode) -> tuple[dict[str, list[cst.Name]], dict[cst.CSTNode, cst.CSTNode]]:
+    """The ``Name`` nodes under ``root`` by spelling, and each node's parent (up to ``root``)."""
+    hit = _INDEXES.get(root)
+    if hit is not None:
+        return hit
+    names: dict[str, list[cst.Name]] = {}
+    parent: dict[cst.CSTNode, cst.CSTNode] = {}
+    stack: list[cst.CSTNode] = [root]
     while stack:
-        node, parents = stack.pop()
-        if isinstance(node, cst.Name) and node.value == name:
-            yield node, parents
+        node = stack.pop()
+        if isinstance(node, cst.Name):
+            names.setdefault(node.value, []).append(node)
+        if node is not root and isinstance(node, cst.FunctionDef | cst.ClassDef):
+            continue
         for child in node.children:
-            if node is not root and isinstance(node, cst.FunctionDef | cst.ClassDef):
-                break
             if isinstance(node, cst.Attribute) and child is node.attr:
                 continue  # `obj.name` is an attribute, not the name
-            stack.append((child, [*parents, node]))
+            parent[child] = node
+            stack.append(child)
+    if len(_INDEXES) >= 64:  # the import hook analyses one module after another
+        _INDEXES.clear()
+    _INDEXES[root] = (names, parent)
+    return names, parent
 
 
 def is_target(parents: Sequence[cst.CSTNode]) -> bool:
