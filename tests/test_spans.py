@@ -217,3 +217,10 @@ def test_a_data_loader_built_every_epoch_does_not_block_jumps(tmp_path: Path) ->
     probe = 'if epoch % 4 == 3: print("PROBE", epoch, f"{model.weight.norm().item():.10f}")'
     rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
     assert _jumped(rep.err) == 9, rep.err
+
+
+def test_a_guard_may_read_loop_invariant_attributes(tmp_path: Path) -> None:
+    text = STEPS.replace("log_every = 5\n", "class Args:\n    log_every = 5\n\n\nargs = Args()\n")
+    probe = 'if iter_num % args.log_every == 0: print("PROBE", iter_num, f"{model.weight.norm().item():.10f}")'
+    rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
+    assert _jumped(rep.err) == 5 * 4 + 3, rep.err
