@@ -178,8 +178,9 @@ def test_boundary_state_holds_what_the_next_iteration_reads_before_binding() -> 
             print(scratch)
     """)
     # `loss` reaches the next iteration's `if` only as a number; `last` is read before it is
-    # bound; `scratch` and `delta` never carry over; `prev` is never rebound
-    assert changes == {"opt": "in_place", "loss": "rebound", "last": "rebound"}
+    # bound; `scratch` and `delta` never carry over; `prev` is never rebound; the loop target
+    # `step` is restored by a jump rather than taken from the iterator
+    assert changes == {"opt": "in_place", "step": "rebound", "loss": "rebound", "last": "rebound"}
     assert values == ("loss",)  # `last` feeds `delta` through arithmetic: not proved a value read
 
 
@@ -219,8 +220,140 @@ def test_a_data_loader_built_every_epoch_does_not_block_jumps(tmp_path: Path) ->
     assert _jumped(rep.err) == 9, rep.err
 
 
-def test_a_guard_may_read_loop_invariant_attributes(tmp_path: Path) -> None:
-    text = STEPS.replace("log_every = 5\n", "class Args:\n    log_every = 5\n\n\nargs = Args()\n")
+def test_a_guard_may_read_an_argparse_namespace(tmp_path: Path) -> None:
+    text = STEPS.replace(
+        "log_every = 5\n", "import argparse\nargs = argparse.Namespace(log_every=5)\n"
+    )
     probe = 'if iter_num % args.log_every == 0: print("PROBE", iter_num, f"{model.weight.norm().item():.10f}")'
     rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
     assert _jumped(rep.err) == 5 * 4 + 3, rep.err
+
+
+# -- found by adversarial review: each replayed wrongly (silently) before its fix ------------------
+
+HEADER = textwrap.dedent("""\
+    import torch
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = torch.randn(64, 4)
+    target = data.sum(1, keepdim=True)
+""")
+
+
+def test_a_probe_reading_a_name_bound_only_in_some_iterations_stops_jumps(tmp_path: Path) -> None:
+    """`val` is bound every third epoch; the boundary does not hold it (the recorded script
+    never reads it across iterations), so a jump would leave a stale `val` for the probe."""
+    text = HEADER + textwrap.dedent("""\
+        for epoch in range(20):
+            perm = torch.randperm(64)
+            for b in range(4):
+                i = perm[b * 16:(b + 1) * 16]
+                loss = ((model(data[i]) - target[i]) ** 2).mean()
+                opt.zero_grad(); loss.backward(); opt.step()
+            if epoch % 3 == 0:
+                with torch.no_grad():
+                    val = ((model(data) - target) ** 2).mean().item()
+                print("val", epoch, f"{val:.6f}")
+            #PROBE
+        print("final", model.weight.sum().item())
+    """)
+    rep = replay_matches_plain(tmp_path, text, 'if epoch % 6 == 4: print("PROBE", epoch, f"{val:.10f}")', env=EVERY)
+    assert _jumped(rep.err) == 0
+    assert "reads `val`, which an iteration binds and the boundary checkpoints do not hold" in rep.err
+
+
+def test_a_probe_printing_a_carried_tensor_stops_jumps(tmp_path: Path) -> None:
+    text = HEADER + textwrap.dedent("""\
+        prev = 0.0
+        for step in range(30):
+            if step > 0:
+                prev = loss.item()
+            #PROBE
+            idx = torch.randint(0, 64, (8,))
+            for micro in range(2):
+                loss = ((model(data[idx]) - target[idx]) ** 2).mean() / 2
+                loss.backward()
+            opt.step(); opt.zero_grad()
+        print("final", model.weight.sum().item(), prev)
+    """)
+    rep = replay_matches_plain(tmp_path, text, 'if step % 10 == 5: print("PROBE", step, loss)', env=EVERY)
+    assert _jumped(rep.err) == 0
+    assert "reads `loss` as a tensor" in rep.err
+
+
+def test_a_jump_restores_the_loop_target_instead_of_trusting_the_iterator(tmp_path: Path) -> None:
+    """The generator draws from the global RNG, interleaved with dropout: items taken while
+    skipping are not the record's, so the item a jump lands on comes from the boundary."""
+    text = textwrap.dedent("""\
+        import torch
+        torch.manual_seed(0)
+        torch.set_num_threads(1)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        def batches():
+            while True:
+                x = torch.randn(8, 4)
+                yield x, x.sum(1, keepdim=True)
+        for step, (x, y) in enumerate(batches()):
+            if step >= 30:
+                break
+            for micro in range(2):
+                loss = ((model(x) - y) ** 2).mean() / 2
+                loss.backward()
+            opt.step(); opt.zero_grad()
+            #PROBE
+        print("final", model[0].weight.sum().item())
+    """)
+    probe = 'if step % 10 == 7: print("PROBE", step, f"{x.sum().item():.10f}", f"{model[0].weight.sum().item():.10f}")'
+    rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
+    assert _jumped(rep.err) == 7 + 9 + 9 + 2, rep.err
+
+
+def test_a_guard_on_a_match_capture_is_not_taken_from_the_iteration_start(tmp_path: Path) -> None:
+    text = HEADER + textwrap.dedent("""\
+        for step in range(24):
+            for b in range(2):
+                loss = ((model(data[b * 8:(b + 1) * 8]) - target[b * 8:(b + 1) * 8]) ** 2).mean()
+                opt.zero_grad(); loss.backward(); opt.step()
+            match step % 4:
+                case r:
+                    mult = r + 1
+            #PROBE
+        print("final", model.weight.sum().item())
+    """)
+    rep = replay_matches_plain(tmp_path, text, 'if r == 2: print("PROBE", step, r, f"{model.weight.sum().item():.10f}")', env=EVERY)
+    assert _jumped(rep.err) == 0
+    assert "its guard reads `r`, which the iteration rebinds before it" in rep.err
+
+
+def test_a_guard_on_an_attribute_of_a_model_is_not_trusted_at_run_time(tmp_path: Path) -> None:
+    """`forward` counts its calls: nothing the static pass sees changes `model.calls`."""
+    text = textwrap.dedent("""\
+        import torch
+        torch.manual_seed(0)
+        torch.set_num_threads(1)
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(4, 1)
+                self.calls = 0
+            def forward(self, x):
+                self.calls += 1
+                return self.fc(x)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        data = torch.randn(64, 4)
+        target = data.sum(1, keepdim=True)
+        for epoch in range(20):
+            for b in range(3):
+                loss = ((model(data[b * 8:(b + 1) * 8]) - target[b * 8:(b + 1) * 8]) ** 2).mean()
+                opt.zero_grad(); loss.backward(); opt.step()
+            #PROBE
+        print("final", model.fc.weight.sum().item(), model.calls)
+    """)
+    probe = 'if model.calls % 15 == 0: print("PROBE", epoch, model.calls, f"{model.fc.weight.sum().item():.10f}")'
+    rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
+    assert _jumped(rep.err) == 0
+    assert "`model` is not a plain value or an argparse namespace" in rep.err

@@ -50,9 +50,10 @@ def test_main_loop_for_block_while_block_and_rebound_names() -> None:
         total = 0
         __flortrain__.main_enter("M5")
         for epoch in __flortrain__.main_iter("M5", range(2)):
-            _flortrain_M5 = __flortrain__.main_iteration("M5", {}, {"total": lambda: total}, {"epoch": lambda: epoch}, ())
+            _flortrain_M5 = __flortrain__.main_iteration("M5", {}, {"total": lambda: total, "epoch": lambda: epoch}, ())
             if _flortrain_M5.jumped():
                 if _flortrain_M5.has("total"): total = _flortrain_M5.value("total")
+                if _flortrain_M5.has("epoch"): epoch = _flortrain_M5.value("epoch")
             _flortrain_L6 = __flortrain__.block("L6", 6, 7)
             for b in _flortrain_L6.iterate([1, 2, 3]):
                 total += b
@@ -92,9 +93,10 @@ def test_in_place_objects_and_globals_in_a_function() -> None:
             # the epoch loop
             __flortrain__.main_enter("M7")
             for epoch in __flortrain__.main_iter("M7", range(2)):
-                _flortrain_M7 = __flortrain__.main_iteration("M7", {"opt": lambda: opt}, {"step": lambda: step}, {"epoch": lambda: epoch}, ())
+                _flortrain_M7 = __flortrain__.main_iteration("M7", {"opt": lambda: opt}, {"step": lambda: step, "epoch": lambda: epoch}, ())
                 if _flortrain_M7.jumped():
                     if _flortrain_M7.has("step"): globals()["step"] = _flortrain_M7.value("step")
+                    if _flortrain_M7.has("epoch"): epoch = _flortrain_M7.value("epoch")
                 _flortrain_L8 = __flortrain__.block("L8", 8, 10)
                 for b in _flortrain_L8.iterate(loader):
                     opt.step()
@@ -113,7 +115,7 @@ def test_in_place_only_block_has_no_restore_assignment() -> None:
                 opt.step()
     """)
     assert '    _flortrain_L2.end({"opt": lambda: opt}, {})\n' in out
-    assert ".value(" not in out
+    assert "_flortrain_L2.value(" not in out
 
 
 def test_probe_wrapper() -> None:

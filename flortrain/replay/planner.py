@@ -18,10 +18,10 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
-from flortrain.replay.probes import ProbeSet
+from flortrain.replay.probes import Probe, ProbeSet
 from flortrain.static.plan import Block, MainLoop, Plan
 from flortrain.static.program import MODULE
-from flortrain.static.spans import Guard, probe_guard
+from flortrain.static.spans import Guard, probe_guard, read_before_bound
 from flortrain.static.transform import Instrumentation
 from flortrain.static.values import reads_only_values
 
@@ -199,6 +199,10 @@ def _span_guards(
     def line(node: cst.CSTNode) -> int:
         return int(pos[node].start.line)
 
+    main_nodes = [
+        (n, mains_at[line(n)]) for n in _walk(module) if isinstance(n, cst.For | cst.While) and line(n) in mains_at
+    ]
+
     def refuse(main_id: str, why: str) -> None:
         spans.pop(main_id, None)
         no_spans.setdefault(main_id, why)
@@ -212,6 +216,12 @@ def _span_guards(
             for m in mains_at.values():
                 refuse(m.id, f"the probe at line {p.line} is inside a function, which any iteration may call")
             continue
+        reads = _names_read(p.node)
+        inside = mains[0][1].id if mains else None
+        for node, m in ((n, m) for n, m in main_nodes if m.boundary is not None):
+            why = _unheld_read(p, reads, m, node if m.id == inside else None)
+            if why:
+                refuse(m.id, f"the probe at line {p.line} {why}")
         if not mains:
             continue  # before or after the main loop: it sees the state the loop leaves
         at, main = mains[0]
@@ -225,6 +235,23 @@ def _span_guards(
         elif main.id in spans:
             spans[main.id].append(guard)
     return spans, no_spans
+
+
+def _unheld_read(p: Probe, reads: set[str], main: MainLoop, loop: cst.For | cst.While | None) -> str | None:
+    """Why a probe's reads defeat jumping ``main``: it reads a name the loop binds that the
+    boundary checkpoints do not hold (``val`` bound only every third epoch), or a name they hold
+    detached as a tensor. ``loop`` is the main loop's node when the probe is in its body (a name
+    bound earlier in the same iteration is then fine); a probe elsewhere sees what it leaves."""
+    b = main.boundary
+    assert b is not None
+    held = {c.expr for c in b.changes}
+    for name in sorted(reads & set(b.bound) - held):
+        if loop is None or read_before_bound(loop, name):
+            return f"reads `{name}`, which an iteration binds and the boundary checkpoints do not hold"
+    for name in sorted(reads & set(b.values)):
+        if not reads_only_values(p.node, name):
+            return f"reads `{name}` as a tensor; boundary checkpoints hold it without its autograd graph"
+    return None
 
 
 def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:

@@ -73,7 +73,7 @@ def _span_replay(
         if b["state"] == "boundary" and b["key"] in checkpoints:
             boundaries.setdefault((b["main_id"], b["main_inst"]), []).append(b["iteration"])
     guards = {
-        m: [compile_guard(g.source, g.recorded, g.live) for g in gs] for m, gs in rplan.spans.items()
+        m: [compile_guard(g.source, g.recorded, g.live, g.through) for g in gs] for m, gs in rplan.spans.items()
     }
     return SpanReplay(guards, store.iteration_scalars(record), {k: sorted(v) for k, v in boundaries.items()})
 

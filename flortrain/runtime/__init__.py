@@ -37,14 +37,13 @@ def main_iteration(
     main_id: str,
     objects: Getters | None = None,
     names: Getters | None = None,
-    targets: Getters | None = None,
     values: tuple[str, ...] = (),
 ) -> Boundary | NoBoundary:
     """The start of a main-loop iteration; with the loop's boundary state (getters of what an
     iteration changes), what a replay restored when it jumped here (see ``jumped()``)."""
     if _session.current is None:
         return NO_BOUNDARY
-    b = _session.current.main_iteration(main_id, objects, names, targets, values, sys._getframe(1))
+    b = _session.current.main_iteration(main_id, objects, names, values, sys._getframe(1))
     return NO_BOUNDARY if b is None else b
 
 

@@ -66,6 +66,8 @@ class Session:
     def __post_init__(self) -> None:
         if self.materializer is None:
             self.materializer = SyncMaterializer(self.store, self.run_id)
+        if self.replay is not None and self.replay.spans is not None:
+            self.replay.spans.warn = lambda msg: self.warn_once(msg, msg)
 
     # -- main loop ---------------------------------------------------------------------------------
     def main_enter(self, main_id: str) -> None:
@@ -81,7 +83,6 @@ class Session:
         main_id: str,
         objects: Getters | None = None,
         names: Getters | None = None,
-        targets: Getters | None = None,
         values: tuple[str, ...] = (),
         frame: FrameType | None = None,
     ) -> Boundary | None:
@@ -102,7 +103,7 @@ class Session:
         scalars: str | None = None
         if objects is not None and names is not None:
             if self.mode == "record":
-                scalars = scalars_json({**names, **(targets or {})})
+                scalars = scalars_json(names)
                 boundary = self._record_boundary(main_id, i, objects, names, values)
             else:
                 boundary = self._jump(main_id, i, objects, values, frame)

@@ -18,6 +18,7 @@ as firing: the iteration runs. ``diff`` leaves jumped iterations out and checks 
 
 from __future__ import annotations
 
+import argparse
 import builtins
 import json
 import sys
@@ -135,6 +136,7 @@ class CompiledGuard:
     code: CodeType
     recorded: tuple[str, ...]
     live: tuple[str, ...]
+    through: tuple[str, ...] = ()
 
 
 @dataclass
@@ -148,6 +150,8 @@ class SpanReplay:
     #: (main id, entry) -> sorted iterations with a boundary checkpoint
     boundaries: dict[tuple[str, int], list[int]]
     last: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: how an untrusted guard is reported (once per message; the session's stderr)
+    warn: Callable[[str], None] = field(default=lambda msg: None)
     _fires: dict[tuple[str, int, int], bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -176,7 +180,15 @@ class SpanReplay:
                 ns[name] = scalars[name]
             for name in g.live:
                 found, v = _lookup(frame, name)
-                if not found:
+                # a loop invariant only if nothing can change it behind the static pass's back:
+                # an immutable scalar, or an argparse namespace read through an attribute
+                trusted = type(v) is argparse.Namespace if name in g.through else type(v) in _SCALARS
+                if not found or not trusted:
+                    self.warn(
+                        f"guard `{g.source}`: `{name}` is not a plain value"
+                        + (" or an argparse namespace" if name in g.through else "")
+                        + "; iterations run where it is read"
+                    )
                     return True
                 ns[name] = v
             try:
@@ -214,8 +226,10 @@ def _lookup(frame: FrameType | None, name: str) -> tuple[bool, Any]:
     return False, None
 
 
-def compile_guard(source: str, recorded: tuple[str, ...], live: tuple[str, ...]) -> CompiledGuard:
-    return CompiledGuard(source, compile(source, "<probe guard>", "eval"), recorded, live)
+def compile_guard(
+    source: str, recorded: tuple[str, ...], live: tuple[str, ...], through: tuple[str, ...] = ()
+) -> CompiledGuard:
+    return CompiledGuard(source, compile(source, "<probe guard>", "eval"), recorded, live, through)
 
 
 __all__ = ["NO_BOUNDARY", "Boundary", "CompiledGuard", "SpanReplay", "compile_guard", "scalars_json"]

@@ -73,7 +73,8 @@ class Boundary:
 
     changes: tuple[Change, ...]  # objects restored in place; names and attributes reassigned
     values: tuple[str, ...]  # carried names read only as numbers: may be stored detached
-    targets: tuple[str, ...]  # the main ``for`` loop's target names (their scalars are recorded)
+    targets: tuple[str, ...]  # the main ``for`` loop's target names (restored on a jump)
+    bound: tuple[str, ...] = ()  # every name an iteration binds (a probe reading one is checked)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from flortrain.static.changeset import loop_changeset
+from flortrain.static.expressions import pattern_captures
 from flortrain.static.plan import Boundary, Change, Restore
 from flortrain.static.program import Loop, Program, Scope
 from flortrain.static.values import is_target, occurrences, read_elsewhere, value_read
@@ -47,6 +48,10 @@ def boundary_state(prog: Program, loop: Loop) -> Boundary:
         ):
             continue  # `model.eval` is restored with `model`
         changes[c.expr] = c
+    for name in targets:
+        # the item a jump lands on is restored, not taken from the iterator: skipping items runs
+        # the iterable's own code in another state than the record's (RNG drawn in a generator)
+        changes.setdefault(name, Change(name, Restore.REBOUND, 3, prog.line(loop)))
     exposed: dict[str, list[tuple[cst.Name, list[cst.CSTNode]]]] = {}
     for name in cs.bound:
         if name in targets:
@@ -67,7 +72,15 @@ def boundary_state(prog: Program, loop: Loop) -> Boundary:
             and _read_after_only_as_value(prog, scope, loop, n)
         )
     )
-    return Boundary(tuple(changes.values()), values, targets)
+    return Boundary(tuple(changes.values()), values, targets, tuple(sorted(set(cs.bound) | set(targets))))
+
+
+def read_before_bound(loop: Loop, name: str) -> bool:
+    """Whether an iteration of ``loop`` (as it is now, probes included) may read ``name`` before
+    binding it: then it sees what an earlier iteration left, which a jump must restore."""
+    reads: list[tuple[cst.Name, list[cst.CSTNode]]] = []
+    _first_reads(list(_suite(loop.body)), name, False, reads)
+    return bool(reads)
 
 
 def _read_after_only_as_value(prog: Program, scope: Scope, loop: Loop, name: str) -> bool:
@@ -174,12 +187,15 @@ class Guard:
     source: str
     recorded: tuple[str, ...]  # carried names: their value at the iteration's start, recorded
     live: tuple[str, ...]  # names the loop never binds: read from the running frame
+    #: live names read through an attribute (``args.log_every``): at run time only an
+    #: ``argparse.Namespace`` is trusted not to change behind the static pass's back
+    through: tuple[str, ...] = ()
 
 
 _PURE = (
     cst.Name, cst.Attribute, cst.Integer, cst.Float, cst.SimpleString, cst.Comparison, cst.ComparisonTarget,
     cst.BinaryOperation, cst.UnaryOperation, cst.BooleanOperation, cst.BaseCompOp, cst.BaseBinaryOp,
-    cst.BaseUnaryOp, cst.BaseBooleanOp, cst.LeftParen, cst.RightParen, cst.BaseParenthesizableWhitespace,
+    cst.BaseUnaryOp, cst.BaseBooleanOp, cst.LeftParen, cst.RightParen, cst.BaseParenthesizableWhitespace, cst.Dot,
 )
 
 
@@ -220,6 +236,7 @@ def probe_guard(
     changed_roots = {c.expr.split(".")[0] for c in state.changes}
     recorded: set[str] = set()
     live: set[str] = set()
+    through: set[str] = set()
     bindings = _bindings(main.body, line)
     for node, _ in tests:
         bad = _impure(node.test)
@@ -233,12 +250,14 @@ def probe_guard(
                 return f"its guard reads `{name}`, which the iteration rebinds before it (line {before[0]})"
             if name in carried and not attr:
                 recorded.add(name)
-            elif name in bindings or name in changed_roots:
+            elif name in bindings or name in changed_roots or name in carried:
                 return f"its guard reads `{name}`, which the iteration changes"
             else:
                 live.add(name)
+                if attr:
+                    through.add(name)
     source = " and ".join(f"({t})" for _, t in tests)
-    return Guard(source, tuple(sorted(recorded)), tuple(sorted(live)))
+    return Guard(source, tuple(sorted(recorded)), tuple(sorted(live)), tuple(sorted(through)))
 
 
 def _code(module: cst.Module, node: cst.CSTNode) -> str:
@@ -299,6 +318,9 @@ def _bindings(body: cst.CSTNode, line: Callable[[cst.CSTNode], int]) -> dict[str
             add(n.name, n)
         elif isinstance(n, cst.Del):
             add(n.target, n)
+        elif isinstance(n, cst.MatchCase):
+            for name in pattern_captures(n.pattern):
+                out.setdefault(name, []).append(line(n))
         elif isinstance(n, cst.ImportAlias):
             bound = n.asname.name if n.asname is not None else n.name
             if isinstance(bound, cst.Name):

@@ -81,7 +81,7 @@ def _end_statement(block: Block) -> cst.BaseStatement:
 def _iteration_statements(main: MainLoop) -> list[cst.BaseStatement]:
     """The first statements of a main-loop iteration. With a boundary state (iteration spans)::
 
-        _flortrain_M12 = __flortrain__.main_iteration("M12", {objects}, {names}, {targets}, values)
+        _flortrain_M12 = __flortrain__.main_iteration("M12", {objects}, {names}, values)
         if _flortrain_M12.jumped():      # replay restored a later iteration's boundary
             if _flortrain_M12.has("step"): step = _flortrain_M12.value("step")
     """
@@ -89,11 +89,10 @@ def _iteration_statements(main: MainLoop) -> list[cst.BaseStatement]:
         return [_stmt(f'{RUNTIME}.main_iteration("{main.id}")\n')]
     b = main.boundary
     var = _frame(main)
-    targets = "{" + ", ".join(f'"{t}": lambda: {t}' for t in b.targets) + "}"
     values = "".join(f'"{v}", ' for v in b.values)
     call = (
         f'{var} = {RUNTIME}.main_iteration("{main.id}", {_getters(b.changes, Restore.IN_PLACE)},'
-        f" {_getters(b.changes, Restore.REBOUND)}, {targets}, ({values}))\n"
+        f" {_getters(b.changes, Restore.REBOUND)}, ({values}))\n"
     )
     out: list[cst.BaseStatement] = [_stmt(call)]
     lines = _reassign(var, b.changes)
