@@ -199,7 +199,7 @@ def plot(results: list[dict[str, object]], path: Path) -> None:
         ax.axhline(med["startup"], color="k", linestyle=":", linewidth=1, label="start-up floor")
         ax.legend(fontsize=8)
         ax.set_title(
-            f"{r['workload']}: record +{100 * float(r['record_overhead']):.0f}%, outer probe"
+            f"{r['workload']}: record {100 * float(r['record_overhead']):+.0f}%, outer probe"
             f" {float(r['outer_probe_speedup']):.2f}x",
             fontsize=9,
         )
@@ -224,7 +224,7 @@ def main() -> None:
         assert isinstance(med, dict)
         print(
             f"{r['workload']}: plain {med['plain']:.2f}s record {med['record']:.2f}s"
-            f" (+{100 * float(r['record_overhead']):.1f}%); outer probe {med['plain_outer']:.2f}s ->"
+            f" ({100 * float(r['record_overhead']):+.1f}%); outer probe {med['plain_outer']:.2f}s ->"
             f" {med['replay_outer']:.2f}s ({float(r['outer_probe_speedup']):.2f}x); inner probe"
             f" {med['plain_inner']:.2f}s -> {med['replay_inner']:.2f}s ({float(r['inner_probe_speedup']):.2f}x)"
         )
@@ -239,7 +239,7 @@ def main() -> None:
 def _shown(v: object, pct: bool = False) -> str:
     if v is None:
         return "n/a (within the floor's noise)"
-    return f"+{100 * float(v):.1f}%" if pct else f"{float(v):.2f}x"  # type: ignore[arg-type]
+    return f"{100 * float(v):+.1f}%" if pct else f"{float(v):.2f}x"  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ REALCODE = FIXTURES / "realcode"
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
 
-STEPS = textwrap.dedent("""\
+HEADER = textwrap.dedent("""\
     import torch
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -26,6 +26,9 @@ STEPS = textwrap.dedent("""\
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = torch.randn(64, 4)
     target = data.sum(1, keepdim=True)
+""")
+
+STEPS = HEADER + textwrap.dedent("""\
     iter_num = 0
     max_iters = 29
     log_every = 5
@@ -45,18 +48,11 @@ STEPS = textwrap.dedent("""\
     print("final", model.weight.sum().item())
 """)
 
-EPOCHS = textwrap.dedent("""\
-    import torch
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    data = torch.randn(32, 4)
-    target = data.sum(1, keepdim=True)
+EPOCHS = HEADER + textwrap.dedent("""\
     for epoch in range(12):
-        perm = torch.randperm(32)
+        perm = torch.randperm(64)
         for b in range(4):
-            i = perm[b * 8:(b + 1) * 8]
+            i = perm[b * 16:(b + 1) * 16]
             loss = ((model(data[i]) - target[i]) ** 2).mean()
             opt.zero_grad()
             loss.backward()
@@ -209,9 +205,9 @@ def test_a_data_loader_built_every_epoch_does_not_block_jumps(tmp_path: Path) ->
     text = EPOCHS.replace(
         "import torch\n", "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n", 1
     ).replace(
-        "    perm = torch.randperm(32)\n    for b in range(4):\n        i = perm[b * 8:(b + 1) * 8]\n"
+        "    perm = torch.randperm(64)\n    for b in range(4):\n        i = perm[b * 16:(b + 1) * 16]\n"
         "        loss = ((model(data[i]) - target[i]) ** 2).mean()\n",
-        "    loader = DataLoader(TensorDataset(data, target), batch_size=8, shuffle=True)\n"
+        "    loader = DataLoader(TensorDataset(data, target), batch_size=16, shuffle=True)\n"
         "    for x, y in loader:\n        loss = ((model(x) - y) ** 2).mean()\n",
     )
     assert "DataLoader(TensorDataset" in text
@@ -231,15 +227,6 @@ def test_a_guard_may_read_an_argparse_namespace(tmp_path: Path) -> None:
 
 # -- found by adversarial review: each replayed wrongly (silently) before its fix ------------------
 
-HEADER = textwrap.dedent("""\
-    import torch
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    data = torch.randn(64, 4)
-    target = data.sum(1, keepdim=True)
-""")
 
 
 def test_a_probe_reading_a_name_bound_only_in_some_iterations_stops_jumps(tmp_path: Path) -> None:
