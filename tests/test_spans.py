@@ -344,3 +344,61 @@ def test_a_guard_on_an_attribute_of_a_model_is_not_trusted_at_run_time(tmp_path:
     rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
     assert _jumped(rep.err) == 0
     assert "`model` is not a plain value or an argparse namespace" in rep.err
+
+
+def test_a_rebound_name_holding_the_model_gets_the_live_model_back(tmp_path: Path) -> None:
+    """`model = model.eval()` rebinds `model` every epoch: after a jump it must be the module
+    the optimizer updates, not a copy."""
+    text = HEADER.replace("model = torch.nn.Linear(4, 1)", "model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))") + textwrap.dedent("""\
+        for epoch in range(20):
+            model = model.train()
+            perm = torch.randperm(64)
+            for b in range(4):
+                i = perm[b * 16:(b + 1) * 16]
+                loss = ((model(data[i]) - target[i]) ** 2).mean()
+                opt.zero_grad(); loss.backward(); opt.step()
+            model = model.eval()
+            #PROBE
+        print("final", f"{model[0].weight.sum().item():.8f}")
+    """)
+    probe = 'if epoch % 5 == 4: print("PROBE", epoch, f"{model[0].weight.sum().item():.8f}", opt.param_groups[0]["params"][0] is model[0].weight)'
+    rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
+    assert _jumped(rep.err) > 0, rep.err
+
+
+def test_a_rebound_view_of_a_parameter_is_not_restored_as_a_copy(tmp_path: Path) -> None:
+    text = HEADER + textwrap.dedent("""\
+        for step in range(40):
+            idx = torch.randint(0, 64, (8,))
+            for micro in range(2):
+                loss = ((model(data[idx]) - target[idx]) ** 2).mean() / 2
+                loss.backward()
+            opt.step(); opt.zero_grad()
+            #PROBE
+            if step % 10 == 0:
+                snap = model.weight.detach()
+        print("final", snap.sum().item())
+    """)
+    probe = 'if step % 10 == 7: print("PROBE", step, f"{snap.sum().item():.8f}", f"{model.weight.sum().item():.8f}")'
+    rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
+    assert "`snap` shares memory with a model parameter" in rep.err or _jumped(rep.err) == 0, rep.err
+
+
+def test_a_scheduler_created_in_the_loop_is_not_restored_as_a_copy(tmp_path: Path) -> None:
+    text = HEADER + textwrap.dedent("""\
+        sched = torch.optim.lr_scheduler.StepLR(opt, 3, 0.5)
+        for epoch in range(20):
+            if epoch == 8:
+                opt = torch.optim.Adam(model.parameters(), lr=0.01)
+                sched = torch.optim.lr_scheduler.StepLR(opt, 3, 0.5)
+            perm = torch.randperm(64)
+            for b in range(2):
+                i = perm[b * 8:(b + 1) * 8]
+                loss = ((model(data[i]) - target[i]) ** 2).mean()
+                opt.zero_grad(); loss.backward(); opt.step()
+            sched.step()
+            #PROBE
+        print("final", model.weight.sum().item(), opt.param_groups[0]["lr"])
+    """)
+    probe = 'if epoch % 4 == 1: print("PROBE", epoch, opt.param_groups[0]["lr"], f"{model.weight.sum().item():.8f}")'
+    replay_matches_plain(tmp_path, text, probe, env=EVERY)

@@ -108,16 +108,24 @@ class Checkpointable:
         vals = self._resolve(names)
         memo: dict[int, str] = {}
         captured = {expr: capture(o, memo, expr) for expr, o in objs.items()}
+        augmented = self.augment(s, list(objs.values()))
         extra = {
-            f"{kind}#{i}": {**capture(o, memo, f"{kind}#{i}"), "type": type(o).__name__}
-            for kind, i, o in self.augment(s, list(objs.values()))
+            f"{kind}#{i}": {**capture(o, memo, f"{kind}#{i}"), "type": type(o).__name__} for kind, i, o in augmented
         }
+        # a rebound name holding a live object the state restores in place (`model = model.train()`)
+        # gets that object back, not a copy the optimizer does not know
         by_id = {id(o): expr for expr, o in objs.items()}
+        by_id.update((id(o), f"{kind}#{i}") for kind, i, o in augmented)
         rebound: dict[str, Any] = {}
         for expr, v in vals.items():
             if v is ABSENT:
                 continue  # not in the payload: `has()` is false and the name stays unbound
-            rebound[expr] = Ref(by_id[id(v)]) if id(v) in by_id else self._detachable(expr, v)
+            if id(v) in by_id:
+                rebound[expr] = Ref(by_id[id(v)])
+                continue
+            _no_live_objects_inside(s, expr, v)
+            rebound[expr] = self._detachable(expr, v)
+        _no_views_of_parameters(s, rebound)
         registry = {
             "start": self.registry_start,
             "end": s.registry.count(),
@@ -166,7 +174,9 @@ class Checkpointable:
         for ref, st in payload["extra"].items():
             restore_into(s.registry.get(_registry_id(ref)), st)
         for expr, v in payload["names"].items():
-            self.values[expr] = objs[v.where] if isinstance(v, Ref) else v
+            if isinstance(v, Ref):
+                v = objs[v.where] if v.where in objs else s.registry.get(_registry_id(v.where))
+            self.values[expr] = v
         # objects the recorded state created keep their ids, so later ids stay aligned
         reg = payload["registry"]
         s.registry.pad(reg["end"] - reg["start"])
@@ -319,6 +329,42 @@ class SkipBlock(Checkpointable):
             obj = s.registry.get(i)
             if obj is not None and not snapshot_equal(clone_state(obj), before):
                 s.learn(self.id, i, type(obj).__name__)
+
+def _no_live_objects_inside(s: Session, expr: str, v: Any) -> None:
+    """Refuse a rebound object that holds a live model, optimizer or loader in an attribute (a
+    learning-rate scheduler created in the loop holds its optimizer): stored by value, it would
+    come back holding a copy, and drive that copy instead of the training's own."""
+    try:
+        attrs = vars(v)
+    except TypeError:
+        return  # no instance dict: a number, a string, a tensor, a container of them
+    for name, a in attrs.items():
+        if s.registry.id_of(a) is not None:
+            raise Unrestorable(
+                f"`{expr}` holds a live {type(a).__name__} in `.{name}`; restored by value, it would drive a copy"
+            )
+
+
+def _no_views_of_parameters(s: Session, rebound: dict[str, Any]) -> None:
+    """Refuse a rebound tensor that shares memory with a live model's parameter or buffer
+    (``snap = model.weight.detach()``): restored, it would be a copy that no longer follows the
+    optimizer's in-place updates."""
+    torch = sys.modules.get("torch")
+    tensors = {e: v for e, v in rebound.items() if torch is not None and isinstance(v, torch.Tensor)}
+    if not tensors:
+        return
+    live = set()
+    for _, m in s.registry.root_modules():
+        for t in [*m.parameters(), *m.buffers()]:
+            if t.numel():
+                live.add(t.untyped_storage().data_ptr())
+    for expr, v in tensors.items():
+        if v.numel() and v.untyped_storage().data_ptr() in live:
+            raise Unrestorable(
+                f"`{expr}` shares memory with a model parameter; restored, it would be a copy that"
+                " no longer follows training"
+            )
+
 
 def _registry_id(ref: str) -> int:
     """The registry id in an augmentation key (``module#3``)."""

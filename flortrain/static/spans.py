@@ -69,7 +69,9 @@ def boundary_state(prog: Program, loop: Loop) -> Boundary:
             for n, reads in exposed.items()
             if changes[n].restore is Restore.REBOUND
             and all(value_read(node, parents) for node, parents in reads)
-            and _read_after_only_as_value(prog, scope, loop, n)
+            and _value_reads_after(prog, scope, loop, n) is not False
+            # a name nothing reads is not proved anything (a probe reading it is then checked)
+            and (reads or _value_reads_after(prog, scope, loop, n))
         )
     )
     return Boundary(tuple(changes.values()), values, targets, tuple(sorted(set(cs.bound) | set(targets))))
@@ -83,16 +85,20 @@ def read_before_bound(loop: Loop, name: str) -> bool:
     return bool(reads)
 
 
-def _read_after_only_as_value(prog: Program, scope: Scope, loop: Loop, name: str) -> bool:
+def _value_reads_after(prog: Program, scope: Scope, loop: Loop, name: str) -> bool | None:
+    """Whether ``name`` is read after (or around) the loop only as a number: True, False, or
+    None when nothing there reads it."""
     if name in scope.declared_global or read_elsewhere(prog, scope, name):
         return False
     rng = prog.range(loop)
+    seen = False
     for node, parents in occurrences(scope.node, name):
         if rng.start.line <= prog.line(node) <= rng.end.line or is_target(parents):
             continue
         if not value_read(node, parents):
             return False
-    return True
+        seen = True
+    return True if seen else None
 
 
 def _suite(body: cst.BaseSuite | None) -> Iterator[cst.CSTNode]:
