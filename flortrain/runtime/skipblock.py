@@ -151,16 +151,30 @@ class Checkpointable:
         except Exception as e:
             return f"cannot be read ({type(e).__name__})"
         reg = self.payload["registry"]
-        if reg["start"] != self.registry_start:
+        if not self._registry_fits(reg["start"]):
             return (
                 f"was taken with {reg['start']} modules/optimizers alive, the replay has"
                 f" {self.registry_start} (the script creates them differently on replay)"
             )
-        for ref, st in self.payload["extra"].items():
+        extra = self.payload["extra"]
+        for ref, st in list(extra.items()):
             obj = session.registry.get(_registry_id(ref))
-            if type(obj).__name__ != st["type"]:
-                return f"refers to {ref} ({st['type']}), which the replay does not have"
+            if type(obj).__name__ == st["type"]:
+                continue
+            if self._may_drop(ref, obj):
+                del extra[ref]
+                continue
+            return f"refers to {ref} ({st['type']}), which the replay does not have"
         return None
+
+    def _registry_fits(self, recorded_start: int) -> bool:
+        """Whether the record had the replay's modules/optimizers alive when this was taken: a
+        block's instance starts with exactly as many."""
+        return recorded_start == self.registry_start
+
+    def _may_drop(self, ref: str, obj: Any) -> bool:
+        """Whether an object of the checkpoint the replay does not have may be left out."""
+        return False
 
     def restore(self, s: Session, objects: Getters) -> None:
         """Put the loaded checkpoint's state back: objects in place, rebound names into

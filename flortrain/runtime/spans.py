@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
-from flortrain.runtime.materializer import deserialize
 from flortrain.runtime.skipblock import Checkpointable
 
 if TYPE_CHECKING:
@@ -81,33 +80,16 @@ class Boundary(Checkpointable):
                 out.append((kind, i, obj))
         return out
 
-    def load(self, session: Session, data: bytes) -> str | None:
-        """As for a block, except that the jumped iterations may have created modules,
-        optimizers or loaders (a ``DataLoader`` built every epoch): their ids are reserved on
-        restore. A data loader the replay does not have, because a jumped iteration created it,
-        is left out: nothing carried refers to it (a carried name would hold it), so it is never
+    def _registry_fits(self, recorded_start: int) -> bool:
+        """The jumped iterations may have created modules, optimizers or loaders (a
+        ``DataLoader`` built every epoch): their ids are reserved on restore."""
+        return recorded_start >= self.registry_start
+
+    def _may_drop(self, ref: str, obj: Any) -> bool:
+        """A data loader the replay does not have, because a jumped iteration created it, is
+        left out: nothing carried refers to it (a carried name would hold it), so it is never
         iterated again. A missing module or optimizer is training state: the jump is refused."""
-        try:
-            self.payload = deserialize(data)
-        except Exception as e:
-            return f"cannot be read ({type(e).__name__})"
-        reg = self.payload["registry"]
-        if reg["start"] < self.registry_start:
-            return (
-                f"was taken with {reg['start']} modules/optimizers alive, the replay has"
-                f" {self.registry_start} (the script creates them differently on replay)"
-            )
-        extra = self.payload["extra"]
-        for ref, st in list(extra.items()):
-            i = int(ref.split("#", 1)[1])
-            obj = session.registry.get(i)
-            if type(obj).__name__ == st["type"]:
-                continue
-            if ref.startswith("loader#") and (obj is None or i >= self.registry_start):
-                del extra[ref]
-                continue
-            return f"refers to {ref} ({st['type']}), which the replay does not have"
-        return None
+        return ref.startswith("loader#") and (obj is None or int(ref.split("#", 1)[1]) >= self.registry_start)
 
     def restore(self, s: Session, objects: Getters) -> None:
         assert self.payload is not None
