@@ -38,6 +38,64 @@ PERIOD_ENV = "FLORTRAIN_PERIOD"
 PERIODS = ("adaptive", "every")
 
 
+#: "background" (the forked writer, the default) or "sync" (write on the training thread).
+MATERIALIZER_ENV = "FLORTRAIN_MATERIALIZER"
+MATERIALIZERS = ("background", "sync")
+
+#: The staging buffer the training thread copies checkpoints into for the writer, in MB. A
+#: checkpoint larger than it is written on the training thread.
+BUFFER_ENV = "FLORTRAIN_BUFFER_MB"
+DEFAULT_BUFFER_MB = 2048
+
+#: How long a finished run waits for the writer to write what it holds, in seconds.
+FLUSH_TIMEOUT_ENV = "FLORTRAIN_FLUSH_TIMEOUT"
+DEFAULT_FLUSH_TIMEOUT_S = 600.0
+
+#: Fault injection for tests: ``name=value`` pairs, comma separated (``writer-delay=2``: the
+#: writer sleeps that long before each checkpoint, a slow disk).
+INJECT_ENV = "FLORTRAIN_INJECT"
+
+
+def _number(env: str, default: float, minimum: float, what: str) -> float:
+    raw = os.environ.get(env)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = minimum - 1
+    if not value >= minimum:
+        raise FlortrainError(f"{env}={raw!r} must be {what}", code="FT050")
+    return value
+
+
+def materializer() -> str:
+    raw = os.environ.get(MATERIALIZER_ENV, "background")
+    if raw not in MATERIALIZERS:
+        raise FlortrainError(f"{MATERIALIZER_ENV}={raw!r} must be one of {', '.join(MATERIALIZERS)}", code="FT050")
+    return raw
+
+
+def buffer_bytes() -> int:
+    return int(_number(BUFFER_ENV, DEFAULT_BUFFER_MB, 0, "a number of MB >= 0 (default 2048)") * 2**20)
+
+
+def flush_timeout() -> float:
+    return _number(FLUSH_TIMEOUT_ENV, DEFAULT_FLUSH_TIMEOUT_S, 0, "a number of seconds >= 0 (default 600)")
+
+
+def injected(name: str) -> float:
+    """The value of an injected fault, 0 when it is not injected."""
+    for pair in os.environ.get(INJECT_ENV, "").split(","):
+        k, _, v = pair.partition("=")
+        if k.strip() == name:
+            try:
+                return float(v)
+            except ValueError:
+                raise FlortrainError(f"{INJECT_ENV}: {pair!r} needs a number", code="FT050") from None
+    return 0.0
+
+
 def epsilon() -> float:
     """The overhead tolerance ε, validated: a positive number."""
     raw = os.environ.get(EPSILON_ENV)
@@ -78,3 +136,6 @@ def validate() -> None:
     epsilon()
     period()
     commit_interval()
+    materializer()
+    buffer_bytes()
+    flush_timeout()

@@ -1,31 +1,33 @@
-"""The checkpoint blob format, and the state digests computed while writing it.
+"""The checkpoint blob format, and the state digests ``diff`` compares.
 
 ``torch.save`` pickles each tensor through Python-level reducers and persistent ids, which
 dominates the cost of a checkpoint whose state is many small tensors and flags (a small GPT and
-its AdamW: ~100 tensors, ~3,000 Python objects: 6.6 ms per checkpoint here, against 2.4 ms in
-this format). Every millisecond a checkpoint holds training up makes the adaptive period
-sparser (Flor Eq. 4), and a sparse record replays slowly. A blob is:
+its AdamW: ~100 tensors, ~3,000 Python objects). Every millisecond a checkpoint holds training
+up makes the adaptive period sparser (Flor Eq. 4), and a sparse record replays slowly. A blob is:
 
-    b"F" | header length (8 bytes, little endian) | pickle(header) | tensor bytes
+    b"G" | header length (8 bytes, little endian) | pickle(header) | inline tensor bytes
 
 The payload is split into *parts* (each named object, augmented object and rebound name of the
 block, then the rest: RNG states, registry bookkeeping). Each part's *skeleton* is the part with
-every tensor replaced by a local index; the header holds the skeletons, each part's map from
-local to global tensor index, and each tensor's dtype, shape and byte offset (16-byte aligned,
-so tensors are viewed in place when read). Tensors sharing memory (a parameter in a module's
+every tensor replaced by a local index. The header holds the pickled skeletons, each part's map
+from local to global tensor index, each tensor's dtype, shape and size, and where its bytes are:
+inline after the header (16-byte aligned, viewed in place when read), or, for a large tensor the
+background materializer wrote, in the store's content-addressed objects (``objects/ab/<sha256>``:
+a frozen embedding table is written once, however many checkpoints hold it; see
+:mod:`flortrain.runtime.materializer`). Tensors sharing memory (a parameter in a module's
 ``state_dict`` and in the optimizer's ``params``) are stored once.
 
-A part's digest is a hash of its skeleton, pickled without a memo (so equal values give equal
-bytes whatever object identities the process happened to share), and of its tensors' dtypes,
-shapes and bytes. ``diff`` compares them where a replay executes a checkpointed instance (see
-:mod:`flortrain.runtime.digest`). Sets are stored sorted by ``repr``: their iteration order
-follows string hashing, which differs in every process.
+The split (:func:`stage`) is what the training thread pays for; hashing and writing are left to
+whoever writes the blob. A part's digest hashes its skeleton, pickled without a memo (so equal
+values give equal bytes whatever object identities the process happened to share), and its
+tensors' dtypes, shapes and sha256. ``diff`` compares them where a replay executes a
+checkpointed instance (:mod:`flortrain.runtime.digest`). Sets are stored sorted by ``repr``:
+their iteration order follows string hashing, which differs in every process.
 
 A payload this format cannot take (a sparse, quantized or meta tensor; a tensor subclass; a
 self-referencing structure) raises :class:`Unsupported`: the caller falls back to
 ``torch.save``. Objects other than plain containers are pickled the ordinary way (a tensor
-inside one too: correct, only slower). CUDA tensors are copied to the CPU here (untested on
-this machine: no GPU).
+inside one too: correct, only slower).
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ import hashlib
 import io
 import pickle
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
-MAGIC = b"F"
+MAGIC = b"G"
 _ALIGN = 16
 #: The payload sections whose entries are digested one by one.
 SECTIONS = ("objects", "extra", "names")
@@ -71,21 +74,44 @@ class Unsupported(Exception):
     """The payload holds something this format does not take; use torch.save."""
 
 
-class _Writer:
+class Staged:
+    """A payload split for writing: what the training thread must produce before it goes on.
+
+    ``parts`` is the pickled list of (path, skeleton, local-to-global tensor map): the snapshot of
+    every non-tensor object. ``tensors`` still references the live (detached) tensors, deduplicated
+    by memory; the caller copies them before training goes on. ``skeletons`` holds each part's
+    skeleton digest, finished into a part digest once the tensors' sha256 are known."""
+
+    __slots__ = ("parts", "skeletons", "metas", "tensors")
+
+    def __init__(
+        self,
+        parts: bytes,
+        skeletons: list[tuple[str | None, str, list[int]]],
+        metas: list[tuple[str, tuple[int, ...], int]],
+        tensors: list[Any],
+    ) -> None:
+        self.parts = parts
+        self.skeletons = skeletons
+        self.metas = metas
+        self.tensors = tensors
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m[2] for m in self.metas)
+
+
+class _Splitter:
     def __init__(self, torch: Any) -> None:
         self.torch = torch
         self.tensors: list[Any] = []  # global table, deduplicated
         self.index: dict[tuple[Any, ...], int] = {}
-        self.metas: list[tuple[str, tuple[int, ...], int, int]] = []
-        self.chunks: list[Any] = []
-        self.raw: list[Any] = []  # each global tensor's bytes, for the digests
-        self.offset = 0
+        self.metas: list[tuple[str, tuple[int, ...], int]] = []
 
     def part(self, value: Any) -> tuple[Any, list[int], str]:
-        """A part's skeleton, its local-to-global tensor map, and its digest."""
+        """A part's skeleton, its local-to-global tensor map, and its skeleton's digest."""
         local: list[int] = []
         skeleton = self._split(value, local)
-        h = hashlib.blake2b(digest_size=16)
         buf = io.BytesIO()
         p = pickle.Pickler(buf, protocol=5)
         p.fast = True  # no memo: the bytes depend on values, not on which objects were shared
@@ -93,12 +119,7 @@ class _Writer:
             p.dump(skeleton)
         except (RecursionError, ValueError, pickle.PicklingError, TypeError, AttributeError) as e:
             raise Unsupported(str(e)) from None
-        h.update(buf.getvalue())
-        for g in local:
-            dtype, shape, _, _ = self.metas[g]
-            h.update(f"{dtype}{shape}".encode())
-            h.update(self.raw[g])
-        return skeleton, local, "f" + h.hexdigest()  # "f": this format's digest
+        return skeleton, local, hashlib.blake2b(buf.getbuffer(), digest_size=16).hexdigest()
 
     def _split(self, v: Any, local: list[int]) -> Any:
         t = type(v)
@@ -123,53 +144,115 @@ class _Writer:
     def _tensor(self, d: Any) -> int:
         key = (d.untyped_storage().data_ptr(), d.storage_offset(), tuple(d.shape), tuple(d.stride()), d.dtype)
         i = self.index.get(key)
-        if i is not None:
-            return i
-        i = self.index[key] = len(self.tensors)
-        self.tensors.append(d)
-        raw = d.cpu().contiguous().reshape(-1).view(self.torch.uint8).numpy().data
-        n = raw.nbytes
-        self.metas.append((str(d.dtype).removeprefix("torch."), tuple(d.shape), self.offset, n))
-        self.raw.append(raw)
-        self.chunks.append(raw)
-        pad = -n % _ALIGN
-        if pad:
-            self.chunks.append(b"\0" * pad)
-        self.offset += n + pad
+        if i is None:
+            i = self.index[key] = len(self.tensors)
+            self.tensors.append(d)
+            self.metas.append((str(d.dtype).removeprefix("torch."), tuple(d.shape), d.numel() * d.element_size()))
         return i
 
 
-def dumps(payload: dict[str, Any], torch: Any) -> tuple[bytes, dict[str, str]]:
-    """The blob of a checkpoint payload, and the digest of each entry of its sections."""
-    w = _Writer(torch)
+def stage(payload: dict[str, Any], torch: Any) -> Staged:
+    """Split a checkpoint payload into its pickled skeletons and its tensors (see the module
+    docstring). Raises :class:`Unsupported` for what this format cannot take."""
+    s = _Splitter(torch)
     parts: list[tuple[tuple[str, ...], Any, list[int]]] = []
-    digests: dict[str, str] = {}
+    skeletons: list[tuple[str | None, str, list[int]]] = []
     rest = {k: v for k, v in payload.items() if k not in SECTIONS}
     for section in SECTIONS:
         for key, value in payload.get(section, {}).items():
-            skeleton, local, digest = w.part(value)
+            skeleton, local, digest = s.part(value)
             parts.append(((section, key), skeleton, local))
-            digests[f"{section}:{key}"] = digest
-    skeleton, local, _ = w.part(rest)
+            skeletons.append((f"{section}:{key}", digest, local))
+    skeleton, local, digest = s.part(rest)
     parts.append(((), skeleton, local))
+    skeletons.append((None, digest, local))
     try:
-        header = pickle.dumps((parts, w.metas), protocol=5)
+        pickled = pickle.dumps(parts, protocol=5)
     except Exception as e:
         raise Unsupported(str(e)) from None
-    return b"".join([MAGIC, len(header).to_bytes(8, "little"), header, *w.chunks]), digests
+    return Staged(pickled, skeletons, s.metas, s.tensors)
 
 
-def loads(data: bytes, torch: Any) -> dict[str, Any]:
+def part_digests(
+    skeletons: list[tuple[str | None, str, list[int]]],
+    metas: list[tuple[str, tuple[int, ...], int]],
+    shas: list[str],
+) -> dict[str, str]:
+    """Each named part's digest: its skeleton's, and the dtype, shape and sha256 of its tensors."""
+    out: dict[str, str] = {}
+    for name, digest, local in skeletons:
+        if name is None:
+            continue
+        h = hashlib.blake2b(digest.encode(), digest_size=16)
+        for g in local:
+            dtype, shape, _ = metas[g]
+            h.update(f"{dtype}{shape}{shas[g]}".encode())
+        out[name] = "f" + h.hexdigest()  # "f": this format's digest
+    return out
+
+
+def tensor_bytes(t: Any, torch: Any) -> memoryview:
+    """A tensor's bytes, without a copy when it is a contiguous CPU tensor."""
+    return memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+def header(parts: bytes, metas: list[tuple[str, tuple[int, ...], int]], table: list[tuple[str, Any]]) -> bytes:
+    """The head of a blob: MAGIC, the header's length, the header. ``table[g]`` places tensor g:
+    ``("i", offset)`` in the blob's own bytes after the header, ``("x", sha256)`` in the store's
+    content-addressed objects."""
+    h = pickle.dumps((parts, metas, table), protocol=5)
+    return MAGIC + len(h).to_bytes(8, "little") + h
+
+
+def inline_offsets(metas: list[tuple[str, tuple[int, ...], int]], which: list[int]) -> dict[int, int]:
+    """Aligned offsets of the tensors stored inline, in the order given."""
+    out: dict[int, int] = {}
+    off = 0
+    for g in which:
+        out[g] = off
+        off += metas[g][2] + (-metas[g][2] % _ALIGN)
+    return out
+
+
+def dumps(payload: dict[str, Any], torch: Any) -> tuple[bytes, dict[str, str]]:
+    """A self-contained blob of a checkpoint payload (every tensor inline) and its part digests."""
+    st = stage(payload, torch)
+    raws = [tensor_bytes(t, torch) for t in st.tensors]
+    shas = [hashlib.sha256(r).hexdigest() for r in raws]
+    offsets = inline_offsets(st.metas, list(range(len(raws))))
+    chunks: list[Any] = [header(st.parts, st.metas, [("i", offsets[g]) for g in range(len(raws))])]
+    for r in raws:
+        chunks.append(r)
+        if pad := -r.nbytes % _ALIGN:
+            chunks.append(b"\0" * pad)
+    return b"".join(chunks), part_digests(st.skeletons, st.metas, shas)
+
+
+def digests(payload: dict[str, Any], torch: Any) -> dict[str, str]:
+    """The part digests :func:`dumps` would give, without building the blob."""
+    st = stage(payload, torch)
+    shas = [hashlib.sha256(tensor_bytes(t, torch)).hexdigest() for t in st.tensors]
+    return part_digests(st.skeletons, st.metas, shas)
+
+
+def loads(data: bytes, torch: Any, objects: Callable[[str], bytes | None] | None = None) -> dict[str, Any]:
+    """The payload of a blob. ``objects(sha)`` reads a content-addressed tensor, verified against
+    its sha256 (None when it is missing or does not verify: :class:`MissingObject` is raised)."""
     n = int.from_bytes(data[1:9], "little")
-    parts, metas = pickle.loads(data[9 : 9 + n])
+    parts_bytes, metas, table = pickle.loads(data[9 : 9 + n])
+    parts = pickle.loads(parts_bytes)
     buf = bytearray(data[9 + n :])  # one copy, writable: tensors view it in place
     tensors = []
-    for dtype, shape, off, nbytes in metas:
-        raw = (
-            torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=off)
-            if nbytes
-            else torch.empty(0, dtype=torch.uint8)
-        )
+    for (dtype, shape, nbytes), (where, arg) in zip(metas, table, strict=True):
+        if not nbytes:
+            raw = torch.empty(0, dtype=torch.uint8)
+        elif where == "i":
+            raw = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=arg)
+        else:
+            obj = objects(arg) if objects is not None else None
+            if obj is None or len(obj) != nbytes:
+                raise MissingObject(f"tensor object {arg[:12]} is missing or corrupt")
+            raw = torch.frombuffer(bytearray(obj) if isinstance(obj, bytes) else obj, dtype=torch.uint8)
         tensors.append(raw.view(getattr(torch, dtype)).reshape(shape))
     payload: dict[str, Any] = {s: {} for s in SECTIONS}
     for path, skeleton, local in parts:
@@ -179,6 +262,10 @@ def loads(data: bytes, torch: Any) -> dict[str, Any]:
         else:
             payload.update(value)
     return payload
+
+
+class MissingObject(Exception):
+    """A content-addressed tensor a blob refers to is missing or does not verify."""
 
 
 def _join(v: Any, tensors: list[Any]) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -19,7 +19,8 @@ from flortrain import knobs
 from flortrain.runtime import rng
 from flortrain.runtime.adaptive import AdaptivePeriod
 from flortrain.runtime.capture import Tee
-from flortrain.runtime.materializer import Materializer, SyncMaterializer
+from flortrain.runtime import materializer as _materializer
+from flortrain.runtime.materializer import Callbacks, Materializer
 from flortrain.runtime.registry import Registry
 from flortrain.runtime.skipblock import Getters, SkipBlock, State
 from flortrain.runtime.spans import Boundary, SpanReplay, scalars_json
@@ -55,17 +56,23 @@ class Session:
     tee: Tee | None = None
     _warned: set[str] = field(default_factory=set)
     _iterations: list[tuple[str, int, int, str, bytes | None, str | None]] = field(default_factory=list)
-    _pending: tuple[str, int, Boundary] | None = None  # a jump the main loop's generator decided
+    _jump_pending: tuple[str, int, Boundary] | None = None  # a jump the main loop's generator decided
     _driven: set[str] = field(default_factory=set)  # main loops whose iterator the runtime wraps
     _boundary_t: dict[str, float] = field(default_factory=dict)
     _no_boundary: set[str] = field(default_factory=set)
     _initial_digests: dict[str, str] = field(default_factory=dict)
     _last_commit: float = 0.0
     commit_interval: float = field(default_factory=knobs.commit_interval)
+    track_versions: bool = True  # False when the script writes tensors through `.data`
+    _submitting: str | None = None
+    _outcome: tuple[str, Any] | None = None
+    _pending: dict[str, str] = field(default_factory=dict)  # checkpoints staged, not yet committed
 
     def __post_init__(self) -> None:
-        if self.materializer is None:
-            self.materializer = SyncMaterializer(self.store, self.run_id)
+        if self.materializer is None and self.mode == "record":
+            self.materializer = _materializer.make(
+                self.store, self.run_id, Callbacks(self._committed, self._lost, self.warn), self.track_versions
+            )
         if self.replay is not None and self.replay.spans is not None:
             self.replay.spans.warn = lambda msg: self.warn_once(msg, msg)
 
@@ -99,6 +106,8 @@ class Session:
         i = self.main[2] + 1
         self.main[2] = i
         self.occurrences.clear()
+        if self.materializer is not None:
+            self.materializer.poll()
         boundary: Boundary | None = None
         scalars: str | None = None
         if objects is not None and names is not None:
@@ -134,23 +143,75 @@ class Session:
         self._boundary_t[main_id] = now
         if i == 0 or main_id in self._no_boundary or not self.adaptive.should_materialize(main_id):
             return None
-        assert self.main is not None and self.materializer is not None
+        assert self.main is not None
         b = Boundary(self, main_id, values)
         b.key = f"{main_id}@{main_id}.{self.main[1]}.{i}#0"
         try:
-            done = self.materializer.submit(b.key, b._payload(self, objects, names))
+            outcome = self.checkpoint(b.key, main_id, lambda: b._payload(self, objects, names))
         except Exception as e:  # the iterations still run and record; only jumping is lost
             self._no_boundary.add(main_id)
             self.warn(f"main loop {main_id}: iteration boundaries not checkpointed: {e}")
             return None
         blocked = time.perf_counter() - now
         self.adaptive.materialized(main_id, blocked)
-        self.store.put_block(
-            self.run_id, b.key, main_id, main_id, self.main[1], i, 0, "boundary",
-            materialize_s=blocked, state_sha=done.digests,
-        )
+        self.put_checkpointed(b.key, main_id, i, 0, "boundary", outcome, materialize_s=blocked)
         self._boundary_t[main_id] = time.perf_counter()  # its cost is not the next iteration's
         return b
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def checkpoint(self, key: str, block_id: str, payload: Callable[[], dict[str, Any]]) -> tuple[str, Any] | None:
+        """Capture and stage a checkpoint. Returns ``("committed", digests)`` or ``("lost",
+        reason)`` when the materializer finished it at once, None while it is pending (its row is
+        updated when the writer reports). Raises when the state cannot be captured."""
+        assert self.materializer is not None
+        self._submitting, self._outcome = key, None
+        try:
+            self.materializer.submit(key, block_id, payload())
+        finally:
+            self._submitting = None
+        return self._outcome
+
+    def put_checkpointed(
+        self, key: str, block_id: str, iteration: int, occurrence: int, state: str,
+        outcome: tuple[str, Any] | None, **costs: Any,
+    ) -> None:
+        """The row of a block instance (or boundary) just staged; ``state`` is what it becomes
+        once committed (``checkpointed`` or ``boundary``)."""
+        assert self.main is not None
+        digests, note = None, None
+        if outcome is None:
+            self._pending[key] = state
+            note = "checkpoint pending"
+        elif outcome[0] == "committed":
+            digests = outcome[1]
+        else:
+            note = f"checkpoint lost: {outcome[1]}"
+        row_state = state if state == "boundary" or (outcome is not None and outcome[0] == "committed") else "recorded"
+        if state != "boundary":
+            self.counts[row_state] = self.counts.get(row_state, 0) + 1
+        self.store.put_block(
+            self.run_id, key, block_id, self.main[0], self.main[1], iteration, occurrence, row_state,
+            note=note, state_sha=digests, **costs,
+        )
+
+    def _committed(self, key: str, digests: dict[str, str]) -> None:
+        if key == self._submitting:
+            self._outcome = ("committed", digests)
+            return
+        state = self._pending.pop(key, None)
+        if state is None:
+            return
+        self.store.mark_checkpointed(self.run_id, key, digests)
+        if state != "boundary":
+            self.counts["recorded"] = self.counts.get("recorded", 0) - 1
+            self.counts["checkpointed"] = self.counts.get("checkpointed", 0) + 1
+
+    def _lost(self, key: str, reason: str) -> None:
+        if key == self._submitting:
+            self._outcome = ("lost", reason)
+            return
+        if self._pending.pop(key, None) is not None:
+            self.store.note_block(self.run_id, key, f"checkpoint lost: {reason}")
 
     def iterate_main(self, main_id: str, iterable: Any) -> Iterator[Any]:
         """A replay's main ``for`` loop: the jump is decided before an item is taken, so the
@@ -166,13 +227,13 @@ class Session:
                 j = spans.target(main_id, entry, i, sys._getframe(1))
                 b = self._load_boundary(main_id, entry, j) if j > i else None
                 if b is not None:
-                    self._pending, skip = (main_id, j, b), j - i
+                    self._jump_pending, skip = (main_id, j, b), j - i
             try:
                 for _ in range(skip):
                     next(it)
                 item = next(it)
             except StopIteration:
-                self._pending = None
+                self._jump_pending = None
                 return
             yield item
 
@@ -184,7 +245,7 @@ class Session:
         if spans is None:
             return None
         entry = self.main[1]
-        pending, self._pending = self._pending, None
+        pending, self._jump_pending = self._jump_pending, None
         if pending is not None and pending[0] == main_id:
             j, b = pending[1], pending[2]
         elif main_id in self._driven:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from flortrain import knobs
 from flortrain.runtime import rng
-from flortrain.runtime.materializer import deserialize, serialize
+from flortrain.runtime.materializer import deserialize, digests
 from flortrain.runtime.state import (
     Unrestorable,
     capture,
@@ -147,7 +147,7 @@ class Checkpointable:
     def load(self, session: Session, data: bytes) -> str | None:
         """Take a checkpoint for restoring; the reason it cannot be used, or None."""
         try:
-            self.payload = deserialize(data)
+            self.payload = deserialize(data, session.store.read_object)
         except Exception as e:
             return f"cannot be read ({type(e).__name__})"
         reg = self.payload["registry"]
@@ -300,7 +300,7 @@ class SkipBlock(Checkpointable):
         if s.replay is None or self.key not in s.replay.checkpoints:
             return None
         try:
-            return serialize(self._payload(s, objects, names))[1]
+            return digests(self._payload(s, objects, names))
         except Exception:  # what cannot be captured cannot be compared; the record had it
             return None
 
@@ -316,20 +316,22 @@ class SkipBlock(Checkpointable):
         if not s.adaptive.should_materialize(self.id):
             s.block_done(self, "recorded", compute_s=compute)
             return
-        # M_i of Eq. 4 is all the time training is held up: capture, serialization and write, and
-        # the state digests `diff` compares against
+        # M_i of Eq. 4 is all the time training is held up: capturing the state and staging it
+        # (the writer hashes and writes it in the background)
         t0 = time.perf_counter()
         try:
-            payload = self._payload(s, objects, names)
-            assert s.materializer is not None
-            digests = s.materializer.submit(self.key, payload).digests
+            outcome = s.checkpoint(self.key, self.id, lambda: self._payload(s, objects, names))
         except Exception as e:  # any failure to checkpoint leaves the instance to re-execute
             s.warn_once(self.id, f"block {self.id} not checkpointed: {e}")
             s.block_done(self, "recorded", compute_s=compute, note=str(e))
             return
         blocked = time.perf_counter() - t0
         s.adaptive.materialized(self.id, blocked)
-        s.block_done(self, "checkpointed", compute_s=compute, materialize_s=blocked, digests=digests)
+        occ = int(self.key.rsplit("#", 1)[1])
+        assert s.main is not None
+        s.put_checkpointed(
+            self.key, self.id, s.main[2], occ, "checkpointed", outcome, compute_s=compute, materialize_s=blocked
+        )
 
     def _learn_aliases(self, s: Session, objects: Getters) -> None:
         assert self.watch is not None

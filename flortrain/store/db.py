@@ -3,6 +3,7 @@ workers, materializers) never touch the parent's connection."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ from flortrain.errors import FlortrainError, Located
 
 #: Bumped whenever a table changes. ``CREATE TABLE IF NOT EXISTS`` never migrates, so a store
 #: written by another version must be refused when it is opened, not fail in the middle of a run.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (sha TEXT PRIMARY KEY, text TEXT NOT NULL);
@@ -286,20 +287,33 @@ class Store:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, r, strict=True)) for r in cur]
 
+    def blob_rel(self, run_id: int, key: str) -> str:
+        """Where a checkpoint's blob lives, relative to the blobs directory."""
+        return f"{run_id}/{_safe(key)}.ft"
+
     def write_blob(self, run_id: int, key: str, data: bytes) -> tuple[str, str]:
         """Write a checkpoint blob durably under a temporary name, then rename it into place."""
-        rel = f"{run_id}/{_safe(key)}.pt"
-        path = self.blobs / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-        return rel, hashlib.sha256(data).hexdigest()
+        rel = self.blob_rel(run_id, key)
+        sha = write_durably(self.blobs / rel, [data])
+        return rel, sha
 
     def commit_checkpoint(self, run_id: int, key: str, rel: str, sha: str, nbytes: int) -> None:
-        """The commit marker: a checkpoint exists only once this row does."""
+        """The commit marker: a checkpoint exists only once this row does. Written only after its
+        blob (and every tensor object it refers to) is on disk and verified."""
+        if not self.owned():
+            return
         self.db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?)", (run_id, key, rel, sha, nbytes))
+
+    def mark_checkpointed(self, run_id: int, key: str, digests: dict[str, str]) -> None:
+        """A block instance's checkpoint committed (a main-loop boundary stays ``boundary``)."""
+        self.db.execute(
+            "UPDATE blocks SET state=CASE WHEN state='boundary' THEN state ELSE 'checkpointed' END,"
+            " state_sha=?, note=NULL WHERE run_id=? AND key=?",
+            (json.dumps(digests), run_id, key),
+        )
+
+    def note_block(self, run_id: int, key: str, note: str) -> None:
+        self.db.execute("UPDATE blocks SET note=? WHERE run_id=? AND key=?", (note, run_id, key))
 
     def checkpoints(self, run_id: int) -> dict[str, tuple[str, str, int]]:
         return {
@@ -313,6 +327,15 @@ class Store:
         """The blob, or None when it is missing or does not match its recorded hash."""
         try:
             data = (self.blobs / rel).read_bytes()
+        except OSError:
+            return None
+        return data if hashlib.sha256(data).hexdigest() == sha else None
+
+    def read_object(self, sha: str) -> bytes | None:
+        """A content-addressed tensor (see :mod:`flortrain.runtime.materializer`), or None when it
+        is missing or its bytes do not hash to its name."""
+        try:
+            data = object_path(self.blobs, sha).read_bytes()
         except OSError:
             return None
         return data if hashlib.sha256(data).hexdigest() == sha else None
@@ -384,6 +407,33 @@ class Store:
         ):
             pieces = None if segs is None else tuple((t, r, bool(p)) for t, r, p in json.loads(segs))
             yield LogEntry(seq, text, m, mi, it, region, bool(probe), pieces)
+
+
+def object_path(blobs: Path, sha: str) -> Path:
+    """A content-addressed object: ``objects/ab/abcdef...`` (the sha256 of its bytes)."""
+    return blobs / "objects" / sha[:2] / sha
+
+
+def write_durably(path: Path, chunks: Iterable[Any]) -> str:
+    """Write ``chunks`` to ``path`` through a temporary file, hashing as they go (no copy of the
+    data is made), fsync, rename into place; return the sha256. On any failure the temporary file
+    is removed and nothing is left at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    h = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as f:
+            for c in chunks:
+                h.update(c)
+                f.write(c)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return h.hexdigest()
 
 
 def _safe(key: str) -> str:

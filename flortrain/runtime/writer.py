@@ -1,0 +1,178 @@
+"""The materializer's writer: a process forked once, before the script runs, that hashes and
+writes the checkpoints the training thread staged (Flor thesis, Chapter 4).
+
+It reads staged bytes from the shared arena (an anonymous shared mapping the parent created
+before forking it) and messages from a socket; it never imports torch and never touches the
+store's SQLite connection: the parent commits a checkpoint only when the writer reports its bytes
+durable, with their sha256. It runs at a low CPU priority, so on a machine with few cores
+training keeps the CPU it would have had. One item at a time, in order:
+
+- every staged tensor is hashed (sha256); a large one is written as a content-addressed object
+  (``objects/ab/<sha256>``) unless that object exists already, and remembered by the token the
+  parent gave it, so a later checkpoint holding the same unchanged tensor refers to it by token
+  and nothing is copied or written again;
+- the blob (header, small tensors inline) is written through a temporary file with a streaming
+  hash, fsync'ed and renamed into place;
+- the reply carries the blob's sha256 and each part's digest, or why the item was lost.
+
+An item that fails (disk full, a token whose data was lost) is reported and skipped; the writer
+goes on with the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from flortrain.runtime import blobformat
+from flortrain.store.db import object_path, write_durably
+
+_LEN = struct.Struct("<Q")
+
+
+class Channel:
+    """Length-prefixed pickled messages over a stream socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+
+    def send(self, msg: Any) -> None:
+        data = pickle.dumps(msg, protocol=5)
+        self.sock.sendall(_LEN.pack(len(data)) + data)
+
+    def recv(self, timeout: float | None) -> Any:
+        """The next message; None if none arrives within ``timeout`` (0: poll). Raises
+        :class:`EOFError` when the other end is gone."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if len(self.buf) >= 8:
+                (n,) = _LEN.unpack_from(self.buf)
+                if len(self.buf) >= 8 + n:
+                    msg = pickle.loads(bytes(self.buf[8 : 8 + n]))
+                    del self.buf[: 8 + n]
+                    return msg
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self.sock], [], [], left)
+            if not ready:
+                return None
+            try:
+                chunk = self.sock.recv(1 << 20)
+            except OSError as e:
+                raise EOFError(str(e)) from None
+            if not chunk:
+                raise EOFError("closed")
+            self.buf += chunk
+
+
+def serve(sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float) -> None:
+    """The writer's loop, until the parent says stop (or is gone). Never returns normally: the
+    caller ``os._exit``s, so nothing the parent's interpreter registered runs here."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it flushes
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text("flortrain-writer")
+    ch = Channel(sock)
+    tokens: dict[int, str] = {}
+    while True:
+        try:
+            msg = ch.recv(1.0)
+        except EOFError:
+            return
+        if msg is None:
+            if os.getppid() != parent:
+                return  # the recording process died: nothing can commit what is written now
+            continue
+        if msg[0] == "stop":
+            ch.send(("bye",))
+            return
+        item = msg[1]
+        for t in item.get("forget", ()):
+            tokens.pop(t, None)
+        t0 = time.perf_counter()
+        if delay:
+            time.sleep(delay)  # fault injection (FLORTRAIN_INJECT=writer-delay=S): a slow disk
+        try:
+            rel, sha, nbytes, digests = _write(item, arena, blobs, tokens)
+        except Exception as e:  # reported, never fatal: the next item may well succeed
+            reason = f"{type(e).__name__}: {e}" if not isinstance(e, OSError) else f"{e.strerror or e} ({e.filename or ''})"
+            ch.send(("lost", item["key"], reason))
+            continue
+        ch.send(("done", item["key"], rel, sha, nbytes, digests, time.perf_counter() - t0))
+
+
+def _write(item: dict[str, Any], arena: memoryview, blobs: Path, tokens: dict[int, str]) -> tuple[str, str, int, dict[str, str]]:
+    rel: str = item["rel"]
+    if item["kind"] == "bytes":  # a payload serialized on the training thread (torch.save)
+        off, n = item["region"]
+        sha = write_durably(blobs / rel, [arena[off : off + n]])
+        return rel, sha, n, item["digests"]
+    metas = item["metas"]
+    off, n = item["parts"]
+    parts = bytes(arena[off : off + n])
+    shas: list[str] = []
+    table: list[tuple[str, Any]] = []
+    inline: list[int] = []
+    written = 0
+    for g, place in enumerate(item["places"]):
+        if place[0] == "t":
+            sha = tokens.get(place[1])
+            if sha is None:
+                raise LookupError("it shares an unchanged tensor with a checkpoint that was lost")
+            shas.append(sha)
+            table.append(("x", sha))
+            continue
+        _, start, external, token = place
+        view = arena[start : start + metas[g][2]]
+        sha = hashlib.sha256(view).hexdigest()
+        shas.append(sha)
+        if external:
+            path = object_path(blobs, sha)
+            if not path.exists():
+                write_durably(path, [view])
+                written += len(view)
+            if token is not None:
+                tokens[token] = sha
+            table.append(("x", sha))
+        else:
+            table.append(("i", 0))
+            inline.append(g)
+    offsets = blobformat.inline_offsets(metas, inline)
+    chunks: list[Any] = []
+    for g in inline:
+        table[g] = ("i", offsets[g])
+        start = item["places"][g][1]
+        size = metas[g][2]
+        chunks.append(arena[start : start + size])
+        if pad := -size % 16:
+            chunks.append(b"\0" * pad)
+    head = blobformat.header(parts, metas, table)
+    sha = write_durably(blobs / rel, [head, *chunks])
+    nbytes = len(head) + sum(len(c) for c in chunks) + written
+    return rel, sha, nbytes, blobformat.part_digests(item["skeletons"], metas, shas)
+
+
+def run_child(sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float) -> None:
+    """The forked child's whole life."""
+    code = 0
+    try:
+        serve(sock, arena, blobs, parent, delay)
+    except BaseException as e:  # noqa: BLE001 - reported on stderr; the parent sees the exit code
+        with contextlib.suppress(Exception):
+            os.write(2, f"flortrain: checkpoint writer failed: {type(e).__name__}: {e}\n".encode())
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(code)
