@@ -78,13 +78,17 @@ def cli(ctx: click.Context, store: str | None) -> None:
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--epsilon", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EPS",
+              help="Record overhead tolerance of the adaptive checkpoint period (default 1/15; "
+              "env FLORTRAIN_EPSILON).")
 @click.pass_context
 @_one_line_errors
-def record(ctx: click.Context, script: str, args: tuple[str, ...]) -> None:
-    """Run SCRIPT instrumented, checkpointing its memoized loops. Its stdout is unchanged."""
+def record(ctx: click.Context, script: str, args: tuple[str, ...], epsilon: float | None) -> None:
+    """Run SCRIPT instrumented, checkpointing its memoized loops. Its stdout is unchanged.
+    Options go before SCRIPT; everything after it is the script's."""
     from flortrain.record import record as do_record
 
-    sys.exit(do_record(script, list(args), ctx.obj["store"]))
+    sys.exit(do_record(script, list(args), ctx.obj["store"], epsilon))
 
 
 @cli.command()

@@ -13,7 +13,7 @@ from flortrain.instrument import compile_for, instrument_file
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
 from flortrain.runtime.launch import execute, intra_op_threads, project_uses_torch
 from flortrain.runtime.session import Session
-from flortrain.static.plan import Plan
+from flortrain.static.plan import UNTRACKED, Plan
 from flortrain.static.source import read_text
 from flortrain.store.db import Store, open_store
 
@@ -26,7 +26,9 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _module_recorder(script: str, store: Store, run_id: int, meta: dict[str, Any]) -> ProjectHook:
+def _module_recorder(
+    script: str, store: Store, run_id: int, meta: dict[str, Any], session: Session
+) -> ProjectHook:
     """The import hook for a record: every project module it instruments has its text stored and
     its path -> source sha added to the run's meta at once (a record that crashes later is still
     replayable), and its plan summarised on stderr like the script's."""
@@ -45,11 +47,20 @@ def _module_recorder(script: str, store: Store, run_id: int, meta: dict[str, Any
         )
         for r in plan.refused:
             print(f"flortrain: {shown}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
+        _untracked(shown, plan, session)
 
     return ProjectHook(ProjectFiles(project_roots(script), script), on_module)
 
 
-def record(script: str, args: list[str], store_dir: str | None) -> int:
+def _untracked(shown: str, plan: Plan, session: Session) -> None:
+    """Turn off the version-counter shortcuts for a run whose code writes behind their back."""
+    if plan.untracked:
+        session.untracked_writes()
+        u = plan.untracked[0]
+        print(f"flortrain: {shown}:{u.line}:{u.col}: {UNTRACKED}", file=sys.stderr)
+
+
+def record(script: str, args: list[str], store_dir: str | None, epsilon: float | None = None) -> int:
     knobs.validate()
     text = read_text(script)
     inst = instrument_file(script, text)
@@ -73,8 +84,16 @@ def record(script: str, args: list[str], store_dir: str | None) -> int:
     for r in plan.refused:
         print(f"flortrain: {script}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
     session = Session("record", store, run_id)
+    if epsilon is not None:
+        session.adaptive.epsilon = epsilon
+    measured = store.restore_ratio(os.path.abspath(script))
+    if measured is not None:
+        session.adaptive.restore_ratio = measured[0]
+        print(f"flortrain: restore/materialize ratio c = {measured[0]:.2f} (measured by replay run {measured[1]})", file=sys.stderr)
+    _untracked(script, plan, session)
+    session.start_materializer()
     t0 = time.perf_counter()
-    hook = _module_recorder(script, store, run_id, meta)
+    hook = _module_recorder(script, store, run_id, meta, session)
     status = execute(session, code, script, args, torch_script, hook)
     elapsed = time.perf_counter() - t0
     store.finish_run(run_id, "complete" if status == 0 else "failed", status)

@@ -82,7 +82,7 @@ class Staged:
     by memory; the caller copies them before training goes on. ``skeletons`` holds each part's
     skeleton digest, finished into a part digest once the tensors' sha256 are known."""
 
-    __slots__ = ("parts", "skeletons", "metas", "tensors")
+    __slots__ = ("metas", "parts", "skeletons", "tensors")
 
     def __init__(
         self,

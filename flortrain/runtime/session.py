@@ -16,10 +16,10 @@ from types import FrameType
 from typing import Any
 
 from flortrain import knobs
+from flortrain.runtime import materializer as _materializer
 from flortrain.runtime import rng
 from flortrain.runtime.adaptive import AdaptivePeriod
 from flortrain.runtime.capture import Tee
-from flortrain.runtime import materializer as _materializer
 from flortrain.runtime.materializer import Callbacks, Materializer
 from flortrain.runtime.registry import Registry
 from flortrain.runtime.skipblock import Getters, SkipBlock, State
@@ -69,12 +69,17 @@ class Session:
     _pending: dict[str, str] = field(default_factory=dict)  # checkpoints staged, not yet committed
 
     def __post_init__(self) -> None:
-        if self.materializer is None and self.mode == "record":
+        if self.replay is not None and self.replay.spans is not None:
+            self.replay.spans.warn = lambda msg: self.warn_once(msg, msg)
+
+    def start_materializer(self) -> Materializer:
+        """The materializer, started now: ``record`` starts it before the script runs, so the
+        writer is forked while the process is small and shares none of the model's pages."""
+        if self.materializer is None:
             self.materializer = _materializer.make(
                 self.store, self.run_id, Callbacks(self._committed, self._lost, self.warn), self.track_versions
             )
-        if self.replay is not None and self.replay.spans is not None:
-            self.replay.spans.warn = lambda msg: self.warn_once(msg, msg)
+        return self.materializer
 
     # -- main loop ---------------------------------------------------------------------------------
     def main_enter(self, main_id: str) -> None:
@@ -163,10 +168,10 @@ class Session:
         """Capture and stage a checkpoint. Returns ``("committed", digests)`` or ``("lost",
         reason)`` when the materializer finished it at once, None while it is pending (its row is
         updated when the writer reports). Raises when the state cannot be captured."""
-        assert self.materializer is not None
+        materializer = self.start_materializer()
         self._submitting, self._outcome = key, None
         try:
-            self.materializer.submit(key, block_id, payload())
+            materializer.submit(key, block_id, payload())
         finally:
             self._submitting = None
         return self._outcome
@@ -193,6 +198,15 @@ class Session:
             self.run_id, key, block_id, self.main[0], self.main[1], iteration, occurrence, row_state,
             note=note, state_sha=digests, **costs,
         )
+
+    def untracked_writes(self) -> None:
+        """The script writes tensors behind their version counters (``.data``): no shortcut may
+        trust those counters (:mod:`flortrain.static.untracked`)."""
+        self.track_versions = False
+        tracker = getattr(self.materializer, "tracker", None)
+        if tracker is not None:
+            tracker.enabled = False
+            tracker.clear()
 
     def _committed(self, key: str, digests: dict[str, str]) -> None:
         if key == self._submitting:

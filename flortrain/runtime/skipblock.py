@@ -29,6 +29,7 @@ from flortrain.runtime.state import (
     capture,
     carries_graph,
     clone_state,
+    fingerprint,
     graph_of,
     restore_into,
     snapshot_equal,
@@ -242,7 +243,8 @@ class SkipBlock(Checkpointable):
         flortrain limitation, never the user's problem: training goes on unwatched, with a
         warning (``diff`` remains the check)."""
         try:
-            return {i: clone_state(o) for i, o in session.watchable()}
+            watch = fingerprint if session.track_versions else clone_state
+            return {i: watch(o) for i, o in session.watchable()}
         except Exception as e:
             session.warn_once(f"{self.id}.watch", f"block {self.id}: alias watch unavailable: {e}")
             return None
@@ -343,7 +345,8 @@ class SkipBlock(Checkpointable):
             if i in covered:
                 continue
             obj = s.registry.get(i)
-            if obj is not None and not snapshot_equal(clone_state(obj), before):
+            now = fingerprint(obj) if s.track_versions else clone_state(obj)
+            if obj is not None and not snapshot_equal(now, before):
                 s.learn(self.id, i, type(obj).__name__)
 
 def _no_live_objects_inside(s: Session, expr: str, v: Any) -> None:

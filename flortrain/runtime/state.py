@@ -351,6 +351,59 @@ def snapshot_equal(a: Any, b: Any) -> bool:
         return False
 
 
+def fingerprint(obj: Any) -> Any:
+    """A cheap token of a live module's or optimizer's state that changes whenever the state does,
+    for the alias watch: each tensor by its memory and in-place version counter (no bytes read or
+    copied), plain values by value. Tensors written through ``.data`` escape it: a script that
+    does so is watched with :func:`clone_state` instead (``static/untracked.py``)."""
+    torch = _torch()
+    if torch is not None and isinstance(obj, torch.nn.Module):
+        return (
+            [_fp(t) for t in obj.parameters()],
+            [_fp(t.grad) for t in obj.parameters()],
+            [_fp(b) for b in obj.buffers()],
+            [m.training for m in obj.modules()],
+            [p.requires_grad for p in obj.parameters()],
+            {name: _fp(_plain_attrs_raw(m, torch)) for name, m in obj.named_modules()},
+        )
+    if torch is not None and isinstance(obj, torch.optim.Optimizer):
+        return (
+            [_fp(v) for v in obj.state.values()],
+            [_fp({k: v for k, v in g.items() if k != "params"}) for g in obj.param_groups],
+            [[(_fp(p), _fp(p.grad)) for p in g["params"]] for g in obj.param_groups],
+        )
+    return _fp(obj)
+
+
+def _plain_attrs_raw(module: Any, torch: Any) -> dict[str, Any]:
+    return {
+        k: v
+        for k, v in vars(module).items()
+        if not k.startswith("_") and k != "training" and not isinstance(v, torch.nn.Module | torch.nn.Parameter)
+    }
+
+
+def _fp(v: Any) -> Any:
+    torch = _torch()
+    if torch is not None and isinstance(v, torch.Tensor):
+        try:
+            version = v._version
+        except RuntimeError:  # an inference tensor: no counter; compare its bytes
+            return ("bytes", v.detach().cpu().clone())
+        return ("T", v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), v.dtype, version)
+    if isinstance(v, _IMMUTABLE) or _is_numpy_value(v):
+        return v
+    if isinstance(v, dict):
+        return ("D", [(k, _fp(x)) for k, x in v.items()])
+    if isinstance(v, list | tuple | collections.deque):
+        return ("L", [_fp(x) for x in v])
+    if isinstance(v, set):
+        return ("S", frozenset(v))
+    if _is_rng(v):
+        return ("R", repr(capture(v)))
+    return ("O", id(v))
+
+
 def clone_state(obj: Any) -> Any:
     """A deep copy of an object's captured state, for before/after comparison."""
     return copy.deepcopy(capture(obj))

@@ -82,7 +82,7 @@ def serve(sock: socket.socket, arena: memoryview, blobs: Path, parent: int, dela
     with contextlib.suppress(OSError):
         os.nice(10)
     with contextlib.suppress(OSError):
-        Path("/proc/self/comm").write_text("flortrain-writer")
+        Path("/proc/self/comm").write_text("flortrain-ckpt")
     ch = Channel(sock)
     tokens: dict[int, str] = {}
     while True:
@@ -127,11 +127,11 @@ def _write(item: dict[str, Any], arena: memoryview, blobs: Path, tokens: dict[in
     written = 0
     for g, place in enumerate(item["places"]):
         if place[0] == "t":
-            sha = tokens.get(place[1])
-            if sha is None:
+            known = tokens.get(place[1])
+            if known is None:
                 raise LookupError("it shares an unchanged tensor with a checkpoint that was lost")
-            shas.append(sha)
-            table.append(("x", sha))
+            shas.append(known)
+            table.append(("x", known))
             continue
         _, start, external, token = place
         view = arena[start : start + metas[g][2]]
@@ -168,7 +168,7 @@ def run_child(sock: socket.socket, arena: memoryview, blobs: Path, parent: int, 
     code = 0
     try:
         serve(sock, arena, blobs, parent, delay)
-    except BaseException as e:  # noqa: BLE001 - reported on stderr; the parent sees the exit code
+    except BaseException as e:
         with contextlib.suppress(Exception):
             os.write(2, f"flortrain: checkpoint writer failed: {type(e).__name__}: {e}\n".encode())
         code = 1

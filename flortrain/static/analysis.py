@@ -12,6 +12,7 @@ from flortrain.static.plan import Block, FunctionSpan, MainLoop, Plan, Refusal, 
 from flortrain.static.program import MODULE, Loop, Program, index
 from flortrain.static.source import Source
 from flortrain.static.spans import boundary_state
+from flortrain.static.untracked import untracked_writes
 from flortrain.static.values import value_only
 
 
@@ -106,7 +107,8 @@ def _analyse(source: Source, prefix: str) -> Plan:
         for s in prog.scopes.values()
         if s.qualname != MODULE and isinstance(s.node, cst.FunctionDef)
     )
-    return Plan(source.path, tuple(mains), tuple(blocks), tuple(refused), functions, others)
+    untracked = untracked_writes(source.module) if mains else ()
+    return Plan(source.path, tuple(mains), tuple(blocks), tuple(refused), functions, others, untracked)
 
 
 def _other_loops(

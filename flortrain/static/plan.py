@@ -39,6 +39,13 @@ class Span:
     end_line: int
 
 
+#: What a write behind the version counter's back costs (see :mod:`flortrain.static.untracked`).
+UNTRACKED = (
+    "writes a tensor through `.data` or a NumPy view, which its version counter does not see:"
+    " every checkpoint copies every tensor (no skipping of unchanged ones)"
+)
+
+
 @dataclass(frozen=True)
 class Block:
     """A memoized loop: skipped and restored on replay unless probed."""
@@ -103,6 +110,9 @@ class Plan:
     functions: tuple[FunctionSpan, ...] = field(default_factory=tuple)
     #: every other loop (neither a main loop nor a candidate), with why it is plain code
     others: tuple[Refusal, ...] = ()
+    #: writes through ``.data`` or a NumPy view, which tensor version counters do not see
+    #: (:mod:`flortrain.static.untracked`)
+    untracked: tuple[Span, ...] = ()
 
     def explain(self) -> str:
         """The plan as a person reads it (``flortrain instrument --explain``)."""
@@ -137,4 +147,5 @@ class Plan:
                 )
         for r in self.others:
             out.append(f"{self.path}:{r.span.line}:{r.span.col} loop in {r.function} not memoized: {r.reason}")
+        out.extend(f"{self.path}:{u.line}:{u.col} {UNTRACKED}" for u in self.untracked)
         return "\n".join(out)

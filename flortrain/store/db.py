@@ -282,6 +282,21 @@ class Store:
              materialize_s, restore_s, note, None if state_sha is None else json.dumps(state_sha)),
         )
 
+    def restore_ratio(self, script: str) -> tuple[float, int] | None:
+        """Flor's c = R/M (Eq. 3) as the latest replay of ``script`` measured it: the time it took
+        to restore the block instances it skipped over the time their record was blocked
+        materializing them; with that replay's id. None before any replay skipped anything."""
+        row = self.db.execute(
+            "SELECT r.id, SUM(b.restore_s), SUM(a.materialize_s) FROM runs r"
+            " JOIN blocks b ON b.run_id = r.id AND b.state = 'skipped' AND b.restore_s IS NOT NULL"
+            " JOIN blocks a ON a.run_id = r.parent AND a.key = b.key AND a.materialize_s > 0"
+            " WHERE r.kind = 'replay' AND r.script = ? GROUP BY r.id ORDER BY r.id DESC LIMIT 1",
+            (script,),
+        ).fetchone()
+        if row is None or not row[2]:
+            return None
+        return float(row[1]) / float(row[2]), int(row[0])
+
     def blocks(self, run_id: int) -> list[dict[str, Any]]:
         cur = self.db.execute("SELECT * FROM blocks WHERE run_id=? ORDER BY rowid", (run_id,))
         names = [d[0] for d in cur.description]

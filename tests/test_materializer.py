@@ -1,0 +1,295 @@
+"""The background materializer (runtime/materializer.py, runtime/writer.py): staged checkpoints
+written by a forked writer, unchanged large tensors written once, failures that lose a checkpoint
+and never a run, and a DataLoader's workers unaffected."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from flortrain.runtime.materializer import (
+    EXTERNAL_MIN,
+    BackgroundMaterializer,
+    Callbacks,
+    deserialize,
+    digests,
+)
+from flortrain.store.db import Store
+from tests.protocol import flortrain, plain, replay_matches_plain
+
+
+class _Results:
+    def __init__(self) -> None:
+        self.committed: dict[str, dict[str, str]] = {}
+        self.lost: dict[str, str] = {}
+        self.warnings: list[str] = []
+
+    def callbacks(self) -> Callbacks:
+        return Callbacks(
+            lambda k, d: self.committed.__setitem__(k, d), lambda k, r: self.lost.__setitem__(k, r), self.warnings.append
+        )
+
+
+def _objects(store: Path) -> list[Path]:
+    return sorted(p for p in (store / "blobs" / "objects").rglob("*") if p.is_file())
+
+
+def _load(store: Store, key: str) -> dict[str, object]:
+    rel, sha, _ = store.checkpoints(1)[key]
+    data = store.read_blob(rel, sha)
+    assert data is not None
+    return deserialize(data, store.read_object)
+
+
+def test_unchanged_large_tensors_are_written_once_and_changed_ones_again(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s")
+    run = store.begin_run("record", "x.py", [], "", None, None, {})
+    results = _Results()
+    m = BackgroundMaterializer(store, run, results.callbacks())
+    table = torch.randn(EXTERNAL_MIN // 4 * 2)  # 2 MB: content-addressed
+    head = torch.randn(10)  # small: inline
+    values = []
+    want = {}
+    for step in range(4):
+        if step == 2:
+            table.add_(1.0)  # in place: the version counter moves, so it is staged again
+        head.add_(1.0)
+        values.append((table.clone(), head.clone()))
+        payload = {"objects": {"t": {"kind": "tensor", "value": table.detach(), "h": head}}}
+        want[f"k{step}"] = digests(payload)
+        m.submit(f"k{step}", "B", payload)
+    m.flush()
+    assert results.lost == {} and results.warnings == []
+    assert sorted(results.committed) == ["k0", "k1", "k2", "k3"]
+    objects = _objects(tmp_path / "s")
+    assert len(objects) == 2  # the table before and after its change; never once per checkpoint
+    for p in objects:
+        assert hashlib.sha256(p.read_bytes()).hexdigest() == p.name
+    for step, (t, h) in enumerate(values):
+        got = _load(store, f"k{step}")["objects"]["t"]  # type: ignore[index]
+        assert torch.equal(got["value"], t) and torch.equal(got["h"], h)  # type: ignore[index]
+    # the writer's digests are those a replay computes in-process for the same state (diff
+    # compares the two), whether the bytes were staged or referred to as unchanged
+    assert results.committed == want
+
+
+def test_a_reallocated_tensor_at_the_same_address_is_not_mistaken_for_the_old_one(tmp_path: Path) -> None:
+    """A gradient freed and re-allocated every step often lands at the same address with the same
+    version: the tracker keeps the old one alive, so the new one cannot look unchanged."""
+    store = Store(tmp_path / "s")
+    run = store.begin_run("record", "x.py", [], "", None, None, {})
+    results = _Results()
+    m = BackgroundMaterializer(store, run, results.callbacks())
+    n = EXTERNAL_MIN // 4
+    expect = []
+    for step in range(3):
+        g = torch.full((n,), float(step))
+        expect.append(g.clone())
+        m.submit(f"k{step}", "B", {"objects": {"g": {"kind": "tensor", "value": g}}})
+        del g
+    m.flush()
+    for step in range(3):
+        assert torch.equal(_load(store, f"k{step}")["objects"]["g"]["value"], expect[step])  # type: ignore[index]
+
+
+def test_a_checkpoint_larger_than_the_buffer_is_written_on_the_training_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLORTRAIN_BUFFER_MB", "1")
+    store = Store(tmp_path / "s")
+    run = store.begin_run("record", "x.py", [], "", None, None, {})
+    results = _Results()
+    m = BackgroundMaterializer(store, run, results.callbacks())
+    big = torch.randn(2 * EXTERNAL_MIN // 4)
+    m.submit("k0", "B", {"objects": {"t": {"kind": "tensor", "value": big}}})
+    m.flush()
+    assert "k0" in results.committed and any("staging buffer" in w for w in results.warnings)
+    assert torch.equal(_load(store, "k0")["objects"]["t"]["value"], big)  # type: ignore[index]
+
+
+FROZEN = """\
+import torch
+torch.manual_seed(0)
+table = torch.nn.Embedding(4096, 128)          # 2 MB, frozen: a fine-tuning shape
+table.weight.requires_grad_(False)
+head = torch.nn.Linear(128, 2)
+opt = torch.optim.SGD(head.parameters(), lr=0.1)
+x = torch.randint(0, 4096, (64,))
+y = torch.randint(0, 2, (64,))
+for epoch in range(6):
+    for step in range(5):
+        loss = torch.nn.functional.cross_entropy(head(table(x)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    #PROBE
+    print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
+"""
+
+
+def test_a_frozen_table_is_written_once_per_run_and_replays_exactly(tmp_path: Path) -> None:
+    env = {"FLORTRAIN_PERIOD": "every"}
+    replay_matches_plain(tmp_path, FROZEN, 'print(f"PROBE {head.weight.sum().item():.6f}")', env)
+    table_bytes = 4096 * 128 * 4
+    objects = [p for p in _objects(tmp_path / ".flortrain") if p.stat().st_size == table_bytes]
+    assert len(objects) == 1, objects  # 6 blocks and 5 boundaries checkpointed, one copy on disk
+    db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
+    (n,) = db.execute("SELECT COUNT(*) FROM checkpoints WHERE run_id=1").fetchone()
+    assert n >= 6
+
+
+DATA_WRITES = """\
+import torch
+torch.manual_seed(0)
+w = torch.zeros(512, 1024)   # 2 MB
+lr = torch.tensor(0.5)
+for epoch in range(5):
+    for step in range(3):
+        w.data.add_(lr)              # behind the version counter's back
+    #PROBE
+    print(f"epoch {epoch} {w.sum().item():.1f}", flush=True)
+"""
+
+
+def test_writes_through_data_turn_off_the_unchanged_tensor_shortcut(tmp_path: Path) -> None:
+    env = {"FLORTRAIN_PERIOD": "every"}
+    rep = replay_matches_plain(tmp_path, DATA_WRITES, 'print(f"PROBE {w[0, 0].item():.1f}")', env)
+    assert rep.code == 0
+    runs = flortrain(tmp_path, "record", "train.py", env=env)
+    assert "train.py:7:9: writes a tensor through `.data`" in runs.err, runs.err
+
+
+KILLABLE = """\
+import time, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(32, 512)
+for epoch in range(8):
+    for step in range(3):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    #PROBE
+    print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
+    time.sleep(0.25)   # training goes on after the kill: a new writer must take over
+"""
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        out.extend(int(c) for c in text)
+    return out
+
+
+def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_completes(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(KILLABLE)
+    truth = plain(script)
+    env = {**os.environ, "FLORTRAIN_PERIOD": "every", "FLORTRAIN_INJECT": "writer-delay=0.5"}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "flortrain", "record", "train.py"], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert p.stdout is not None
+    first = p.stdout.readline()  # epoch 0 done: its checkpoints are staged, the writer is sleeping
+    killed = []
+    deadline = time.monotonic() + 30
+    while not killed and time.monotonic() < deadline:
+        for c in _children(p.pid):
+            if Path(f"/proc/{c}/comm").read_text().strip() == "flortrain-ckpt":
+                os.kill(c, signal.SIGKILL)
+                killed.append(c)
+        time.sleep(0.01)
+    out, err = p.communicate(timeout=300)
+    assert killed, "no writer process found"
+    assert p.returncode == 0, err
+    assert first + out == truth.out  # the script's output is untouched
+    assert "checkpoint writer died (killed by signal 9)" in err and "checkpoint(s) lost" in err, err
+    store = Store(tmp_path / ".flortrain")
+    ck = store.checkpoints(1)
+    lost = {k for (k, note) in store.db.execute("SELECT key, note FROM blocks WHERE run_id=1 AND note LIKE 'checkpoint lost%'")}
+    assert lost, "the killed writer held staged checkpoints"
+    assert not lost & set(ck), "a lost checkpoint has a commit row"
+    assert len(ck) > 0, "a new writer took over after the kill"
+    for rel, sha, _ in ck.values():  # every claimed checkpoint is on disk and verifies
+        data = store.read_blob(rel, sha)
+        assert data is not None
+        deserialize(data, store.read_object)
+    # and the record replays exactly, re-executing what was lost
+    script.write_text(KILLABLE.replace("    #PROBE", '    print(f"PROBE {model[0].weight.sum().item():.6f}")'))
+    want = [ln for ln in plain(script).out.splitlines() if ln.startswith("PROBE")]
+    rep = flortrain(tmp_path, "replay", "train.py")
+    assert rep.code == 0, rep.err
+    assert [ln for ln in rep.out.splitlines() if ln.startswith("PROBE")] == want
+    assert flortrain(tmp_path, "diff").code == 0
+
+
+def test_a_failed_write_loses_that_checkpoint_only(tmp_path: Path) -> None:
+    """The objects directory cannot be created (a file is in its way, as a full or broken disk
+    would refuse it): checkpoints holding large tensors are lost with a warning; the run, and the
+    checkpoints that hold only small tensors, are not."""
+    objects = tmp_path / ".flortrain" / "blobs" / "objects"
+    objects.parent.mkdir(parents=True)
+    objects.write_text("in the way")
+    env = {"FLORTRAIN_PERIOD": "every"}
+    script = tmp_path / "train.py"
+    script.write_text(KILLABLE)
+    truth = plain(script)
+    rec = flortrain(tmp_path, "record", "train.py", env=env)
+    assert rec.code == 0 and rec.out == truth.out, rec.err
+    assert "not written" in rec.err and "training goes on" in rec.err, rec.err
+    store = Store(tmp_path / ".flortrain")
+    ck = store.checkpoints(1)
+    for rel, sha, _ in ck.values():
+        assert store.read_blob(rel, sha) is not None
+    notes = [n for (n,) in store.db.execute("SELECT note FROM blocks WHERE run_id=1 AND note LIKE 'checkpoint lost%'")]
+    assert notes
+
+
+WORKER_CRASH = """\
+import os, signal, torch
+from torch.utils.data import DataLoader, Dataset
+torch.manual_seed(0)
+
+class Data(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        if i == 40 and EPOCH[0] == 1:
+            os.kill(os.getpid(), signal.SIGKILL)   # a worker dies
+        return torch.tensor([float(i)])
+
+EPOCH = [0]
+model = torch.nn.Linear(1, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(3):
+    EPOCH[0] = epoch
+    for x in DataLoader(Data(), batch_size=8, num_workers=2):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(f"epoch {epoch} {loss.item():.6f}", flush=True)
+"""
+
+
+def test_a_dataloader_worker_crash_is_still_reported_under_record(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(WORKER_CRASH)
+    truth = plain(script)
+    assert truth.code == 1 and "killed by signal" in truth.err, truth.err
+    rec = flortrain(tmp_path, "record", "train.py")
+    assert rec.code == 1, rec.err
+    assert rec.out == truth.out
+    assert "killed by signal" in rec.err, rec.err
