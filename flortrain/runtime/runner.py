@@ -11,6 +11,7 @@ import builtins
 import contextlib
 import importlib.machinery
 import os
+import signal
 import sys
 import traceback
 import types
@@ -51,6 +52,15 @@ def exit_code(e: SystemExit) -> int:
     return 1
 
 
+def _script_done() -> None:
+    """The script's signal handlers have no more business once it has finished. DataLoader's
+    SIGCHLD handler re-raises a dead worker's error at every SIGCHLD, and under ``python`` nothing
+    runs after the script to receive it; here flortrain still prints the traceback, flushes the
+    checkpoint writer (whose exit is a SIGCHLD) and commits the run."""
+    with contextlib.suppress(ValueError, OSError):  # not the main thread
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
 def run_as_main(code: CodeType, script: str, args: list[str]) -> int:
     """Execute; return the exit status Python would have exited with."""
     module = types.ModuleType("__main__")
@@ -72,7 +82,10 @@ def run_as_main(code: CodeType, script: str, args: list[str]) -> int:
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
-        exec(code, module.__dict__)
+        try:
+            exec(code, module.__dict__)
+        finally:
+            _script_done()
         return 0
     except SystemExit as e:
         return exit_code(e)

@@ -11,6 +11,7 @@ import socket
 import sqlite3
 import stat
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,6 +180,8 @@ class Store:
         self.root = root
         self.blobs = root / "blobs"
         self.pid = os.getpid()
+        self._objects: OrderedDict[str, bytes] = OrderedDict()
+        self._objects_bytes = 0
         try:
             self.blobs.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(root / "flortrain.db", timeout=30, isolation_level=None)
@@ -349,11 +352,24 @@ class Store:
     def read_object(self, sha: str) -> bytes | None:
         """A content-addressed tensor (see :mod:`flortrain.runtime.materializer`), or None when it
         is missing or its bytes do not hash to its name."""
+        cached = self._objects.get(sha)
+        if cached is not None:
+            self._objects.move_to_end(sha)
+            return cached
         try:
             data = object_path(self.blobs, sha).read_bytes()
         except OSError:
             return None
-        return data if hashlib.sha256(data).hexdigest() == sha else None
+        if hashlib.sha256(data).hexdigest() != sha:
+            return None
+        # a replay restores the same unchanged object (a frozen table) at every skipped
+        # instance: read and verify it once, keep the most recent within a byte budget
+        self._objects[sha] = data
+        self._objects_bytes += len(data)
+        while self._objects_bytes > OBJECT_CACHE_BYTES and len(self._objects) > 1:
+            _, old = self._objects.popitem(last=False)
+            self._objects_bytes -= len(old)
+        return data
 
     # -- iterations ------------------------------------------------------------------------------
     def put_iterations(
@@ -422,6 +438,10 @@ class Store:
         ):
             pieces = None if segs is None else tuple((t, r, bool(p)) for t, r, p in json.loads(segs))
             yield LogEntry(seq, text, m, mi, it, region, bool(probe), pieces)
+
+
+#: Verified content-addressed objects a replay keeps in memory (see ``Store.read_object``).
+OBJECT_CACHE_BYTES = 1 << 30
 
 
 def object_path(blobs: Path, sha: str) -> Path:

@@ -1,0 +1,270 @@
+"""Record overhead on workloads of different shapes, adaptivity on and off (Flor Figure 6), and
+the outer-probe replay it buys.
+
+Workloads (generated, no downloads):
+- ``cnn``: a small CNN with Adam, ~75 MB of checkpointed state, ~1 s epochs;
+- ``finetune``: a 100 MB frozen embedding table, a tiny trained head, ~0.1 s epochs;
+- ``rnn``: an LSTM language model on synthetic tokens.
+
+For each, R repetitions interleave ``python S``, ``flortrain record S`` (adaptive period, the
+default) and ``flortrain record S`` with ``FLORTRAIN_PERIOD=every`` (adaptivity off: a checkpoint
+at every block instance and iteration boundary). Two figures per run:
+
+- **training**: from the first line of the training loop to process exit, so it includes the
+  materializer's final flush (the script writes its loop's start time to a file); it leaves out
+  what does not grow with training (interpreter and torch start-up, flortrain's static pass);
+- **end to end**: the whole command's wall time.
+
+Overhead is the median over repetitions of each recorded/plain pair's ratio, with the spread.
+For the CNN, an outer probe's replay is timed against a plain run of the probed script.
+
+    python benchmarks/record_overhead.py [--quick]
+
+Writes benchmarks/results/record_overhead.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "results"
+
+_T0 = """\
+import os, time
+if os.environ.get("BENCH_T0"):
+    with open(os.environ["BENCH_T0"], "w") as f:
+        f.write(repr(time.time()))
+"""
+
+CNN = """\
+import os, time, torch
+import torch.nn as nn
+import torch.nn.functional as F
+torch.manual_seed(0)
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 7 * 7, 3072)
+        self.fc2 = nn.Linear(3072, 10)
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+model = Net()
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+data = torch.randn(STEPS * 32, 1, 28, 28)
+labels = torch.randint(0, 10, (STEPS * 32,))
+T0
+for epoch in range(EPOCHS):
+    model.train()
+    for i in range(0, len(data), 32):
+        loss = F.cross_entropy(model(data[i:i + 32]), labels[i:i + 32])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    #PROBE
+    print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
+"""
+
+FINETUNE = """\
+import os, time, torch
+import torch.nn as nn
+import torch.nn.functional as F
+torch.manual_seed(0)
+table = nn.Embedding(200_000, 128)          # 102 MB, frozen
+table.weight.requires_grad_(False)
+head = nn.Linear(128, 10)
+opt = torch.optim.SGD(head.parameters(), lr=0.05)
+ids = torch.randint(0, 200_000, (STEPS, 512))
+labels = torch.randint(0, 10, (STEPS, 512))
+T0
+for epoch in range(EPOCHS):
+    for i in range(STEPS):
+        loss = F.cross_entropy(head(table(ids[i])), labels[i])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    #PROBE
+    print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
+"""
+
+RNN = """\
+import os, time, torch
+import torch.nn as nn
+import torch.nn.functional as F
+torch.manual_seed(0)
+class LM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(2000, 128)
+        self.rnn = nn.LSTM(128, 256, num_layers=2, batch_first=True)
+        self.out = nn.Linear(256, 2000)
+    def forward(self, x):
+        h, _ = self.rnn(self.emb(x))
+        return self.out(h)
+model = LM()
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+tokens = torch.randint(0, 2000, (STEPS * 16, 33))
+T0
+for epoch in range(EPOCHS):
+    for i in range(0, len(tokens), 16):
+        batch = tokens[i:i + 16]
+        logits = model(batch[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, 2000), batch[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    #PROBE
+    print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
+"""
+
+#: name: (source, steps per epoch, epochs, outer probe); quick mode halves the epochs
+WORKLOADS: dict[str, tuple[str, int, int, str]] = {
+    "cnn": (CNN, 48, 12, 'print("PROBE", model.fc1.weight.norm().item())'),
+    "finetune": (FINETUNE, 6, 40, 'print("PROBE", head.weight.norm().item())'),
+    "rnn": (RNN, 12, 10, 'print("PROBE", model.out.weight.norm().item())'),
+}
+MODES = ("plain", "record", "record-every")
+
+
+def source(name: str, quick: bool, probe: bool = False) -> str:
+    text, steps, epochs, stmt = WORKLOADS[name]
+    if quick:
+        epochs //= 2
+    text = text.replace("STEPS", str(steps)).replace("EPOCHS", str(epochs)).replace("T0\n", _T0)
+    return text.replace("    #PROBE\n", f"    {stmt}\n" if probe else "")
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, str]:
+    """(training seconds, end-to-end seconds, stdout)."""
+    t0file = cwd / "t0"
+    t0file.unlink(missing_ok=True)
+    start = time.time()
+    p = subprocess.run(cmd, cwd=cwd, env={**os.environ, **env, "BENCH_T0": str(t0file)},
+                       capture_output=True, text=True, check=False)
+    end = time.time()
+    if p.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stderr}")
+    return end - float(t0file.read_text()), end - start, p.stdout
+
+
+def _checkpointed(store: Path) -> tuple[int, int]:
+    """(block instances checkpointed, block instances) of the latest record."""
+    db = sqlite3.connect(store / "flortrain.db")
+    try:
+        (rid,) = db.execute("SELECT MAX(id) FROM runs WHERE kind='record'").fetchone()
+        rows = dict(db.execute("SELECT state, COUNT(*) FROM blocks WHERE run_id=? AND state!='boundary' GROUP BY state", (rid,)).fetchall())
+    finally:
+        db.close()
+    return rows.get("checkpointed", 0), sum(rows.values())
+
+
+def bench(name: str, reps: int, quick: bool) -> dict[str, object]:
+    py = sys.executable
+    times: dict[str, list[tuple[float, float]]] = {m: [] for m in (*MODES, "plain-probed", "replay")}
+    checkpointed: dict[str, tuple[int, int]] = {}
+    with tempfile.TemporaryDirectory() as d:
+        work = Path(d)
+        script = work / "train.py"
+        for rep in range(reps):
+            for mode in MODES:
+                script.write_text(source(name, quick))
+                env = {"FLORTRAIN_STORE": str(work / mode)}
+                if mode == "record-every":
+                    env["FLORTRAIN_PERIOD"] = "every"
+                cmd = [py, "train.py"] if mode == "plain" else [py, "-m", "flortrain", "record", "train.py"]
+                train, total, _ = _run(cmd, work, env)
+                times[mode].append((train, total))
+                if mode != "plain":
+                    checkpointed[mode] = _checkpointed(work / mode)
+            # what the record buys: an outer probe replayed, against re-running the probed script
+            script.write_text(source(name, quick, probe=True))
+            times["plain-probed"].append(_run([py, "train.py"], work, {})[:2])
+            times["replay"].append(_run([py, "-m", "flortrain", "replay", "train.py"], work, {"FLORTRAIN_STORE": str(work / "record")})[:2])
+            print(f"{name} rep {rep}: " + ", ".join(f"{m} {v[-1][0]:.2f}/{v[-1][1]:.2f}s" for m, v in times.items()), file=sys.stderr)
+
+    def ratios(mode: str, base: str, i: int) -> list[float]:
+        return [a[i] / b[i] for a, b in zip(times[mode], times[base], strict=True)]
+
+    out: dict[str, object] = {"times": times, "checkpointed": checkpointed}
+    for mode in ("record", "record-every"):
+        for i, what in ((0, "training"), (1, "end_to_end")):
+            r = ratios(mode, "plain", i)
+            out[f"{mode}_{what}_overhead"] = statistics.median(r) - 1
+            out[f"{mode}_{what}_spread"] = [min(r) - 1, max(r) - 1]
+    r = ratios("replay", "plain-probed", 1)
+    out["replay_fraction"] = statistics.median(r)
+    out["replay_spread"] = [min(r), max(r)]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="half the epochs, one repetition")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--only", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
+    args = ap.parse_args()
+    reps = 1 if args.quick else args.reps
+    results = {name: bench(name, reps, args.quick) for name in args.only}
+    doc = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "reps": reps, "quick": args.quick, "epsilon": 1 / 15, "results": results,
+    }
+    if len(args.only) == len(WORKLOADS):
+        doc["median_record_training_overhead"] = statistics.median(
+            r["record_training_overhead"] for r in results.values()  # type: ignore[misc]
+        )
+    OUT.mkdir(parents=True, exist_ok=True)
+    name = "record_overhead-quick" if args.quick else "record_overhead"
+    (OUT / f"{name}.json").write_text(json.dumps(doc, indent=2))
+    _plot(results, OUT / f"{name}.png")
+    print(f"{'workload':10} {'record':>8} {'every':>8} {'e2e rec':>8} {'ckpt (adaptive)':>16} {'ckpt (every)':>13} {'replay':>7}")
+    for n, r in results.items():
+        ck = r["checkpointed"]
+        adaptive, every = ("{}/{}".format(*ck[m]) for m in ("record", "record-every"))  # type: ignore[index]
+        print(f"{n:10} {r['record_training_overhead']:8.1%} {r['record-every_training_overhead']:8.1%}"  # type: ignore[index]
+              f" {r['record_end_to_end_overhead']:8.1%} {adaptive:>16} {every:>13}"  # type: ignore[index]
+              f" {r['replay_fraction']:7.2f}")
+    if "median_record_training_overhead" in doc:
+        print(f"median record overhead (training): {doc['median_record_training_overhead']:.1%}")
+
+
+def _plot(results: dict[str, dict[str, object]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = list(range(len(names)))
+    for off, mode, label in ((-0.2, "record", "adaptive (default)"), (0.2, "record-every", "every instance")):
+        a.bar([x + off for x in xs], [100 * results[n][f"{mode}_training_overhead"] for n in names], 0.4, label=label)  # type: ignore[operator]
+    a.axhline(100 / 15, color="red", linestyle="--", label="ε = 1/15")
+    a.set_xticks(xs, names)
+    a.set_ylabel("record overhead, % of training time")
+    a.set_title("Record overhead (Flor Fig. 6)")
+    a.legend()
+    b.bar(xs, [results[n]["replay_fraction"] for n in names])  # type: ignore[misc]
+    b.set_xticks(xs, names)
+    b.set_ylabel("fraction of a plain run")
+    b.set_title("Outer-probe replay time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
