@@ -157,26 +157,31 @@ class SyncMaterializer:
 
 
 class ChangeTracker:
-    """Which large tensors are unchanged since a block's last checkpoint: same memory, same shape,
+    """Which large tensors are unchanged since they were last staged: same memory, same shape,
     and the same in-place version counter (``tensor._version``, bumped by every in-place op on
-    the tensor or a view of it: ``opt.step()``, ``copy_``, ``load_state_dict``). The last
-    checkpoint's tensors are kept referenced, so their memory cannot be freed and handed to a new
-    tensor that would look the same (a gradient re-allocated every step)."""
+    the tensor or a view of it: ``opt.step()``, ``copy_``, ``load_state_dict``). One table for
+    all blocks: a main-loop boundary checkpointed right after a block's end holds the same
+    tensors, and stages none of them again. Tensors are kept referenced for the last
+    :data:`KEEP` checkpoints, so their memory cannot be freed and handed to a new tensor that would
+    look the same (a gradient re-allocated every step)."""
+
+    KEEP = 4
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self.by_block: dict[str, dict[tuple[Any, ...], tuple[Any, int, int]]] = {}
+        self.seen: dict[tuple[Any, ...], tuple[Any, int, int, int]] = {}  # where -> (t, version, token, when)
         self.next_token = 0
+        self.checkpoints = 0
 
     @staticmethod
     def _where(t: Any) -> tuple[Any, ...]:
         return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
 
-    def unchanged(self, block_id: str, t: Any) -> int | None:
-        """The token of this tensor's bytes as last staged for the block, if they cannot have changed."""
+    def unchanged(self, t: Any) -> int | None:
+        """The token of this tensor's bytes as last staged, if they cannot have changed since."""
         if not self.enabled:
             return None
-        hit = self.by_block.get(block_id, {}).get(self._where(t))
+        hit = self.seen.get(self._where(t))
         if hit is None:
             return None
         try:
@@ -188,24 +193,28 @@ class ChangeTracker:
         self.next_token += 1
         return self.next_token
 
-    def update(self, block_id: str, seen: list[tuple[Any, int]]) -> list[int]:
-        """The block's tracked tensors are now those of its newest checkpoint; returns the tokens
-        nothing refers to any more (the writer forgets them)."""
+    def update(self, staged: list[tuple[Any, int]]) -> list[int]:
+        """Note the large tensors of a checkpoint just staged (or referred to); returns the tokens
+        no longer tracked (the writer forgets them)."""
         if not self.enabled:
             return []
-        new: dict[tuple[Any, ...], tuple[Any, int, int]] = {}
-        for t, tok in seen:
+        self.checkpoints += 1
+        now = self.checkpoints
+        replaced: list[int] = []
+        for t, tok in staged:
             try:
-                new[self._where(t)] = (t, t._version, tok)
+                where, version = self._where(t), t._version
             except RuntimeError:
                 continue
-        old = self.by_block.get(block_id, {})
-        self.by_block[block_id] = new
-        kept = {v[2] for v in new.values()}
-        return [v[2] for v in old.values() if v[2] not in kept]
+            old = self.seen.get(where)
+            if old is not None and old[2] != tok:
+                replaced.append(old[2])
+            self.seen[where] = (t, version, tok, now)
+        stale = [w for w, v in self.seen.items() if v[3] <= now - self.KEEP]
+        return replaced + [self.seen.pop(w)[2] for w in stale]
 
     def clear(self) -> None:
-        self.by_block.clear()
+        self.seen.clear()
 
 
 @dataclass
@@ -351,7 +360,7 @@ class BackgroundMaterializer:
             nbytes = st.metas[g][2]
             external = nbytes >= EXTERNAL_MIN
             if external:
-                tok = self.tracker.unchanged(block_id, t)
+                tok = self.tracker.unchanged(t)
                 if tok is not None:
                     places[g] = ("t", tok)
                     seen.append((t, tok))
@@ -387,7 +396,7 @@ class BackgroundMaterializer:
                 dst.copy_(t)
             p = places[g]
             places[g] = (p[0], start + p[1], p[2], p[3])
-        forget = self.tracker.update(block_id, seen)
+        forget = self.tracker.update(seen)
         item = {
             "key": key, "kind": "blob", "rel": self.store.blob_rel(self.run_id, key),
             "parts": (start, len(st.parts)), "metas": st.metas, "skeletons": st.skeletons,

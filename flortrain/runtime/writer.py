@@ -75,12 +75,22 @@ class Channel:
             self.buf += chunk
 
 
+def _yield_cpu() -> None:
+    """Run only on CPU time training leaves idle. A parallel torch op waits for its slowest
+    thread, so even a niced process that preempts one of them stalls the whole op; SCHED_IDLE
+    is preempted as soon as a normal thread wants the core (Linux; elsewhere, nice)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        with contextlib.suppress(OSError):
+            os.nice(19)
+
+
 def serve(sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float) -> None:
     """The writer's loop, until the parent says stop (or is gone). Never returns normally: the
     caller ``os._exit``s, so nothing the parent's interpreter registered runs here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it flushes
-    with contextlib.suppress(OSError):
-        os.nice(10)
+    _yield_cpu()
     with contextlib.suppress(OSError):
         Path("/proc/self/comm").write_text("flortrain-ckpt")
     ch = Channel(sock)

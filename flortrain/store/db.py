@@ -449,10 +449,16 @@ def object_path(blobs: Path, sha: str) -> Path:
     return blobs / "objects" / sha[:2] / sha
 
 
-def write_durably(path: Path, chunks: Iterable[Any]) -> str:
+def write_durably(path: Path, chunks: Iterable[Any], fsync: bool = False) -> str:
     """Write ``chunks`` to ``path`` through a temporary file, hashing as they go (no copy of the
-    data is made), fsync, rename into place; return the sha256. On any failure the temporary file
-    is removed and nothing is left at ``path``."""
+    data is made), rename into place; return the sha256. On any failure the temporary file is
+    removed and nothing is left at ``path``.
+
+    A blob in the page cache survives the recording process being killed; only a power loss or
+    kernel crash can drop it, and SQLite (WAL, ``synchronous=NORMAL``) may then lose its latest
+    commits too. So by default there is no fsync: every read verifies the sha256, and a blob a
+    power loss truncated is a missing checkpoint (its instance re-executes), never a wrong one.
+    ``fsync`` is for callers that need more."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     h = hashlib.sha256()
@@ -461,8 +467,9 @@ def write_durably(path: Path, chunks: Iterable[Any]) -> str:
             for c in chunks:
                 h.update(c)
                 f.write(c)
-            f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
