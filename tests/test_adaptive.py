@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flortrain.errors import FlortrainError
-from flortrain.runtime.adaptive import AdaptivePeriod
+from flortrain.runtime.adaptive import AdaptivePeriod, contention
 
 
 def _run(period: AdaptivePeriod, instances: int, compute: float, materialize: float) -> list[bool]:
@@ -71,3 +71,30 @@ def test_epsilon_knob_rejects_non_positive(raw: str, monkeypatch: pytest.MonkeyP
     with pytest.raises(FlortrainError) as err:
         AdaptivePeriod()
     assert err.value.code == "FT050"
+
+
+def test_contention_is_how_far_training_kept_every_core_busy() -> None:
+    assert contention(1.0, 2.0, cores=2) == 1.0  # both cores busy: the writer takes from training
+    assert contention(1.0, 1.0, cores=2) == 0.0  # a core left idle: the writer is free
+    assert contention(1.0, 1.5, cores=2) == pytest.approx(0.5)
+    assert contention(0.0, 1.0, cores=2) == 0.0
+
+
+def test_background_writing_counts_in_m_only_under_contention() -> None:
+    """The same cheap staging (1 ms) and costly background write (0.5 s) per 1 s instance: on a
+    saturated machine M is 0.5 s, above ε, and checkpoints thin out; with a core idle it is 1 ms
+    and every instance is checkpointed."""
+
+    def drive(cpu_per_wall: float) -> list[int]:
+        p = AdaptivePeriod(epsilon=1 / 15, every=False, cores=2)
+        out = []
+        for i in range(20):
+            p.executed("L1", 1.0, cpu_per_wall)
+            if p.should_materialize("L1"):
+                out.append(i)
+                p.materialized("L1", 0.001, background_s=0.5)
+        return out
+
+    assert drive(cpu_per_wall=1.0) == list(range(20))  # one of 2 cores busy
+    # M/C = 0.501: after the first, the next is due when n/(k+1) · ε exceeds it (n = 16)
+    assert drive(cpu_per_wall=2.0) == [0, 15]

@@ -59,9 +59,10 @@ Lost = Callable[[str, str], None]
 
 
 class Materializer(Protocol):
-    def submit(self, key: str, block_id: str, payload: dict[str, Any]) -> None:
+    def submit(self, key: str, block_id: str, payload: dict[str, Any]) -> float:
         """Stage a checkpoint; when this returns, training may change anything the payload refers
-        to. The checkpoint is committed later, or reported lost."""
+        to. The checkpoint is committed later, or reported lost. Returns the CPU seconds the
+        writing will take in the background (an estimate; 0 when it was written here)."""
 
     def poll(self) -> None:
         """Commit what the writer has finished (cheap: called at every main-loop iteration)."""
@@ -136,9 +137,10 @@ class SyncMaterializer:
         self.run_id = run_id
         self.cb = callbacks
 
-    def submit(self, key: str, block_id: str, payload: dict[str, Any]) -> None:
+    def submit(self, key: str, block_id: str, payload: dict[str, Any]) -> float:
         data, dig = serialize(payload)
         self.write(key, data, dig)
+        return 0.0
 
     def write(self, key: str, data: bytes, dig: dict[str, str]) -> None:
         try:
@@ -222,6 +224,7 @@ class _Flight:
     key: str
     start: int
     end: int
+    staged: int  # bytes the writer hashes and writes
 
 
 class BackgroundMaterializer:
@@ -244,6 +247,8 @@ class BackgroundMaterializer:
         self.ch: Channel | None = None
         self._too_big_warned = False
         self._bye = False
+        #: the writer's CPU seconds per staged byte (hashing, writing), learned from its replies
+        self.cpu_per_byte: float | None = None
         self._start()
 
     # -- the writer process ------------------------------------------------------------------------
@@ -308,7 +313,10 @@ class BackgroundMaterializer:
         f = self.inflight.popleft()
         assert f.key == msg[1], (f.key, msg[1])
         if msg[0] == "done":
-            _, key, rel, sha, nbytes, dig, _secs = msg
+            _, key, rel, sha, nbytes, dig, cpu = msg
+            if f.staged:
+                rate = cpu / f.staged
+                self.cpu_per_byte = rate if self.cpu_per_byte is None else 0.8 * self.cpu_per_byte + 0.2 * rate
             self.store.commit_checkpoint(self.run_id, key, rel, sha, nbytes)
             self.cb.committed(key, dig)
         else:
@@ -339,19 +347,17 @@ class BackgroundMaterializer:
                 return 0
             self._take(None)
 
-    def submit(self, key: str, block_id: str, payload: dict[str, Any]) -> None:
+    def submit(self, key: str, block_id: str, payload: dict[str, Any]) -> float:
         torch = sys.modules.get("torch")
         if self.ch is None:
             self._start()
         self.poll()
         if torch is None:
-            self._submit_bytes(key, *serialize(payload))
-            return
+            return self._submit_bytes(key, *serialize(payload))
         try:
             st = blobformat.stage(payload, torch)
         except blobformat.Unsupported:
-            self._submit_bytes(key, _torch_save(payload, torch), state_digests(payload))
-            return
+            return self._submit_bytes(key, _torch_save(payload, torch), state_digests(payload))
         places: list[Any] = [None] * len(st.tensors)
         seen: list[tuple[Any, int]] = []
         layout: list[tuple[int, int]] = []  # (tensor, offset within the region) to copy
@@ -379,13 +385,11 @@ class BackgroundMaterializer:
                     f"a checkpoint of {n / 2**20:.0f} MB does not fit the {self.size / 2**20:.0f} MB staging"
                     f" buffer; such checkpoints are written on the training thread (raise {knobs.BUFFER_ENV})"
                 )
-            self.sync.submit(key, block_id, payload)
-            return
+            return self.sync.submit(key, block_id, payload)
         start = self._alloc(n)
         if self.ch is None:  # the writer died while we waited: start afresh
             self._start()
-            self.submit(key, block_id, payload)
-            return
+            return self.submit(key, block_id, payload)
         self.view[start : start + len(st.parts)] = st.parts
         arena = self._arena_tensor(torch)
         for g, off in layout:
@@ -402,29 +406,39 @@ class BackgroundMaterializer:
             "parts": (start, len(st.parts)), "metas": st.metas, "skeletons": st.skeletons,
             "places": places, "forget": forget,
         }
-        self._send(key, item, start, start + n)
+        staged = sum(st.metas[g][2] for g, _ in layout)
+        return self._send(key, item, start, start + n, staged)
 
-    def _submit_bytes(self, key: str, data: bytes, dig: dict[str, str]) -> None:
+    def _submit_bytes(self, key: str, data: bytes, dig: dict[str, str]) -> float:
         n = _up(len(data))
         if n > self.size:
             self.sync.write(key, data, dig)
-            return
+            return 0.0
         start = self._alloc(n)
         if self.ch is None:
             self.sync.write(key, data, dig)
-            return
+            return 0.0
         self.view[start : start + len(data)] = data
         item = {"key": key, "kind": "bytes", "rel": self.store.blob_rel(self.run_id, key),
                 "region": (start, len(data)), "digests": dig}
-        self._send(key, item, start, start + n)
+        return self._send(key, item, start, start + n, len(data))
 
-    def _send(self, key: str, item: dict[str, Any], start: int, end: int) -> None:
+    def _send(self, key: str, item: dict[str, Any], start: int, end: int, staged: int) -> float:
+        """Hand an item to the writer; the estimated CPU seconds it will take there. Until one
+        item has been measured, wait for this one: its cost is the first checkpoint's to pay,
+        as Eq. 4 materializes every block's first instance to learn M."""
         assert self.ch is not None
-        self.inflight.append(_Flight(key, start, end))
+        self.inflight.append(_Flight(key, start, end, staged))
         try:
             self.ch.send(("item", item))
         except OSError:
             self._died("died")
+            return 0.0
+        if self.cpu_per_byte is None and staged:
+            while self.ch is not None and self.inflight:
+                self._take(None)
+            return 0.0
+        return staged * (self.cpu_per_byte or 0.0)
 
     def _arena_tensor(self, torch: Any) -> Any:
         if self._tensor_view is None:

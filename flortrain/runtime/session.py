@@ -58,7 +58,8 @@ class Session:
     _iterations: list[tuple[str, int, int, str, bytes | None, str | None]] = field(default_factory=list)
     _jump_pending: tuple[str, int, Boundary] | None = None  # a jump the main loop's generator decided
     _driven: set[str] = field(default_factory=set)  # main loops whose iterator the runtime wraps
-    _boundary_t: dict[str, float] = field(default_factory=dict)
+    _boundary_t: dict[str, tuple[float, float]] = field(default_factory=dict)  # wall, CPU
+    background: float = 0.0  # the writer's estimated CPU seconds for the latest checkpoint
     _no_boundary: set[str] = field(default_factory=set)
     _initial_digests: dict[str, str] = field(default_factory=dict)
     _last_commit: float = 0.0
@@ -141,11 +142,11 @@ class Session:
     ) -> Boundary | None:
         """Checkpoint the boundary when Eq. 4 allows, the iteration being the unit of compute.
         The first boundary (the loop's entry state) is never needed: a replay is there anyway."""
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         last = self._boundary_t.get(main_id)
         if last is not None:
-            self.adaptive.executed(main_id, now - last)
-        self._boundary_t[main_id] = now
+            self.adaptive.executed(main_id, now - last[0], cpu - last[1])
+        self._boundary_t[main_id] = (now, cpu)
         if i == 0 or main_id in self._no_boundary or not self.adaptive.should_materialize(main_id):
             return None
         assert self.main is not None
@@ -157,10 +158,9 @@ class Session:
             self._no_boundary.add(main_id)
             self.warn(f"main loop {main_id}: iteration boundaries not checkpointed: {e}")
             return None
-        blocked = time.perf_counter() - now
-        self.adaptive.materialized(main_id, blocked)
-        self.put_checkpointed(b.key, main_id, i, 0, "boundary", outcome, materialize_s=blocked)
-        self._boundary_t[main_id] = time.perf_counter()  # its cost is not the next iteration's
+        m = self.adaptive.materialized(main_id, time.perf_counter() - now, self.background)
+        self.put_checkpointed(b.key, main_id, i, 0, "boundary", outcome, materialize_s=m)
+        self._boundary_t[main_id] = (time.perf_counter(), time.process_time())  # not the next iteration's
         return b
 
     # -- checkpoints -------------------------------------------------------------------------------
@@ -170,8 +170,9 @@ class Session:
         updated when the writer reports). Raises when the state cannot be captured."""
         materializer = self.start_materializer()
         self._submitting, self._outcome = key, None
+        self.background = 0.0
         try:
-            materializer.submit(key, block_id, payload())
+            self.background = materializer.submit(key, block_id, payload())
         finally:
             self._submitting = None
         return self._outcome

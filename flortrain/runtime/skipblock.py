@@ -237,6 +237,7 @@ class SkipBlock(Checkpointable):
                 ):
                     self.watch = self._snapshot_watched(session)
         self.t0 = time.perf_counter()
+        self.cpu0 = time.process_time()
 
     def _snapshot_watched(self, session: Session) -> dict[int, Any] | None:
         """Before-images of live modules and optimizers for the alias watch. A failure here is a
@@ -309,7 +310,7 @@ class SkipBlock(Checkpointable):
     # -- record ----------------------------------------------------------------------------------
     def _record(self, s: Session, objects: Getters, names: Getters) -> None:
         compute = time.perf_counter() - self.t0
-        s.adaptive.executed(self.id, compute)
+        s.adaptive.executed(self.id, compute, time.process_time() - self.cpu0)
         if self.watch is not None:
             try:
                 self._learn_aliases(s, objects)
@@ -327,12 +328,11 @@ class SkipBlock(Checkpointable):
             s.warn_once(self.id, f"block {self.id} not checkpointed: {e}")
             s.block_done(self, "recorded", compute_s=compute, note=str(e))
             return
-        blocked = time.perf_counter() - t0
-        s.adaptive.materialized(self.id, blocked)
+        m = s.adaptive.materialized(self.id, time.perf_counter() - t0, s.background)
         occ = int(self.key.rsplit("#", 1)[1])
         assert s.main is not None
         s.put_checkpointed(
-            self.key, self.id, s.main[2], occ, "checkpointed", outcome, compute_s=compute, materialize_s=blocked
+            self.key, self.id, s.main[2], occ, "checkpointed", outcome, compute_s=compute, materialize_s=m
         )
 
     def _learn_aliases(self, s: Session, objects: Getters) -> None:

@@ -110,16 +110,16 @@ def serve(sock: socket.socket, arena: memoryview, blobs: Path, parent: int, dela
         item = msg[1]
         for t in item.get("forget", ()):
             tokens.pop(t, None)
-        t0 = time.perf_counter()
         if delay:
             time.sleep(delay)  # fault injection (FLORTRAIN_INJECT=writer-delay=S): a slow disk
+        cpu = time.process_time()  # CPU time, not wall: a starved writer waits, and that is free
         try:
             rel, sha, nbytes, digests = _write(item, arena, blobs, tokens)
         except Exception as e:  # reported, never fatal: the next item may well succeed
             reason = f"{type(e).__name__}: {e}" if not isinstance(e, OSError) else f"{e.strerror or e} ({e.filename or ''})"
             ch.send(("lost", item["key"], reason))
             continue
-        ch.send(("done", item["key"], rel, sha, nbytes, digests, time.perf_counter() - t0))
+        ch.send(("done", item["key"], rel, sha, nbytes, digests, time.process_time() - cpu))
 
 
 def _write(item: dict[str, Any], arena: memoryview, blobs: Path, tokens: dict[int, str]) -> tuple[str, str, int, dict[str, str]]:
