@@ -298,3 +298,20 @@ def test_a_dataloader_worker_crash_is_still_reported_under_record(tmp_path: Path
     assert rec.code == 1, rec.err
     assert rec.out == truth.out
     assert "DataLoader worker (pid" in rec.err and "killed by signal" in rec.err, rec.err
+
+
+def test_epsilon_is_settable_and_c_is_refined_from_the_last_replay(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(FROZEN.replace("    #PROBE\n", ""))
+    bad = flortrain(tmp_path, "record", "--epsilon", "0", "train.py")
+    assert bad.code == 2 and len(bad.err.strip().splitlines()) == 1, bad.err
+    first = flortrain(tmp_path, "record", "--epsilon", "0.5", "train.py")
+    assert first.code == 0 and "restore/materialize ratio" not in first.err, first.err
+    script.write_text(FROZEN.replace("    #PROBE\n", '    print(f"PROBE {head.weight.sum().item():.6f}")\n'))
+    assert flortrain(tmp_path, "replay", "train.py").code == 0
+    store = Store(tmp_path / ".flortrain")
+    measured = store.restore_ratio(str(script))
+    assert measured is not None and measured[0] > 0 and measured[1] == 2
+    script.write_text(FROZEN.replace("    #PROBE\n", ""))
+    again = flortrain(tmp_path, "record", "train.py")
+    assert f"restore/materialize ratio c = {measured[0]:.2f} (measured by replay run 2)" in again.err, again.err
