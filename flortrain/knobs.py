@@ -4,6 +4,7 @@ that override them."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from flortrain.errors import FlortrainError
 
@@ -56,32 +57,37 @@ DEFAULT_FLUSH_TIMEOUT_S = 600.0
 INJECT_ENV = "FLORTRAIN_INJECT"
 
 
-def _number(env: str, default: float, minimum: float, what: str) -> float:
+def _number(env: str, default: float, ok: Callable[[float], bool], what: str) -> float:
+    """A numeric knob, validated: ``what`` says what it must be, in the one-line error."""
     raw = os.environ.get(env)
     if raw is None:
         return default
     try:
         value = float(raw)
     except ValueError:
-        value = minimum - 1
-    if not value >= minimum:
+        value = float("nan")  # fails every check below
+    if not ok(value):
         raise FlortrainError(f"{env}={raw!r} must be {what}", code="FT050")
     return value
 
 
-def materializer() -> str:
-    raw = os.environ.get(MATERIALIZER_ENV, "background")
-    if raw not in MATERIALIZERS:
-        raise FlortrainError(f"{MATERIALIZER_ENV}={raw!r} must be one of {', '.join(MATERIALIZERS)}", code="FT050")
+def _choice(env: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(env, choices[0])
+    if raw not in choices:
+        raise FlortrainError(f"{env}={raw!r} must be one of {', '.join(choices)}", code="FT050")
     return raw
 
 
+def materializer() -> str:
+    return _choice(MATERIALIZER_ENV, MATERIALIZERS)
+
+
 def buffer_bytes() -> int:
-    return int(_number(BUFFER_ENV, DEFAULT_BUFFER_MB, 0, "a number of MB >= 0 (default 2048)") * 2**20)
+    return int(_number(BUFFER_ENV, DEFAULT_BUFFER_MB, lambda v: v >= 0, "a number of MB >= 0 (default 2048)") * 2**20)
 
 
 def flush_timeout() -> float:
-    return _number(FLUSH_TIMEOUT_ENV, DEFAULT_FLUSH_TIMEOUT_S, 0, "a number of seconds >= 0 (default 600)")
+    return _number(FLUSH_TIMEOUT_ENV, DEFAULT_FLUSH_TIMEOUT_S, lambda v: v >= 0, "a number of seconds >= 0 (default 600)")
 
 
 def injected(name: str) -> float:
@@ -98,37 +104,18 @@ def injected(name: str) -> float:
 
 def epsilon() -> float:
     """The overhead tolerance ε, validated: a positive number."""
-    raw = os.environ.get(EPSILON_ENV)
-    if raw is None:
-        return DEFAULT_EPSILON
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise FlortrainError(f"{EPSILON_ENV}={raw!r} must be a positive number (default 1/15)", code="FT050")
-    return value
+    return _number(EPSILON_ENV, DEFAULT_EPSILON, lambda v: v > 0, "a positive number (default 1/15)")
 
 
 def period() -> str:
-    raw = os.environ.get(PERIOD_ENV, "adaptive")
-    if raw not in PERIODS:
-        raise FlortrainError(f"{PERIOD_ENV}={raw!r} must be one of {', '.join(PERIODS)}", code="FT050")
-    return raw
+    return _choice(PERIOD_ENV, PERIODS)
 
 
 def commit_interval() -> float:
     """Seconds between commits of main-loop boundaries, validated: a number >= 0 (0: every one)."""
-    raw = os.environ.get(COMMIT_INTERVAL_ENV)
-    if raw is None:
-        return DEFAULT_COMMIT_INTERVAL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise FlortrainError(f"{COMMIT_INTERVAL_ENV}={raw!r} must be a number of seconds >= 0 (default 1)", code="FT050")
-    return value
+    return _number(
+        COMMIT_INTERVAL_ENV, DEFAULT_COMMIT_INTERVAL_S, lambda v: v >= 0, "a number of seconds >= 0 (default 1)"
+    )
 
 
 def validate() -> None:

@@ -204,14 +204,20 @@ def header(parts: bytes, metas: list[tuple[str, tuple[int, ...], int]], table: l
     return MAGIC + len(h).to_bytes(8, "little") + h
 
 
-def inline_offsets(metas: list[tuple[str, tuple[int, ...], int]], which: list[int]) -> dict[int, int]:
-    """Aligned offsets of the tensors stored inline, in the order given."""
-    out: dict[int, int] = {}
+def inline(raws: list[Any]) -> tuple[list[int], list[Any]]:
+    """The blob's bytes after its header: each tensor's offset there, and the chunks to write
+    (each tensor's bytes, padded to the alignment that lets a reader view it in place)."""
+    offsets: list[int] = []
+    chunks: list[Any] = []
     off = 0
-    for g in which:
-        out[g] = off
-        off += metas[g][2] + (-metas[g][2] % _ALIGN)
-    return out
+    for r in raws:
+        offsets.append(off)
+        chunks.append(r)
+        pad = -len(r) % _ALIGN
+        if pad:
+            chunks.append(b"\0" * pad)
+        off += len(r) + pad
+    return offsets, chunks
 
 
 def dumps(payload: dict[str, Any], torch: Any) -> tuple[bytes, dict[str, str]]:
@@ -219,13 +225,9 @@ def dumps(payload: dict[str, Any], torch: Any) -> tuple[bytes, dict[str, str]]:
     st = stage(payload, torch)
     raws = [tensor_bytes(t, torch) for t in st.tensors]
     shas = [hashlib.sha256(r).hexdigest() for r in raws]
-    offsets = inline_offsets(st.metas, list(range(len(raws))))
-    chunks: list[Any] = [header(st.parts, st.metas, [("i", offsets[g]) for g in range(len(raws))])]
-    for r in raws:
-        chunks.append(r)
-        if pad := -r.nbytes % _ALIGN:
-            chunks.append(b"\0" * pad)
-    return b"".join(chunks), part_digests(st.skeletons, st.metas, shas)
+    offsets, chunks = inline(raws)
+    head = header(st.parts, st.metas, [("i", off) for off in offsets])
+    return b"".join([head, *chunks]), part_digests(st.skeletons, st.metas, shas)
 
 
 def digests(payload: dict[str, Any], torch: Any) -> dict[str, str]:
@@ -252,7 +254,7 @@ def loads(data: bytes, torch: Any, objects: Callable[[str], bytes | None] | None
             obj = objects(arg) if objects is not None else None
             if obj is None or len(obj) != nbytes:
                 raise MissingObject(f"tensor object {arg[:12]} is missing or corrupt")
-            raw = torch.frombuffer(bytearray(obj) if isinstance(obj, bytes) else obj, dtype=torch.uint8)
+            raw = torch.frombuffer(bytearray(obj), dtype=torch.uint8)  # a copy: callers may write it
         tensors.append(raw.view(getattr(torch, dtype)).reshape(shape))
     payload: dict[str, Any] = {s: {} for s in SECTIONS}
     for path, skeleton, local in parts:

@@ -244,8 +244,7 @@ class SkipBlock(Checkpointable):
         flortrain limitation, never the user's problem: training goes on unwatched, with a
         warning (``diff`` remains the check)."""
         try:
-            watch = fingerprint if session.track_versions else clone_state
-            return {i: watch(o) for i, o in session.watchable()}
+            return {i: _watched_state(session, o) for i, o in session.watchable()}
         except Exception as e:
             session.warn_once(f"{self.id}.watch", f"block {self.id}: alias watch unavailable: {e}")
             return None
@@ -345,9 +344,14 @@ class SkipBlock(Checkpointable):
             if i in covered:
                 continue
             obj = s.registry.get(i)
-            now = fingerprint(obj) if s.track_versions else clone_state(obj)
-            if obj is not None and not snapshot_equal(now, before):
+            if obj is not None and not snapshot_equal(_watched_state(s, obj), before):
                 s.learn(self.id, i, type(obj).__name__)
+
+
+def _watched_state(s: Session, obj: Any) -> Any:
+    """What the alias watch compares before and after a block: version fingerprints, or copies
+    when the script writes tensors behind their version counters (``static/untracked.py``)."""
+    return fingerprint(obj) if s.track_versions else clone_state(obj)
 
 def _no_live_objects_inside(s: Session, expr: str, v: Any) -> None:
     """Refuse a rebound object that holds a live model, optimizer or loader in an attribute (a

@@ -158,15 +158,10 @@ def _write(item: dict[str, Any], arena: memoryview, blobs: Path, tokens: dict[in
         else:
             table.append(("i", 0))
             inline.append(g)
-    offsets = blobformat.inline_offsets(metas, inline)
-    chunks: list[Any] = []
-    for g in inline:
-        table[g] = ("i", offsets[g])
-        start = item["places"][g][1]
-        size = metas[g][2]
-        chunks.append(arena[start : start + size])
-        if pad := -size % 16:
-            chunks.append(b"\0" * pad)
+    starts = [item["places"][g][1] for g in inline]
+    offsets, chunks = blobformat.inline([arena[s : s + metas[g][2]] for g, s in zip(inline, starts, strict=True)])
+    for g, off in zip(inline, offsets, strict=True):
+        table[g] = ("i", off)
     head = blobformat.header(parts, metas, table)
     sha = write_durably(blobs / rel, [head, *chunks])
     nbytes = len(head) + sum(len(c) for c in chunks) + written
