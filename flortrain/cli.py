@@ -97,20 +97,25 @@ def record(ctx: click.Context, script: str, args: tuple[str, ...], epsilon: floa
 @click.option("--probe", "probes", multiple=True, metavar="LINE:EXPR",
               help="Log EXPR after the statement ending on LINE, without editing the file.")
 @click.option("--run", "run_id", type=int, default=None, help="Record run to replay (default: latest of SCRIPT).")
-@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Parallel replay workers.")
-@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Parallel replay workers, each a fresh process replaying one segment of the main loop.")
+@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where the workers run: this machine, or Ray tasks (RAY_ADDRESS, or a local Ray).")
+@click.option("--blobs", default=None, metavar="URL",
+              help="Where workers read checkpoint blobs: a directory or an fsspec URL holding a copy of "
+              "the store's blobs/ (default: the store's own).")
 @click.pass_context
 @_one_line_errors
 def replay(
     ctx: click.Context, script: str, args: tuple[str, ...], probes: tuple[str, ...], run_id: int | None,
-    jobs: int, backend: str,
+    jobs: int, backend: str, blobs: str | None,
 ) -> None:
     """Replay SCRIPT (with added probes) against its record. New script arguments go after `--`."""
-    if jobs != 1 or backend != "local":
-        raise FlortrainError("parallel replay (--jobs > 1, --backend ray) is not available in this version", code="FT040")
     from flortrain.replay.replayer import replay as do_replay
 
-    sys.exit(do_replay(script, run_id, list(probes), list(args) if args else None, ctx.obj["store"]))
+    sys.exit(do_replay(
+        script, run_id, list(probes), list(args) if args else None, ctx.obj["store"], jobs, backend, blobs
+    ))
 
 
 @cli.command()

@@ -52,6 +52,12 @@ DEFAULT_BUFFER_MB = 2048
 FLUSH_TIMEOUT_ENV = "FLORTRAIN_FLUSH_TIMEOUT"
 DEFAULT_FLUSH_TIMEOUT_S = 600.0
 
+#: How ``replay --jobs N`` divides the main loop: "estimated" (the default: by the record's
+#: measured costs, and only when that beats a serial replay) or "even" (N segments of about
+#: equal iteration counts, whatever the estimate says: for tests and benchmarks).
+SEGMENTS_ENV = "FLORTRAIN_SEGMENTS"
+SEGMENTINGS = ("estimated", "even")
+
 #: Fault injection for tests: ``name=value`` pairs, comma separated (``writer-delay=2``: the
 #: writer sleeps that long before each checkpoint, a slow disk).
 INJECT_ENV = "FLORTRAIN_INJECT"
@@ -107,6 +113,10 @@ def epsilon() -> float:
     return _number(EPSILON_ENV, DEFAULT_EPSILON, lambda v: v > 0, "a positive number (default 1/15)")
 
 
+def segments() -> str:
+    return _choice(SEGMENTS_ENV, SEGMENTINGS)
+
+
 def period() -> str:
     return _choice(PERIOD_ENV, PERIODS)
 
@@ -126,3 +136,4 @@ def validate() -> None:
     materializer()
     buffer_bytes()
     flush_timeout()
+    segments()

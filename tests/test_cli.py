@@ -282,9 +282,13 @@ def test_bad_knobs_fail_before_running(work: Path, monkeypatch: pytest.MonkeyPat
     assert runs_json() == []
 
 
-def test_parallel_replay_is_not_offered_yet(work: Path) -> None:
+def test_parallel_replay_with_nothing_to_divide_runs_serially(work: Path) -> None:
     assert invoke("record", "train.py").exit_code == 0
-    assert "FT040" in one_line_error(invoke("replay", "train.py", "--jobs", "2"))
+    rep = invoke("replay", "train.py", "--jobs", "2")  # no probe: nothing worth dividing
+    assert rep.exit_code == 0, rep.stderr
+    assert "replaying serially: no probes" in rep.stderr
+    assert "matches record" in rep.stderr
+    assert "--jobs" in one_line_error(invoke("replay", "train.py", "--jobs", "0"))
 
 
 def test_diff_reports_a_nondeterministic_script(work: Path) -> None:

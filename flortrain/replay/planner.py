@@ -38,6 +38,9 @@ class ReplayPlan:
     spans: dict[str, list[Guard]] = field(default_factory=dict)
     #: main id -> why every iteration of it runs
     no_spans: dict[str, str] = field(default_factory=dict)
+    #: main id -> why a parallel-replay worker may not resume at its boundary checkpoints (no
+    #: boundary state, or a probe reads a name they do not hold): it pseudoresumes from the start
+    unresumable: dict[str, str] = field(default_factory=dict)
 
     def describe(
         self, plan: Plan, costs: dict[str, tuple[int, int, float, float]], why_not: dict[str, str] | None = None
@@ -174,20 +177,23 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
         mains=mains_at,
         probes={p.line: p.number for p in probes.probes},
     )
-    spans, no_spans = _span_guards(probes, mains_at, parents, pos)
-    return ReplayPlan(inst, execute, len(probes.probes), in_probes, spans, no_spans)
+    spans, no_spans, unresumable = _span_guards(probes, mains_at, parents, pos)
+    return ReplayPlan(inst, execute, len(probes.probes), in_probes, spans, no_spans, unresumable)
 
 
 def _span_guards(
     probes: ProbeSet, mains_at: dict[int, MainLoop], parents: Any, pos: Any
-) -> tuple[dict[str, list[Guard]], dict[str, str]]:
+) -> tuple[dict[str, list[Guard]], dict[str, str], dict[str, str]]:
     """Per main loop, the guards of the probes in its body (iteration spans), or why every
-    iteration must run: it has no boundary state, or a probe in it cannot be told off a run."""
+    iteration must run: it has no boundary state, or a probe in it cannot be told off a run.
+    Third, the main loops whose boundary checkpoints cannot resume a run at all (no boundary
+    state, or a probe reads what they do not hold): a subset of the second."""
+    unresumable = {m.id: f"no boundary state ({m.no_boundary})" for m in mains_at.values() if m.boundary is None}
     if not probes.probes:
         # nothing to look at: the replay re-runs what it must to check the record, and prints it
-        return {}, {}
+        return {}, {}, unresumable
     module = probes.current.module
-    no_spans: dict[str, str] = {m.id: f"no boundary state ({m.no_boundary})" for m in mains_at.values() if m.boundary is None}
+    no_spans = dict(unresumable)
     spans: dict[str, list[Guard]] = {m.id: [] for m in mains_at.values() if m.boundary is not None}
     text = module.code
     rebindable = (
@@ -222,6 +228,7 @@ def _span_guards(
             why = _unheld_read(p, reads, m, node if m.id == inside else None)
             if why:
                 refuse(m.id, f"the probe at line {p.line} {why}")
+                unresumable.setdefault(m.id, f"the probe at line {p.line} {why}")
         if not mains:
             continue  # before or after the main loop: it sees the state the loop leaves
         at, main = mains[0]
@@ -234,7 +241,7 @@ def _span_guards(
             refuse(main.id, f"the probe at line {p.line} cannot be told off a run: {guard}")
         elif main.id in spans:
             spans[main.id].append(guard)
-    return spans, no_spans
+    return spans, no_spans, unresumable
 
 
 def _unheld_read(p: Probe, reads: set[str], main: MainLoop, loop: cst.For | cst.While | None) -> str | None:

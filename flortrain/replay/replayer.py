@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
@@ -61,21 +63,24 @@ def _why_not(store: Store, run_id: int) -> dict[str, str]:
     return out
 
 
-def _span_replay(
-    store: Store, record: int, rplan: ReplayPlan, checkpoints: dict[str, tuple[str, str, int]]
-) -> SpanReplay | None:
+def boundaries(p: Prepared) -> dict[tuple[str, int], list[int]]:
+    """Per main-loop entry, the iterations with a committed boundary checkpoint."""
+    out: dict[tuple[str, int], list[int]] = {}
+    for b in p.store.blocks(p.record.id):
+        if b["state"] == "boundary" and b["key"] in p.checkpoints:
+            out.setdefault((b["main_id"], b["main_inst"]), []).append(b["iteration"])
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def span_replay(p: Prepared) -> SpanReplay | None:
     """What the runtime needs to jump over main-loop iterations: the probes' guards, the
     recorded scalars of every iteration, and where boundary checkpoints were taken."""
-    if not rplan.spans:
+    if not p.rplan.spans:
         return None
-    boundaries: dict[tuple[str, int], list[int]] = {}
-    for b in store.blocks(record):
-        if b["state"] == "boundary" and b["key"] in checkpoints:
-            boundaries.setdefault((b["main_id"], b["main_inst"]), []).append(b["iteration"])
     guards = {
-        m: [compile_guard(g.source, g.recorded, g.live, g.through) for g in gs] for m, gs in rplan.spans.items()
+        m: [compile_guard(g.source, g.recorded, g.live, g.through) for g in gs] for m, gs in p.rplan.spans.items()
     }
-    return SpanReplay(guards, store.iteration_scalars(record), {k: sorted(v) for k, v in boundaries.items()})
+    return SpanReplay(guards, p.store.iteration_scalars(p.record.id), boundaries(p))
 
 
 def _module_blocks(costs: dict[str, tuple[int, int, float, float]]) -> list[str]:
@@ -111,9 +116,29 @@ def recorded_modules(store: Store, record: Run) -> dict[str, str]:
     return out
 
 
-def replay(
+@dataclass
+class Prepared:
+    """A replay, planned and ready to run: serially here, or by parallel workers."""
+
+    store: Store
+    record: Run
+    script: str
+    args: list[str]
+    current_text: str  # the script with its probes (CLI probes added)
+    disk_text: str
+    code_text: str  # instrumented for this replay
+    modules: dict[str, str]
+    rplan: ReplayPlan
+    checkpoints: dict[str, tuple[str, str, int]]
+    uses_torch: bool
+    probes: list[str]
+    compares: bool  # the record's own arguments: diff can check the replay
+
+
+def prepare(
     script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None
-) -> int:
+) -> Prepared:
+    """Find the record, read the probes, plan the replay and print the plan."""
     knobs.validate()
     store = open_store(store_dir, create=False)  # a typo in --store must not create a store
     record = find_record(store, script, run_id)
@@ -134,29 +159,33 @@ def replay(
     for line in lines:
         print(f"flortrain: {line}", file=sys.stderr)
     code_text = transform(probes.current, rplan.instrumentation)
-    code = compile_for(os.path.abspath(script), code_text, disk_text)
-    args = record.argv if new_args is None else new_args
-    pin_threads(record.threads)
-    run = store.begin_run(
-        "replay", os.path.abspath(script), args, current_text, record.id, record.threads,
-        {"probes": [p.code for p in probes.probes], "execute": rplan.execute},
+    return Prepared(
+        store, record, script, record.argv if new_args is None else new_args, current_text, disk_text,
+        code_text, modules, rplan, store.checkpoints(record.id), project_uses_torch(script, current_text),
+        [p.code for p in probes.probes], new_args is None,
     )
-    checkpoints = store.checkpoints(record.id)
-    source = ReplaySource(record.id, frozenset(rplan.execute), checkpoints, _span_replay(store, record.id, rplan, checkpoints))
-    session = Session("replay", store, run, replay=source)
-    t0 = time.perf_counter()
-    hook = ProjectHook(ProjectFiles(project_roots(script), script), recorded=modules)
-    status = execute(session, code, script, args, project_uses_torch(script, current_text), hook)
-    elapsed = time.perf_counter() - t0
+
+
+def begin(p: Prepared, meta: dict[str, Any] | None = None) -> int:
+    """The replay's run row."""
+    return p.store.begin_run(
+        "replay", os.path.abspath(p.script), p.args, p.current_text, p.record.id, p.record.threads,
+        {"probes": p.probes, "execute": p.rplan.execute, **(meta or {})},
+    )
+
+
+def conclude(p: Prepared, run: int, status: int, elapsed: float, counts: dict[str, int], how: str = "") -> int:
+    """Finish the run, summarize it on stderr and check it with diff (when it replayed the
+    record's own arguments)."""
+    store = p.store
     store.finish_run(run, "complete" if status == 0 else "failed", status)
-    c = session.counts
     print(
-        f"flortrain: replay run {run} of record {record.id} {'complete' if status == 0 else f'failed (exit {status})'}"
-        f" in {elapsed:.2f}s: {c.get('skipped', 0)} block instances skipped, {c.get('executed', 0)} executed"
-        + (f", {c['jumped']} main-loop iterations jumped over" if c.get("jumped") else ""),
+        f"flortrain: replay run {run} of record {p.record.id} {'complete' if status == 0 else f'failed (exit {status})'}"
+        f" in {elapsed:.2f}s{how}: {counts.get('skipped', 0)} block instances skipped, {counts.get('executed', 0)} executed"
+        + (f", {counts['jumped']} main-loop iterations jumped over" if counts.get("jumped") else ""),
         file=sys.stderr,
     )
-    if status == 0 and new_args is None:
+    if status == 0 and p.compares:
         result = diff_runs(store, store.run(run))
         for line in result.report(limit=3):
             print(f"flortrain: {line}", file=sys.stderr)
@@ -164,3 +193,25 @@ def replay(
             print("flortrain: warning: the replay is not faithful; see `flortrain diff`", file=sys.stderr)
     store.close()
     return status
+
+
+def replay(
+    script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
+    jobs: int = 1, backend: str = "local", blobs: str | None = None,
+) -> int:
+    p = prepare(script, run_id, cli_probes, new_args, store_dir)
+    if jobs > 1:
+        from flortrain.replay.parallel import replay_parallel
+
+        status = replay_parallel(p, jobs, backend, blobs)
+        if status is not None:
+            return status
+    pin_threads(p.record.threads)
+    run = begin(p)
+    source = ReplaySource(p.record.id, frozenset(p.rplan.execute), p.checkpoints, span_replay(p))
+    session = Session("replay", p.store, run, replay=source)
+    code = compile_for(os.path.abspath(script), p.code_text, p.disk_text)
+    t0 = time.perf_counter()
+    hook = ProjectHook(ProjectFiles(project_roots(script), script), recorded=p.modules)
+    status = execute(session, code, script, p.args, p.uses_torch, hook)
+    return conclude(p, run, status, time.perf_counter() - t0, session.counts)

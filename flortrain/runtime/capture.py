@@ -28,6 +28,7 @@ class Tee(io.TextIOBase):
         self.partial: list[tuple[str, tuple[str | None, int | None, int | None, str | None, bool]]] = []
         self.pending: list[LogEntry] = []
         self.seq = 0
+        self.unterminated = False  # the output ended without a newline
 
     # the file protocol scripts and libraries use
     def write(self, s: str) -> int:
@@ -69,6 +70,7 @@ class Tee(io.TextIOBase):
 
     def close_capture(self) -> None:
         if self.partial:  # a last line without a newline is still a line
+            self.unterminated = True
             self._end_line()
         self.flush_entries()
 

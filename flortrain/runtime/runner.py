@@ -18,6 +18,8 @@ import types
 from pathlib import Path
 from types import CodeType, TracebackType
 
+from flortrain.runtime.spans import SegmentEnd
+
 _PKG = str(Path(__file__).resolve().parent.parent)
 
 #: Set when the script ended on Ctrl-C: the command then dies by SIGINT, as python does, once
@@ -89,6 +91,8 @@ def run_as_main(code: CodeType, script: str, args: list[str]) -> int:
         return 0
     except SystemExit as e:
         return exit_code(e)
+    except SegmentEnd:  # a parallel-replay worker past its segment: its part of the run is done
+        return 0
     except KeyboardInterrupt as e:
         global interrupted
         interrupted = True

@@ -23,8 +23,9 @@ from flortrain.runtime.capture import Tee
 from flortrain.runtime.materializer import Callbacks, Materializer
 from flortrain.runtime.registry import Registry
 from flortrain.runtime.skipblock import Getters, SkipBlock, State
-from flortrain.runtime.spans import Boundary, SpanReplay, scalars_json
-from flortrain.store.db import Store
+from flortrain.runtime.spans import Boundary, SegmentEnd, SpanReplay, scalars_json
+from flortrain.store.db import IterationRow, Store
+from flortrain.store.rows import RunSink
 
 
 @dataclass
@@ -40,7 +41,7 @@ class ReplaySource:
 @dataclass
 class Session:
     mode: str  # "record" | "replay"
-    store: Store
+    store: RunSink  # the SQLite store, or a parallel-replay worker's rows (flortrain.store.rows)
     run_id: int
     replay: ReplaySource | None = None
     registry: Registry = field(default_factory=Registry)
@@ -55,7 +56,7 @@ class Session:
     counts: dict[str, int] = field(default_factory=dict)
     tee: Tee | None = None
     _warned: set[str] = field(default_factory=set)
-    _iterations: list[tuple[str, int, int, str, bytes | None, str | None]] = field(default_factory=list)
+    _iterations: list[IterationRow] = field(default_factory=list)
     _jump_pending: tuple[str, int, Boundary] | None = None  # a jump the main loop's generator decided
     _driven: set[str] = field(default_factory=set)  # main loops whose iterator the runtime wraps
     _boundary_t: dict[str, tuple[float, float]] = field(default_factory=dict)  # wall, CPU
@@ -68,6 +69,10 @@ class Session:
     _submitting: str | None = None
     _outcome: tuple[str, Any] | None = None
     _pending: dict[str, str] = field(default_factory=dict)  # checkpoints staged, not yet committed
+    started: float = field(default_factory=time.perf_counter)
+    #: a parallel-replay worker's output positions (captured-line numbers) where its segment's
+    #: main loop was entered ("enter") and where it left it or stopped ("exit")
+    marks: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.replay is not None and self.replay.spans is not None:
@@ -77,6 +82,7 @@ class Session:
         """The materializer, started now: ``record`` starts it before the script runs, so the
         writer is forked while the process is small and shares none of the model's pages."""
         if self.materializer is None:
+            assert isinstance(self.store, Store)  # record mode: the SQLite store itself
             self.materializer = _materializer.make(
                 self.store, self.run_id, Callbacks(self._committed, self._lost, self.warn), self.track_versions
             )
@@ -90,6 +96,37 @@ class Session:
         entry = self.main_entries.get(main_id, 0)
         self.main_entries[main_id] = entry + 1
         self.main = [main_id, entry, -1]
+        seg = self._segment()
+        if seg is not None and seg.owns(main_id, entry):
+            self._mark("enter")
+
+    def _segment(self) -> Any:
+        spans = self.replay.spans if self.replay is not None else None
+        return spans.segment if spans is not None else None
+
+    def _mark(self, name: str) -> None:
+        if name not in self.marks:
+            self.marks[name] = self.tee.seq if self.tee is not None else 0
+
+    def _end_segment(self, main_id: str, entry: int, i: int, target: int | None = None) -> None:
+        """Stop this worker at iteration ``i`` of its segment's loop when ``i`` (or the
+        iteration the replay would continue at) is past the segment; iterations from ``i`` to
+        the segment's end are then jumped over: no probe fires in them."""
+        seg = self._segment()
+        reached = i if target is None else target
+        if seg is None or seg.end is None or not seg.owns(main_id, entry) or i < seg.start or reached < seg.end:
+            return
+        if i < seg.end:
+            self.store.put_jump(self.run_id, main_id, entry, i, seg.end)
+            self.counts["jumped"] = self.counts.get("jumped", 0) + seg.end - i
+        self._mark("exit")
+        raise SegmentEnd
+
+    def before_segment(self) -> bool:
+        """In a worker, whether the current iteration precedes its segment (its output is not
+        wanted, and the blocks probes need execute only in the segment)."""
+        seg = self._segment()
+        return seg is not None and self.main is not None and seg.owns(self.main[0], self.main[1]) and self.main[2] < seg.start
 
     def main_iteration(
         self,
@@ -110,6 +147,7 @@ class Session:
             self.abort_frames()
         assert self.main is not None
         i = self.main[2] + 1
+        self._end_segment(main_id, self.main[1], i)
         self.main[2] = i
         self.occurrences.clear()
         if self.materializer is not None:
@@ -124,7 +162,8 @@ class Session:
                 boundary = self._jump(main_id, i, objects, values, frame)
         state = rng.capture()
         key = (main_id, self.main[1], self.main[2])
-        self._iterations.append((*key, self._boundary_digests(state), rng.encode(state), scalars))
+        t = time.perf_counter() - self.started
+        self._iterations.append((*key, self._boundary_digests(state), rng.encode(state), scalars, t))
         # Commit what was printed and the boundary states, at most once per commit interval: a
         # killed run loses at most that much, and a step-based main loop does not pay a
         # transaction per step.
@@ -216,6 +255,7 @@ class Session:
         state = self._pending.pop(key, None)
         if state is None:
             return
+        assert isinstance(self.store, Store)
         self.store.mark_checkpointed(self.run_id, key, digests)
         if state != "boundary":
             self.counts["recorded"] = self.counts.get("recorded", 0) - 1
@@ -226,6 +266,7 @@ class Session:
             self._outcome = ("lost", reason)
             return
         if self._pending.pop(key, None) is not None:
+            assert isinstance(self.store, Store)
             self.store.note_block(self.run_id, key, f"checkpoint lost: {reason}")
 
     def iterate_main(self, main_id: str, iterable: Any) -> Iterator[Any]:
@@ -239,7 +280,9 @@ class Session:
             if spans is not None and not self.probe_depth and self.main is not None and self.main[0] == main_id:
                 _, entry, last = self.main
                 i = last + 1
+                self._end_segment(main_id, entry, i)
                 j = spans.target(main_id, entry, i, sys._getframe(1))
+                self._end_segment(main_id, entry, i, j)
                 b = self._load_boundary(main_id, entry, j) if j > i else None
                 if b is not None:
                     self._jump_pending, skip = (main_id, j, b), j - i
@@ -267,6 +310,7 @@ class Session:
             return None  # the generator decided not to jump
         else:
             j = spans.target(main_id, entry, i, frame)
+            self._end_segment(main_id, entry, i, j)
             found = self._load_boundary(main_id, entry, j) if j > i else None
             if found is None:
                 return None
@@ -313,6 +357,9 @@ class Session:
         if self.probe_depth:
             return
         self.abort_frames()
+        seg = self._segment()
+        if seg is not None and self.main is not None and seg.owns(self.main[0], self.main[1]):
+            self._mark("exit")
         self.main = None
 
     # -- blocks an exception left ----------------------------------------------------------------
@@ -352,7 +399,7 @@ class Session:
         if self.mode == "record":
             return State.RECORD
         assert self.replay is not None
-        if block.id in self.replay.execute:
+        if block.id in self.replay.execute and not self.before_segment():
             return State.EXECUTE
         ck = self.replay.checkpoints.get(block.key)
         if ck is None:

@@ -14,6 +14,13 @@ iteration where a probe fires (or the last recorded iteration), and continues at
 ``i..j-1`` are jumped over. A guard that cannot be evaluated (a value missing, an error) counts
 as firing: the iteration runs. ``diff`` leaves jumped iterations out and checks the RNG streams at
 ``j`` against the record.
+
+A parallel replay's worker (:mod:`flortrain.replay.parallel`) owns one :class:`Segment` of the
+main loop. Before its segment the same jump takes it to the latest boundary checkpoint at or
+before the segment's start (direct resume when there is one at the start itself; otherwise it
+runs on from there, its blocks restored from their checkpoints: Flor's pseudoresume). At the
+segment's end it stops (:class:`SegmentEnd`), and it stops early when no probe fires in the rest
+of its segment.
 """
 
 from __future__ import annotations
@@ -113,6 +120,26 @@ NO_BOUNDARY = NoBoundary()
 
 
 @dataclass(frozen=True)
+class Segment:
+    """The main-loop iterations one parallel-replay worker owns: ``start`` up to ``end``
+    (exclusive; None for the last segment, which also runs the code after the loop)."""
+
+    main_id: str
+    entry: int
+    start: int
+    end: int | None
+
+    def owns(self, main_id: str, entry: int) -> bool:
+        return main_id == self.main_id and entry == self.entry
+
+
+class SegmentEnd(BaseException):
+    """Raised at the start of the first iteration past a worker's segment. A BaseException so
+    that the script's own ``except Exception`` does not catch it; the runner treats it as the
+    script's normal end."""
+
+
+@dataclass(frozen=True)
 class CompiledGuard:
     source: str
     code: CodeType
@@ -134,6 +161,8 @@ class SpanReplay:
     last: dict[tuple[str, int], int] = field(default_factory=dict)
     #: how an untrusted guard is reported (once per message; the session's stderr)
     warn: Callable[[str], None] = field(default=lambda msg: None)
+    #: the iterations a parallel-replay worker owns (None: the whole run)
+    segment: Segment | None = None
     _fires: dict[tuple[str, int, int], bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -181,19 +210,26 @@ class SpanReplay:
         return False
 
     def target(self, main: str, entry: int, i: int, frame: FrameType | None) -> int:
-        """The iteration to continue at from ``i``: ``i`` itself, or a later boundary."""
+        """The iteration to continue at from ``i``: ``i`` itself, or a later boundary; in a
+        worker, its segment's end when no probe fires in the rest of the segment (it stops)."""
+        marks = self.boundaries.get((main, entry), [])
+        seg = self.segment
+        end = None
+        if seg is not None and seg.owns(main, entry):
+            if i < seg.start:  # not ours: resume as close to our start as a checkpoint allows
+                k = bisect_right(marks, seg.start)
+                return marks[k - 1] if k and marks[k - 1] > i else i
+            end = seg.end
         if main not in self.guards or self.fires(main, entry, i, frame):
             return i
         last = self.last.get((main, entry))
-        marks = self.boundaries.get((main, entry))
-        if last is None or not marks:
+        if last is None:
             return i
-        limit = last
-        for it in range(i + 1, last + 1):
-            if self.fires(main, entry, it, frame):
-                limit = it
-                break
-        k = bisect_right(marks, limit)
+        horizon = last if end is None else end - 1
+        f = next((it for it in range(i + 1, horizon + 1) if self.fires(main, entry, it, frame)), None)
+        if f is None and end is not None:
+            return end
+        k = bisect_right(marks, last if f is None else f)
         return marks[k - 1] if k and marks[k - 1] > i else i
 
 
@@ -214,4 +250,7 @@ def compile_guard(
     return CompiledGuard(source, compile(source, "<probe guard>", "eval"), recorded, live, through)
 
 
-__all__ = ["NO_BOUNDARY", "Boundary", "CompiledGuard", "SpanReplay", "compile_guard", "scalars_json"]
+__all__ = [
+    "NO_BOUNDARY", "Boundary", "CompiledGuard", "Segment", "SegmentEnd", "SpanReplay", "compile_guard",
+    "scalars_json",
+]

@@ -263,7 +263,16 @@ def restore_into(live: Any, state: dict[str, Any]) -> Any:
         return live
     if kind == "optimizer":
         torch = _torch()
+        orders = [list(g) for g in live.param_groups]
         live.load_state_dict(state["state"])
+        for group, order in zip(live.param_groups, orders, strict=False):
+            # load_state_dict rebuilds each group with "params" last; the script's groups had
+            # them first. Keep the live order: a resumed run's groups are then the record's,
+            # down to what iterating one or digesting it sees.
+            items = dict(group)
+            group.clear()
+            group.update({k: items[k] for k in order if k in items})
+            group.update(items)
         with torch.no_grad():
             for group, values, grads in zip(live.param_groups, state["params"], state["grads"], strict=True):
                 for p, v, g in zip(group["params"], values, grads, strict=True):

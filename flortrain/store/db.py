@@ -11,7 +11,6 @@ import socket
 import sqlite3
 import stat
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +18,11 @@ from typing import Any
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
+from flortrain.store.blobs import BlobReader, object_rel
 
 #: Bumped whenever a table changes. ``CREATE TABLE IF NOT EXISTS`` never migrates, so a store
 #: written by another version must be refused when it is opened, not fail in the middle of a run.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (sha TEXT PRIMARY KEY, text TEXT NOT NULL);
@@ -77,6 +77,8 @@ CREATE TABLE IF NOT EXISTS iterations (
     rng BLOB,
     scalars TEXT,                     -- JSON: the main loop's carried plain scalars at the start
                                       -- of the iteration (iteration spans evaluate probe guards)
+    t REAL,                           -- seconds since the run's session began, at the start (the
+                                      -- parallel replay planner's per-iteration cost)
     PRIMARY KEY (run_id, main_id, main_inst, iteration)
 );
 CREATE TABLE IF NOT EXISTS jumps (    -- replay: main-loop iterations skipped as a span
@@ -139,6 +141,11 @@ class Run:
         return "incomplete"
 
 
+#: One main-loop iteration's row: main id, entry, iteration, RNG digests, encoded RNG state,
+#: carried scalars (JSON), start time in seconds since the session began.
+IterationRow = tuple[str, int, int, str, bytes | None, str | None, float | None]
+
+
 @dataclass(frozen=True)
 class LogEntry:
     seq: int
@@ -180,8 +187,7 @@ class Store:
         self.root = root
         self.blobs = root / "blobs"
         self.pid = os.getpid()
-        self._objects: OrderedDict[str, bytes] = OrderedDict()
-        self._objects_bytes = 0
+        self.reader = BlobReader(self.blobs)
         try:
             self.blobs.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(root / "flortrain.db", timeout=30, isolation_level=None)
@@ -343,43 +349,31 @@ class Store:
 
     def read_blob(self, rel: str, sha: str) -> bytes | None:
         """The blob, or None when it is missing or does not match its recorded hash."""
-        try:
-            data = (self.blobs / rel).read_bytes()
-        except OSError:
-            return None
-        return data if hashlib.sha256(data).hexdigest() == sha else None
+        return self.reader.read_blob(rel, sha)
 
     def read_object(self, sha: str) -> bytes | None:
-        """A content-addressed tensor (see :mod:`flortrain.runtime.materializer`), or None when it
-        is missing or its bytes do not hash to its name."""
-        cached = self._objects.get(sha)
-        if cached is not None:
-            self._objects.move_to_end(sha)
-            return cached
-        try:
-            data = object_path(self.blobs, sha).read_bytes()
-        except OSError:
-            return None
-        if hashlib.sha256(data).hexdigest() != sha:
-            return None
-        # a replay restores the same unchanged object (a frozen table) at every skipped
-        # instance: read and verify it once, keep the most recent within a byte budget
-        self._objects[sha] = data
-        self._objects_bytes += len(data)
-        while self._objects_bytes > OBJECT_CACHE_BYTES and len(self._objects) > 1:
-            _, old = self._objects.popitem(last=False)
-            self._objects_bytes -= len(old)
-        return data
+        """A content-addressed tensor (see :mod:`flortrain.runtime.materializer`), verified."""
+        return self.reader.read_object(sha)
 
     # -- iterations ------------------------------------------------------------------------------
-    def put_iterations(
-        self, run_id: int, rows: Iterable[tuple[str, int, int, str, bytes | None, str | None]]
-    ) -> None:
+    def put_iterations(self, run_id: int, rows: Iterable[IterationRow]) -> None:
         if not self.owned():
             return
         self.db.executemany(
-            "INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?,?)", [(run_id, *r) for r in rows]
+            "INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?,?,?)", [(run_id, *r) for r in rows]
         )
+
+    def iteration_times(self, run_id: int) -> dict[tuple[str, int], list[tuple[int, float]]]:
+        """Per main-loop entry, (iteration, seconds since the session began at its start), in
+        order: what the parallel replay planner divides into segments."""
+        out: dict[tuple[str, int], list[tuple[int, float]]] = {}
+        for m, i, it, t in self.db.execute(
+            "SELECT main_id, main_inst, iteration, t FROM iterations WHERE run_id=? AND t IS NOT NULL"
+            " ORDER BY main_id, main_inst, iteration",
+            (run_id,),
+        ):
+            out.setdefault((m, i), []).append((it, t))
+        return out
 
     def iteration_scalars(self, run_id: int) -> dict[tuple[str, int, int], dict[str, Any] | None]:
         """Per main-loop iteration of a run, the carried scalars recorded at its start (None where
@@ -440,13 +434,9 @@ class Store:
             yield LogEntry(seq, text, m, mi, it, region, bool(probe), pieces)
 
 
-#: Verified content-addressed objects a replay keeps in memory (see ``Store.read_object``).
-OBJECT_CACHE_BYTES = 1 << 30
-
-
 def object_path(blobs: Path, sha: str) -> Path:
     """A content-addressed object: ``objects/ab/abcdef...`` (the sha256 of its bytes)."""
-    return blobs / "objects" / sha[:2] / sha
+    return blobs / object_rel(sha)
 
 
 def write_durably(path: Path, chunks: Iterable[Any], fsync: bool = False) -> str:

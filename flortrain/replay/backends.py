@@ -1,0 +1,194 @@
+"""Where parallel-replay workers run: local processes, or tasks on a Ray cluster.
+
+Either way a worker is ``python -m flortrain.replay.worker`` in a fresh process, given a pickled
+task and returning a pickled result (:mod:`flortrain.replay.worker`). A backend only decides
+where that process starts and how its result and stderr come back:
+
+- :class:`LocalBackend` starts them on this machine, each in its own session (so a cancelled
+  worker's DataLoader processes go with it);
+- :class:`RayBackend` submits one Ray task per segment; the task starts the worker process on
+  its node and returns the result and stderr as bytes through Ray's object store. The node must
+  have flortrain, the script's project and its data at the same paths (a shared filesystem, or
+  Ray's ``runtime_env``), and must reach the blob store through the URL the task names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from flortrain.errors import FlortrainError
+from flortrain.replay.worker import WorkerResult, WorkerTask
+
+
+@dataclass
+class Outcome:
+    """A finished worker: its result (None when it died before writing one) and its stderr."""
+
+    index: int
+    status: int
+    result: WorkerResult | None
+    stderr: str
+
+
+class Backend(Protocol):
+    def submit(self, task: WorkerTask) -> None: ...
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        """The workers that finished since the last call (none after ``timeout`` seconds)."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop every worker still running."""
+        ...
+
+
+def _command(task_path: str, result_path: str) -> list[str]:
+    return [sys.executable, "-m", "flortrain.replay.worker", task_path, result_path]
+
+
+def _outcome(index: int, status: int, result_path: Path, stderr: str) -> Outcome:
+    result: WorkerResult | None = None
+    if result_path.exists():
+        with open(result_path, "rb") as f:
+            result = pickle.load(f)  # written by our own worker process
+    if status < 0:
+        stderr += f"flortrain: worker {index + 1} was killed by signal {-status}\n"
+    elif result is None and status == 0:
+        status = 1
+        stderr += f"flortrain: worker {index + 1} ended without a result\n"
+    return Outcome(index, status, result, stderr)
+
+
+class LocalBackend:
+    """Workers as processes on this machine."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="flortrain-replay-"))
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def _paths(self, index: int) -> tuple[Path, Path, Path]:
+        return self.dir / f"task{index}", self.dir / f"result{index}", self.dir / f"stderr{index}"
+
+    def submit(self, task: WorkerTask) -> None:
+        task_path, result_path, err_path = self._paths(task.index)
+        task_path.write_bytes(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
+        with open(err_path, "wb") as err:
+            self.procs[task.index] = subprocess.Popen(
+                _command(str(task_path), str(result_path)),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                cwd=task.cwd, start_new_session=True,
+            )
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        deadline = time.monotonic() + timeout
+        while True:
+            done = [(i, p.returncode) for i, p in self.procs.items() if p.poll() is not None]
+            if done or time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+        out = []
+        for i, code in done:
+            del self.procs[i]
+            _, result_path, err_path = self._paths(i)
+            out.append(_outcome(i, code, result_path, err_path.read_text(errors="replace")))
+        return out
+
+    def cancel(self) -> None:
+        for p in self.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+        for p in self.procs.values():
+            p.wait()
+        self.procs.clear()
+
+    def close(self) -> None:
+        self.cancel()
+        for f in self.dir.iterdir():
+            f.unlink()
+        self.dir.rmdir()
+
+
+def run_segment(task_bytes: bytes) -> tuple[int, bytes | None, str]:
+    """A Ray task: the worker process on this node; (exit status, result pickle, stderr)."""
+    with tempfile.TemporaryDirectory(prefix="flortrain-worker-") as d:
+        task_path, result_path = os.path.join(d, "task"), os.path.join(d, "result")
+        with open(task_path, "wb") as f:
+            f.write(task_bytes)
+        cwd = pickle.loads(task_bytes).cwd
+        p = subprocess.run(
+            _command(task_path, result_path), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, cwd=cwd, check=False,
+        )
+        data = Path(result_path).read_bytes() if os.path.exists(result_path) else None
+        return p.returncode, data, p.stderr.decode(errors="replace")
+
+
+class RayBackend:
+    """Workers as Ray tasks: on the cluster ``RAY_ADDRESS`` names, the one this process is
+    already connected to, or else a local one started for this replay."""
+
+    def __init__(self) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise FlortrainError(
+                "--backend ray needs Ray: pip install 'flortrain[ray]'", code="FT041"
+            ) from None
+        self.ray = ray
+        self.started = False
+        if not ray.is_initialized():
+            ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+            self.started = True
+        self.remote = ray.remote(num_cpus=1, max_retries=0)(run_segment)
+        self.refs: dict[Any, int] = {}
+
+    def submit(self, task: WorkerTask) -> None:
+        ref = self.remote.remote(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
+        self.refs[ref] = task.index
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        if not self.refs:
+            return []
+        ready, _ = self.ray.wait(list(self.refs), num_returns=1, timeout=timeout)
+        out = []
+        for ref in ready:
+            index = self.refs.pop(ref)
+            try:
+                status, data, stderr = self.ray.get(ref)
+            except Exception as e:  # the task itself failed (its node died): the replay fails
+                out.append(Outcome(index, 1, None, f"flortrain: Ray task of worker {index + 1} failed: {e}\n"))
+                continue
+            result = pickle.loads(data) if data is not None else None  # our own worker's pickle
+            if result is None and status == 0:
+                status, stderr = 1, stderr + f"flortrain: worker {index + 1} ended without a result\n"
+            out.append(Outcome(index, status, result, stderr))
+        return out
+
+    def cancel(self) -> None:
+        for ref in self.refs:
+            with contextlib.suppress(Exception):
+                self.ray.cancel(ref, force=True)
+        self.refs.clear()
+
+    def close(self) -> None:
+        self.cancel()
+        if self.started:
+            self.ray.shutdown()
+
+
+def make(name: str) -> LocalBackend | RayBackend:
+    return RayBackend() if name == "ray" else LocalBackend()
+
+
+__all__ = ["Backend", "LocalBackend", "Outcome", "RayBackend", "make", "run_segment"]

@@ -1,0 +1,299 @@
+"""``flortrain replay --jobs N``: the driver of a parallel replay (Flor Sections 3.3.2, 4.3).
+
+The driver plans, starts one fresh worker per segment of the main loop
+(:mod:`flortrain.replay.segments`, :mod:`flortrain.replay.backends`), and merges what they
+return into one replay run, as if one process had run it:
+
+- output: worker 1's lines before the loop, then every worker's lines of the iterations it owns,
+  in loop order, then the last worker's lines after the loop; printed as soon as every earlier
+  segment has been printed, so stdout reads as one run;
+- rows (block instances, iterations, jumps): the owner's, for the segmented loop's iterations;
+  the first worker's and the last's for everything else;
+- a worker that fails fails the replay: the output of the segments before it and its own are
+  printed, then its stderr (the traceback), and the replay exits with its status.
+
+``flortrain diff`` then checks the merged run against the record exactly as it checks a serial
+replay: output, RNG streams at every iteration boundary, state digests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flortrain import knobs
+from flortrain.errors import FlortrainError
+from flortrain.replay import backends
+from flortrain.replay.backends import Outcome
+from flortrain.replay.replayer import Prepared, begin, boundaries, conclude
+from flortrain.replay.segments import LoopCosts, SegmentPlan, divide, even
+from flortrain.replay.worker import WorkerResult, WorkerTask
+from flortrain.runtime.spans import Segment
+from flortrain.store.db import LogEntry
+
+#: a parallel plan must beat the serial estimate by this much to be worth the extra processes
+WORTHWHILE = 0.9
+
+
+def _say(msg: str) -> None:
+    print(f"flortrain: {msg}", file=sys.stderr, flush=True)
+
+
+def loop_costs(p: Prepared) -> list[LoopCosts]:
+    """Per main-loop entry the record ran for two iterations or more, what each iteration cost
+    it (:class:`LoopCosts`), from the iterations' start times and the block instances in them."""
+    store, record = p.store, p.record
+    times = store.iteration_times(record.id)
+    run_saving: dict[tuple[str, int, int], float] = {}
+    pseudo_saving: dict[tuple[str, int, int], float] = {}
+    restore: dict[tuple[str, int], dict[int, float]] = {}
+    for b in store.blocks(record.id):
+        if b["key"] not in p.checkpoints:
+            continue
+        where = (b["main_id"], b["main_inst"], b["iteration"])
+        restored = knobs.DEFAULT_RESTORE_RATIO * (b["materialize_s"] or 0.0)
+        if b["state"] == "boundary":
+            restore.setdefault(where[:2], {})[where[2]] = restored
+            continue
+        saving = (b["compute_s"] or 0.0) - restored
+        pseudo_saving[where] = pseudo_saving.get(where, 0.0) + saving
+        if b["block_id"] not in p.rplan.execute:
+            run_saving[where] = run_saving.get(where, 0.0) + saving
+    end = record.duration if record.effective_status == "complete" else None
+    out = []
+    for (m, e), rows in times.items():
+        its = [it for it, _ in rows]
+        if len(rows) < 2 or its != list(range(len(rows))):
+            continue  # one iteration, or a gap (a killed record): nothing to divide
+        starts = [t for _, t in rows]
+        full = [b - a for a, b in itertools.pairwise(starts)]
+        full.append(end - starts[-1] if end is not None and end > starts[-1] else statistics.median(full))
+        full = [max(f, 0.0) for f in full]
+
+        run = _less(full, run_saving, m, e)
+        out.append(LoopCosts(m, e, starts[0], run, _less(full, pseudo_saving, m, e), restore.get((m, e), {})))
+    return out
+
+
+def _less(full: list[float], saving: dict[tuple[str, int, int], float], m: str, e: int) -> list[float]:
+    """Iteration costs less what restoring blocks saves, with a floor: nested blocks' savings
+    can count twice, and an iteration is never free."""
+    return [max(f - saving.get((m, e, i), 0.0), 0.05 * f) for i, f in enumerate(full)]
+
+
+def plan_segments(p: Prepared, jobs: int) -> tuple[SegmentPlan | None, str]:
+    """The division of the main loop worth dividing, or None and why the replay stays serial."""
+    if not p.rplan.probes:
+        return None, "no probes: the replay only re-runs what has no checkpoint"
+    loops = []
+    for loop in loop_costs(p):
+        if p.rplan.spans.get(loop.main_id) == []:
+            continue  # no probe in it: a serial replay jumps over its iterations
+        loops.append(loop)
+    if not loops:
+        return None, "no main loop with a probe in it ran for more than one iteration"
+    loop = max(loops, key=lambda lc: sum(lc.run))
+    marks = [] if loop.main_id in p.rplan.unresumable else boundaries(p).get((loop.main_id, loop.entry), [])
+    if knobs.segments() == "even":
+        plan = divide(loop, marks, jobs, shape=even(loop))
+        return (plan, "") if len(plan.workers) > 1 else (None, f"main loop {loop.main_id} has one iteration")
+    plan = divide(loop, marks, jobs)
+    if len(plan.workers) < 2 or plan.parallel > WORTHWHILE * plan.serial:
+        return None, (
+            f"dividing main loop {loop.main_id} would not pay (estimated {plan.parallel:.1f}s"
+            f" against {plan.serial:.1f}s serially)"
+        )
+    return plan, ""
+
+
+def _tasks(p: Prepared, plan: SegmentPlan, blobs: str) -> list[WorkerTask]:
+    marks = {k: v for k, v in boundaries(p).items() if k[0] not in p.rplan.unresumable}
+    guards = {m: [(g.source, g.recorded, g.live, g.through) for g in gs] for m, gs in p.rplan.spans.items()}
+    scalars = p.store.iteration_scalars(p.record.id)
+    return [
+        WorkerTask(
+            k, len(plan.workers), p.script, os.getcwd(), p.args, p.record.threads, p.uses_torch,
+            p.code_text, p.disk_text, p.modules, p.record.id, frozenset(p.rplan.execute), p.checkpoints,
+            guards, scalars, marks, w.segment, blobs,
+        )
+        for k, w in enumerate(plan.workers)
+    ]
+
+
+def _owned(seg: Segment, main_id: str | None, entry: int | None, iteration: int | None) -> bool | None:
+    """Whether a row of this main-loop iteration belongs to the worker of ``seg`` (None: a row
+    of another loop, or of no loop)."""
+    if main_id is None or entry is None or iteration is None or not seg.owns(main_id, entry):
+        return None
+    return seg.start <= iteration and (seg.end is None or iteration < seg.end)
+
+
+def _part(seg: Segment, r: WorkerResult, first: bool, last: bool) -> list[LogEntry]:
+    """The lines a worker contributes: before the loop (the first worker), its iterations,
+    after the loop (the last worker)."""
+    enter, leave = r.marks.get("enter"), r.marks.get("exit")
+    out = []
+    for e in r.logs:
+        if enter is None or e.seq < enter:
+            keep = first
+        elif leave is not None and e.seq >= leave:
+            keep = last
+        else:
+            keep = _owned(seg, e.main_id, e.main_inst, e.iteration) is not False
+        if keep:
+            out.append(e)
+    return out
+
+
+def _rows(seg: Segment, rows: list[Any], where: Callable[[Any], tuple[Any, Any, Any]], outer: bool) -> list[Any]:
+    """A worker's rows to keep: its own iterations', and (``outer``: the first and last
+    workers) those of other loops."""
+    keep = []
+    for row in rows:
+        owned = _owned(seg, *where(row))
+        if owned or (owned is None and outer):
+            keep.append(row)
+    return keep
+
+
+def _resume(seg: Segment, r: WorkerResult) -> str:
+    """How the worker reached its segment, from the jumps it made before it."""
+    if seg.start == 0:
+        return "from the start"
+    before = [j for j in r.jumps if seg.owns(j[0], j[1]) and j[2] < seg.start]
+    resumed = max((j[3] for j in before), default=-1)
+    if resumed == seg.start:
+        return f"direct resume at iteration {seg.start}"
+    if resumed > 0:
+        return f"pseudoresume from the boundary at iteration {resumed}"
+    return "pseudoresume from the loop's start"
+
+
+class _Printer:
+    """Prints the merged output in loop order as segments complete, and each worker's stderr
+    once per distinct line (the setup every worker repeats warns once, not N times)."""
+
+    def __init__(self, plan: SegmentPlan) -> None:
+        self.plan = plan
+        self.next = 0
+        self.seen: set[str] = set()
+        self.lines: list[LogEntry] = []
+
+    def ready(self, outcomes: dict[int, Outcome], upto: int) -> None:
+        n = len(self.plan.workers)
+        while self.next <= upto and self.next in outcomes:
+            k = self.next
+            o = outcomes[k]
+            if o.result is not None:
+                part = _part(self.plan.workers[k].segment, o.result, k == 0, k == n - 1)
+                self.lines.extend(part)
+                unterminated = o.result.unterminated and k == n - 1
+                text = "".join(e.text + "\n" for e in part)
+                sys.stdout.write(text[:-1] if unterminated and text else text)
+                sys.stdout.flush()
+            if o.status != 0:
+                sys.stderr.write(o.stderr)
+            else:
+                for line in o.stderr.splitlines(keepends=True):
+                    if line not in self.seen:
+                        self.seen.add(line)
+                        sys.stderr.write(line)
+            sys.stderr.flush()
+            self.next += 1
+
+
+def _run_workers(plan: SegmentPlan, tasks: list[WorkerTask], backend_name: str) -> tuple[dict[int, Outcome], int | None, _Printer]:
+    """Start every worker, collect their outcomes, print in order; the first failing segment
+    (in loop order) ends the replay once the segments before it are in."""
+    n = len(tasks)
+    backend = backends.make(backend_name)
+    printer = _Printer(plan)
+    outcomes: dict[int, Outcome] = {}
+    failed: int | None = None
+    try:
+        t0 = time.perf_counter()
+        for task, w in zip(tasks, plan.workers, strict=True):
+            backend.submit(task)
+            _say(f"worker {task.index + 1}/{n} started: {w.describe()}")
+        while True:
+            for o in backend.wait(1.0):
+                outcomes[o.index] = o
+                seg = plan.workers[o.index].segment
+                if o.status == 0 and o.result is not None:
+                    _say(
+                        f"worker {o.index + 1}/{n} done at {time.perf_counter() - t0:.1f}s"
+                        f" ({_resume(seg, o.result)})"
+                    )
+                else:
+                    _say(f"worker {o.index + 1}/{n} failed (exit {o.status})")
+                    if failed is None or o.index < failed:
+                        failed = o.index
+            upto = n - 1 if failed is None else failed
+            printer.ready(outcomes, upto)
+            if printer.next > upto:
+                break
+    except KeyboardInterrupt:
+        backend.cancel()
+        raise
+    finally:
+        backend.close()
+    return outcomes, failed, printer
+
+
+def _merge(p: Prepared, run: int, plan: SegmentPlan, outcomes: dict[int, Outcome], printer: _Printer) -> dict[str, int]:
+    """Write the merged rows under the replay run; the block and jump counts."""
+    store = p.store
+    n = len(plan.workers)
+    counts: dict[str, int] = {}
+    store.put_logs(run, [dataclasses.replace(e, seq=i) for i, e in enumerate(printer.lines)])
+    for k, w in enumerate(plan.workers):
+        r = outcomes[k].result if k in outcomes else None
+        if r is None:
+            continue
+        seg, outer = w.segment, k in (0, n - 1)
+        store.put_iterations(run, _rows(seg, r.iterations, lambda row: (row[0], row[1], row[2]), outer))
+        for key, block_id, m, e, it, occ, state, costs in _rows(seg, r.blocks, lambda row: (row[2], row[3], row[4]), outer):
+            store.put_block(run, key, block_id, m, e, it, occ, state, **costs)
+            counts[state] = counts.get(state, 0) + 1
+        for m, e, first, resumed in _rows(seg, r.jumps, lambda row: (row[0], row[1], row[2]), outer):
+            store.put_jump(run, m, e, first, resumed)
+            counts["jumped"] = counts.get("jumped", 0) + resumed - first
+    return counts
+
+
+def replay_parallel(p: Prepared, jobs: int, backend_name: str, blobs: str | None) -> int | None:
+    """Run the replay on ``jobs`` workers; None when it is better run serially (said why)."""
+    plan, why = plan_segments(p, jobs)
+    if plan is None:
+        _say(f"replaying serially: {why}")
+        return None
+    n = len(plan.workers)
+    _say(
+        f"parallel replay: main loop {plan.loop.main_id} in {n} segments on {backend_name} workers,"
+        f" estimated {plan.parallel:.1f}s (serially {plan.serial:.1f}s)"
+    )
+    for k, w in enumerate(plan.workers):
+        _say(f"  segment {k + 1}: {w.describe()}")
+    location = blobs or str(p.store.blobs)
+    if backend_name == "ray" and blobs is None:
+        _say(f"  Ray workers read checkpoints from {location} (--blobs URL to use another location)")
+    run = begin(p, {"jobs": jobs, "backend": backend_name, "segments": [w.describe() for w in plan.workers]})
+    tasks = _tasks(p, plan, location)
+    t0 = time.perf_counter()
+    try:
+        outcomes, failed, printer = _run_workers(plan, tasks, backend_name)
+    except FlortrainError:
+        p.store.finish_run(run, "failed", 2)
+        raise
+    counts = _merge(p, run, plan, outcomes, printer)
+    status = 0 if failed is None else max(outcomes[failed].status, 1)  # killed by a signal: 1
+    return conclude(p, run, status, time.perf_counter() - t0, counts, f" on {n} workers")
+
+
+__all__ = ["loop_costs", "plan_segments", "replay_parallel"]

@@ -1,0 +1,80 @@
+"""What a running script writes, and where: the store itself, or a replay worker's buffer.
+
+A session writes the rows of its run (block instances, main-loop iterations, jumps, captured
+output) and reads checkpoints. In a serial replay or a record those go to the SQLite
+:class:`~flortrain.store.db.Store`. A parallel replay's worker writes nothing to SQLite: it may
+run on another machine with only the blob store in reach, and several workers must not race on
+one run's rows. It keeps its rows in :class:`WorkerRows` and sends them back to the driver,
+which keeps the rows of the iterations each worker owns and writes them as one replay run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from flortrain.store.blobs import BlobReader
+from flortrain.store.db import IterationRow, LogEntry
+
+#: a block row as ``Store.put_block`` takes it, after the run id: key, block id, main id, entry,
+#: iteration, occurrence, state, and the keyword costs (compute_s, restore_s, note, state_sha...)
+BlockRow = tuple[str, str, str, int, int, int, str, dict[str, Any]]
+#: a jump: main id, entry, first iteration skipped, iteration resumed at
+JumpRow = tuple[str, int, int, int]
+
+
+class RunSink(Protocol):
+    """The part of the store a replaying session uses."""
+
+    def put_block(self, run_id: int, key: str, block_id: str, main_id: str, main_inst: int,
+                  iteration: int, occurrence: int, state: str, compute_s: float | None = None,
+                  materialize_s: float | None = None, restore_s: float | None = None,
+                  note: str | None = None, state_sha: dict[str, str] | None = None) -> None: ...
+
+    def put_iterations(self, run_id: int, rows: Iterable[IterationRow]) -> None: ...
+
+    def put_jump(self, run_id: int, main_id: str, main_inst: int, first: int, resumed: int) -> None: ...
+
+    def put_logs(self, run_id: int, entries: Iterable[LogEntry]) -> None: ...
+
+    def read_blob(self, rel: str, sha: str) -> bytes | None: ...
+
+    def read_object(self, sha: str) -> bytes | None: ...
+
+
+@dataclass
+class WorkerRows:
+    """A replay worker's rows, in memory, and verified reads from the blob store."""
+
+    reader: BlobReader
+    blocks: list[BlockRow] = field(default_factory=list)
+    iterations: list[IterationRow] = field(default_factory=list)
+    jumps: list[JumpRow] = field(default_factory=list)
+    logs: list[LogEntry] = field(default_factory=list)
+
+    def put_block(self, run_id: int, key: str, block_id: str, main_id: str, main_inst: int,
+                  iteration: int, occurrence: int, state: str, compute_s: float | None = None,
+                  materialize_s: float | None = None, restore_s: float | None = None,
+                  note: str | None = None, state_sha: dict[str, str] | None = None) -> None:
+        costs = {"compute_s": compute_s, "materialize_s": materialize_s, "restore_s": restore_s,
+                 "note": note, "state_sha": state_sha}
+        self.blocks.append((key, block_id, main_id, main_inst, iteration, occurrence, state, costs))
+
+    def put_iterations(self, run_id: int, rows: Iterable[IterationRow]) -> None:
+        self.iterations.extend(rows)
+
+    def put_jump(self, run_id: int, main_id: str, main_inst: int, first: int, resumed: int) -> None:
+        self.jumps.append((main_id, main_inst, first, resumed))
+
+    def put_logs(self, run_id: int, entries: Iterable[LogEntry]) -> None:
+        self.logs.extend(entries)
+
+    def read_blob(self, rel: str, sha: str) -> bytes | None:
+        return self.reader.read_blob(rel, sha)
+
+    def read_object(self, sha: str) -> bytes | None:
+        return self.reader.read_object(sha)
+
+
+__all__ = ["BlockRow", "JumpRow", "RunSink", "WorkerRows"]
