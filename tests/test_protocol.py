@@ -1,7 +1,10 @@
-"""Every fixture under the correctness protocol (DESIGN.md), for an outer and an inner probe.
+"""Every fixture under the correctness protocol (DESIGN.md), for an outer and an inner probe,
+replayed serially and by two parallel workers (``--jobs 2``).
 
 Checkpoints are taken at every block instance here (FLORTRAIN_PERIOD=every) so the skip path is
-exercised on every instance; ``test_adaptive_period`` covers the default adaptive period.
+exercised on every instance; ``test_adaptive_period`` covers the default adaptive period. The
+parallel replay divides the main loop evenly (FLORTRAIN_SEGMENTS=even), whatever its estimate
+says: these fixtures are too small for a division to pay, and it must still be exact.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from tests.protocol import (
 )
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
+PARALLEL = {**EVERY, "FLORTRAIN_SEGMENTS": "even"}
 
 
 @pytest.mark.parametrize("name", fixture_names())
@@ -60,6 +64,15 @@ def test_protocol(name: str, tmp_path: Path) -> None:
             assert states.get("executed", 0) > 0, states
 
         # 3. diff proves the replay faithful
+        d = flortrain(tmp_path, "diff")
+        assert d.code == 0, d.out + d.err
+
+        # the same with two workers: the merged output is the serial replay's, line for line
+        par = flortrain(tmp_path, "replay", script.name, "--jobs", "2", env=PARALLEL)
+        assert par.code == 0, par.err
+        assert "parallel replay: main loop" in par.err and "worker 2/2 done" in par.err, par.err
+        assert par.out == rep.out, par.err
+        assert probe_lines(par.out) == want
         d = flortrain(tmp_path, "diff")
         assert d.code == 0, d.out + d.err
         script.write_text(original)

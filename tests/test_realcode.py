@@ -87,3 +87,11 @@ def test_realcode_replay_is_exact(name: str, kind: str, tmp_path: Path) -> None:
 
     d = flortrain(tmp_path, "diff")  # 3. diff proves the replay faithful
     assert d.code == 0, d.out + d.err
+
+    if kind == "inner":  # where parallel replay pays: two workers, the same output exactly
+        par = flortrain(tmp_path, "replay", script.name, "--jobs", "2", env={**EVERY, "FLORTRAIN_SEGMENTS": "even"})
+        assert par.code == 0, par.err
+        assert "worker 2/2 done" in par.err, par.err
+        assert par.out == rep.out, par.err
+        d = flortrain(tmp_path, "diff")
+        assert d.code == 0, d.out + d.err

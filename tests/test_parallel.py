@@ -1,0 +1,241 @@
+"""Parallel replay (``--jobs N``): segments, resume kinds, merged output, failures.
+
+Ground truth is a plain ``python`` run of the probed script, as everywhere: the workers'
+merged stdout must be exactly what it prints (probe lines and all), and ``diff`` must pass. The
+protocol on every fixture with two workers is in test_protocol.py and test_realcode.py; this
+file covers what those cannot show: which resume a worker used and why, the carried state a
+direct resume needs, a failing worker, the code after the loop, and the planner.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flortrain.replay.segments import LoopCosts, divide, even
+from flortrain.store.blobs import BlobReader, object_rel
+from tests.protocol import flortrain, plain
+
+EVERY = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_SEGMENTS": "even"}
+
+#: A ``while`` main loop whose iterations carry plain state (the learning rate divided in place,
+#: the best loss, a step counter, an early-stopping counter, an index list shuffled in place):
+#: a worker resuming at a later epoch must get all of it back, or its probe lines differ.
+CARRIED = textwrap.dedent(
+    """\
+    import random
+
+    import torch
+
+    random.seed(0)
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1 * torch.randn(64)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    lr = 0.05
+    best_val_loss = float("inf")
+    global_step = 0
+    bad = 0
+    order = list(range(64))
+    epoch = 0
+    while epoch < 6 and bad < 10:
+        random.shuffle(order)
+        for i in range(0, 64, 16):
+            idx = order[i : i + 16]
+            loss = ((model(x[idx]).squeeze(1) - y[idx]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            global_step += 1
+            #PROBE
+        val = ((model(x).squeeze(1) - y) ** 2).mean().item()
+        if val < best_val_loss:
+            best_val_loss, bad = val, 0
+        else:
+            bad += 1
+        if epoch % 2 == 1:
+            lr /= 4.0
+            for g in opt.param_groups:
+                g["lr"] = lr
+        print(f"epoch {epoch} val {val:.10f} lr {lr}")
+        epoch += 1
+    print(f"best {best_val_loss:.10f} steps {global_step}")
+    with open("after.log", "a") as f:
+        f.write("after the loop\\n")
+    """
+)
+
+INNER = 'print(f"PROBE {epoch} {global_step} {lr} {bad} {order[:3]} {loss.item():.10f} {best_val_loss:.10f}")'
+
+
+def _setup(tmp_path: Path, text: str, probe: str, env: dict[str, str]) -> tuple[Path, str]:
+    """Record ``text`` (checking it prints what python prints), then put the probe in;
+    returns the script and what python prints with the probe."""
+    script = tmp_path / "train.py"
+    script.write_text(text.replace("#PROBE", "#"))
+    truth = plain(script)
+    rec = flortrain(tmp_path, "record", "train.py", env=env)
+    assert rec.code == truth.code and rec.out == truth.out, rec.err
+    script.write_text(text.replace("#PROBE", probe))
+    return script, plain(script).out
+
+
+def _meta(tmp_path: Path) -> dict[str, object]:
+    db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
+    try:
+        (meta,) = db.execute("SELECT meta FROM runs WHERE kind='replay' ORDER BY id DESC LIMIT 1").fetchone()
+        return dict(json.loads(meta))
+    finally:
+        db.close()
+
+
+def test_direct_resume_restores_the_carried_state_and_the_code_after_the_loop_runs_once(tmp_path: Path) -> None:
+    _, want = _setup(tmp_path, CARRIED, INNER, EVERY)
+    (tmp_path / "after.log").unlink()
+    par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
+    assert par.code == 0, par.err
+    assert par.out == want
+    assert "worker 2/2 done" in par.err and "direct resume at iteration 3" in par.err, par.err
+    # the plan, before running: its segments, how each resumes, and an estimate
+    assert "segment 2: iterations 3..the end and the code after the loop (direct resume at boundary 3)" in par.err
+    assert "estimated" in par.err
+    assert (tmp_path / "after.log").read_text() == "after the loop\n"  # the last worker only
+    assert _meta(tmp_path)["jobs"] == 2
+    d = flortrain(tmp_path, "diff")
+    assert d.code == 0, d.out + d.err
+
+
+def test_three_workers(tmp_path: Path) -> None:
+    _, want = _setup(tmp_path, CARRIED, INNER, EVERY)
+    par = flortrain(tmp_path, "replay", "train.py", "--jobs", "3", env=EVERY)
+    assert par.code == 0, par.err
+    assert par.out == want
+    assert "worker 3/3 done" in par.err
+    assert flortrain(tmp_path, "diff").code == 0
+
+
+def test_pseudoresume_when_the_boundary_does_not_hold_what_the_probe_reads(tmp_path: Path) -> None:
+    # `val` is bound by every iteration after the batch loop and read by the probe before that:
+    # the boundary checkpoints do not hold it, so no worker may resume at one. The second worker
+    # runs the first segment's iterations again, its blocks restored, and prints from its own.
+    probe = 'print(f"PROBE {epoch} {global_step} {val if epoch else 0.0:.10f}")'
+    _, want = _setup(tmp_path, CARRIED, probe, EVERY)
+    par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
+    assert par.code == 0, par.err
+    assert par.out == want
+    assert "pseudoresume from the loop's start" in par.err, par.err
+    d = flortrain(tmp_path, "diff")
+    assert d.code == 0, d.out + d.err
+
+
+def test_pseudoresume_from_an_earlier_boundary(tmp_path: Path) -> None:
+    # Boundary checkpoints exist at every iteration, but the planner is told about only the
+    # first: a worker resumes there and runs on to its segment's start with blocks restored.
+    # FLORTRAIN_SEGMENTS=even splits 6 iterations at 3; the record's boundaries at 2..5 are
+    # removed from its store, so the latest before 3 is 1.
+    _, want = _setup(tmp_path, CARRIED, INNER, EVERY)
+    db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
+    with db:
+        db.execute("DELETE FROM checkpoints WHERE key LIKE 'M%@M%' AND CAST(substr(key, instr(key, '.0.') + 3, 1) AS INT) >= 2")
+    db.close()
+    par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
+    assert par.code == 0, par.err
+    assert par.out == want
+    assert "pseudoresume from the boundary at iteration 1" in par.err, par.err
+    assert flortrain(tmp_path, "diff").code == 0
+
+
+def test_a_failing_worker_fails_the_replay_with_its_traceback(tmp_path: Path) -> None:
+    # The probe divides by zero in epoch 1, inside the first worker's segment: python stops
+    # there, and so must the replay, with the same stdout and the worker's traceback.
+    probe = 'print(f"PROBE {epoch} {1 / (1 - epoch):.3f}")'
+    script, _ = _setup(tmp_path, CARRIED, probe, EVERY)
+    truth = plain(script)
+    assert truth.code == 1
+    par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
+    assert par.code == 1, par.err
+    assert par.out == truth.out
+    assert "worker 1/2 failed (exit 1)" in par.err
+    assert "ZeroDivisionError: division by zero" in par.err
+    assert 'File "' in par.err and "train.py" in par.err  # the user's traceback, as python shows it
+
+
+def test_jobs_1_is_a_serial_replay(tmp_path: Path) -> None:
+    _, want = _setup(tmp_path, CARRIED, INNER, EVERY)
+    rep = flortrain(tmp_path, "replay", "train.py", "--jobs", "1", env=EVERY)
+    assert rep.code == 0 and rep.out == want
+    assert "worker" not in rep.err and "parallel" not in rep.err
+
+
+def test_a_division_that_does_not_pay_is_refused(tmp_path: Path) -> None:
+    # By the record's own costs, two workers that each import torch and set up cannot beat one
+    # for a loop this small: the replay says so and runs serially, exactly.
+    _, want = _setup(tmp_path, CARRIED, INNER, {"FLORTRAIN_PERIOD": "every"})
+    rep = flortrain(tmp_path, "replay", "train.py", "--jobs", "2")
+    assert rep.code == 0 and rep.out == want
+    assert "replaying serially: dividing main loop" in rep.err and "would not pay" in rep.err
+
+
+# -- the planner --------------------------------------------------------------------------------
+
+
+def _loop(n: int, pre: float = 2.0, run: float = 1.0, pseudo: float = 0.1) -> LoopCosts:
+    return LoopCosts("M1", 0, pre, [run] * n, [pseudo] * n, dict.fromkeys(range(n), 0.05))
+
+
+def test_divide_balances_the_slowest_worker() -> None:
+    plan = divide(_loop(10), list(range(10)), 2)
+    starts = [w.segment.start for w in plan.workers]
+    assert starts == [0, 5]
+    assert [w.resume for w in plan.workers] == ["start", "direct"]
+    assert plan.workers[-1].segment.end is None and plan.workers[0].segment.end == 5
+    assert plan.parallel == pytest.approx(7.05)  # setup 2 + restore 0.05 + 5 iterations
+    assert plan.serial == pytest.approx(12.0)
+
+
+def test_divide_prefers_boundaries_when_pseudoresume_is_dear() -> None:
+    # Re-running an iteration before the segment costs as much as running it: a worker should
+    # start exactly at a boundary checkpoint.
+    plan = divide(_loop(12, pseudo=1.0), [4, 8], 3)
+    assert [w.segment.start for w in plan.workers] == [0, 4, 8]
+    assert [w.resume for w in plan.workers] == ["start", "direct", "direct"]
+
+
+def test_divide_without_boundaries_pseudoresumes_and_may_not_divide() -> None:
+    cheap = divide(_loop(10, pseudo=0.1), [], 2)
+    assert len(cheap.workers) == 2 and cheap.workers[1].resume == "pseudo" and cheap.workers[1].resume_from == -1
+    dear = divide(_loop(10, pseudo=1.0), [], 2)  # resuming costs what it saves
+    assert len(dear.workers) == 1
+
+
+def test_divide_even_splits_by_iteration_counts() -> None:
+    loop = LoopCosts("M1", 0, 0.0, [5.0, 1.0, 1.0, 1.0, 1.0, 1.0], [0.1] * 6, {})
+    assert [w.segment.start for w in divide(loop, [], 2).workers] == [0, 1]
+    assert [w.segment.start for w in divide(loop, [], 2, shape=even(loop)).workers] == [0, 3]
+
+
+# -- the blob store a remote worker reads ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("as_url", [False, True])
+def test_blob_reader_verifies_what_it_reads(tmp_path: Path, as_url: bool) -> None:
+    import hashlib
+
+    data = b"checkpoint bytes"
+    sha = hashlib.sha256(data).hexdigest()
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "k.ft").write_bytes(data)
+    obj = tmp_path / object_rel(sha)
+    obj.parent.mkdir(parents=True)
+    obj.write_bytes(data)
+    reader = BlobReader(f"file://{tmp_path}" if as_url else tmp_path)
+    assert reader.read_blob("1/k.ft", sha) == data
+    assert reader.read_object(sha) == data
+    assert reader.read_blob("1/missing.ft", sha) is None
+    (tmp_path / "1" / "k.ft").write_bytes(b"checkpoint bytez")  # a flipped byte
+    assert reader.read_blob("1/k.ft", sha) is None

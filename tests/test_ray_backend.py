@@ -1,0 +1,54 @@
+"""``replay --backend ray``: the correctness protocol with the segments as tasks on a real Ray
+cluster, started here on this machine (``ray.init(num_cpus=2)``), which the replay joins.
+
+One fixture has a ``for`` main loop, the other a ``while`` loop; one reads its checkpoints
+through an fsspec URL (``--blobs file://...``), as a worker on another machine would read them
+from object storage, never opening the driver's SQLite store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+from click.testing import CliRunner
+
+from flortrain.cli import cli
+from tests.protocol import copy_fixture, flortrain, plain, probe_lines, with_probe
+
+EVERY = {"FLORTRAIN_PERIOD": "every"}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize(("name", "through_url"), [("while_early_stop", False), ("functions_main", True)])
+def test_ray_backend_replays_exactly(
+    cluster: None, name: str, through_url: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = copy_fixture(name, tmp_path)
+    original = script.read_text()
+    truth = plain(script)
+    rec = flortrain(tmp_path, "record", script.name, env=EVERY)
+    assert rec.code == 0 and rec.out == truth.out, rec.err
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLORTRAIN_SEGMENTS", "even")
+    blobs = ["--blobs", f"file://{tmp_path}/.flortrain/blobs"] if through_url else []
+    for kind in ("inner", "outer"):
+        script.write_text(with_probe(original, kind))
+        want = probe_lines(plain(script).out)
+        serial = flortrain(tmp_path, "replay", script.name)
+        assert serial.code == 0, serial.err
+        r = CliRunner().invoke(cli, ["replay", script.name, "--jobs", "2", "--backend", "ray", *blobs])
+        assert r.exit_code == 0, r.stderr
+        assert "in 2 segments on ray workers" in r.stderr and "worker 2/2 done" in r.stderr, r.stderr
+        assert probe_lines(r.stdout) == want
+        assert r.stdout == serial.out  # the merged output is the serial replay's, line for line
+        d = flortrain(tmp_path, "diff")
+        assert d.code == 0, d.out + d.err
