@@ -58,6 +58,12 @@ DEFAULT_FLUSH_TIMEOUT_S = 600.0
 SEGMENTS_ENV = "FLORTRAIN_SEGMENTS"
 SEGMENTINGS = ("estimated", "even")
 
+#: How parallel-replay workers reach their segments: "direct" (the default: restore the
+#: boundary checkpoint at the segment's start where there is one) or "pseudo" (Flor's
+#: pseudoresume from the loop's start, blocks restored: the baseline benchmarks compare against).
+RESUME_ENV = "FLORTRAIN_RESUME"
+RESUMES = ("direct", "pseudo")
+
 #: Fault injection for tests: ``name=value`` pairs, comma separated (``writer-delay=2``: the
 #: writer sleeps that long before each checkpoint, a slow disk).
 INJECT_ENV = "FLORTRAIN_INJECT"
@@ -117,6 +123,10 @@ def segments() -> str:
     return _choice(SEGMENTS_ENV, SEGMENTINGS)
 
 
+def resume() -> str:
+    return _choice(RESUME_ENV, RESUMES)
+
+
 def period() -> str:
     return _choice(PERIOD_ENV, PERIODS)
 
@@ -137,3 +147,4 @@ def validate() -> None:
     buffer_bytes()
     flush_timeout()
     segments()
+    resume()

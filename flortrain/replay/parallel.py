@@ -87,6 +87,11 @@ def _less(full: list[float], saving: dict[tuple[str, int, int], float], m: str, 
     return [max(f - saving.get((m, e, i), 0.0), 0.05 * f) for i, f in enumerate(full)]
 
 
+def _resumable(p: Prepared, main_id: str) -> bool:
+    """Whether a worker may restore this main loop's boundary checkpoints."""
+    return main_id not in p.rplan.unresumable and knobs.resume() == "direct"
+
+
 def plan_segments(p: Prepared, jobs: int) -> tuple[SegmentPlan | None, str]:
     """The division of the main loop worth dividing, or None and why the replay stays serial."""
     if not p.rplan.probes:
@@ -99,7 +104,7 @@ def plan_segments(p: Prepared, jobs: int) -> tuple[SegmentPlan | None, str]:
     if not loops:
         return None, "no main loop with a probe in it ran for more than one iteration"
     loop = max(loops, key=lambda lc: sum(lc.run))
-    marks = [] if loop.main_id in p.rplan.unresumable else boundaries(p).get((loop.main_id, loop.entry), [])
+    marks = [] if not _resumable(p, loop.main_id) else boundaries(p).get((loop.main_id, loop.entry), [])
     if knobs.segments() == "even":
         plan = divide(loop, marks, jobs, shape=even(loop))
         return (plan, "") if len(plan.workers) > 1 else (None, f"main loop {loop.main_id} has one iteration")
@@ -113,7 +118,7 @@ def plan_segments(p: Prepared, jobs: int) -> tuple[SegmentPlan | None, str]:
 
 
 def _tasks(p: Prepared, plan: SegmentPlan, blobs: str) -> list[WorkerTask]:
-    marks = {k: v for k, v in boundaries(p).items() if k[0] not in p.rplan.unresumable}
+    marks = {k: v for k, v in boundaries(p).items() if _resumable(p, k[0])}
     guards = {m: [(g.source, g.recorded, g.live, g.through) for g in gs] for m, gs in p.rplan.spans.items()}
     scalars = p.store.iteration_scalars(p.record.id)
     return [
@@ -252,18 +257,22 @@ def _merge(p: Prepared, run: int, plan: SegmentPlan, outcomes: dict[int, Outcome
     n = len(plan.workers)
     counts: dict[str, int] = {}
     store.put_logs(run, [dataclasses.replace(e, seq=i) for i, e in enumerate(printer.lines)])
+    blocks: dict[str, Any] = {}  # by key: the first and last workers both ran the setup's loops
+    jumps: dict[tuple[str, int, int], int] = {}
     for k, w in enumerate(plan.workers):
         r = outcomes[k].result if k in outcomes else None
         if r is None:
             continue
         seg, outer = w.segment, k in (0, n - 1)
         store.put_iterations(run, _rows(seg, r.iterations, lambda row: (row[0], row[1], row[2]), outer))
-        for key, block_id, m, e, it, occ, state, costs in _rows(seg, r.blocks, lambda row: (row[2], row[3], row[4]), outer):
-            store.put_block(run, key, block_id, m, e, it, occ, state, **costs)
-            counts[state] = counts.get(state, 0) + 1
-        for m, e, first, resumed in _rows(seg, r.jumps, lambda row: (row[0], row[1], row[2]), outer):
-            store.put_jump(run, m, e, first, resumed)
-            counts["jumped"] = counts.get("jumped", 0) + resumed - first
+        blocks.update((row[0], row) for row in _rows(seg, r.blocks, lambda row: (row[2], row[3], row[4]), outer))
+        jumps.update(((m, e, first), resumed) for m, e, first, resumed in _rows(seg, r.jumps, lambda row: (row[0], row[1], row[2]), outer))
+    for key, block_id, m, e, it, occ, state, costs in blocks.values():
+        store.put_block(run, key, block_id, m, e, it, occ, state, **costs)
+        counts[state] = counts.get(state, 0) + 1
+    for (m, e, first), resumed in jumps.items():
+        store.put_jump(run, m, e, first, resumed)
+        counts["jumped"] = counts.get("jumped", 0) + resumed - first
     return counts
 
 

@@ -200,6 +200,8 @@ def replay(
     jobs: int = 1, backend: str = "local", blobs: str | None = None,
 ) -> int:
     p = prepare(script, run_id, cli_probes, new_args, store_dir)
+    if jobs == 1 and backend != "local":
+        print("flortrain: --jobs 1: replaying serially, in this process", file=sys.stderr)
     if jobs > 1:
         from flortrain.replay.parallel import replay_parallel
 
