@@ -110,6 +110,20 @@ def test_direct_resume_restores_the_carried_state_and_the_code_after_the_loop_ru
     assert d.code == 0, d.out + d.err
 
 
+def test_outer_probe_with_two_workers_restores_every_block(tmp_path: Path) -> None:
+    outer = 'print(f"PROBE {epoch} {lr} {best_val_loss:.10f} {sum(p.abs().sum().item() for p in model.parameters()):.10f}")'
+    text = CARRIED.replace("        #PROBE\n", "").replace('    print(f"epoch {epoch}', '    #PROBE\n    print(f"epoch {epoch}')
+    assert text.count("#PROBE") == 1
+    _, want = _setup(tmp_path, text, outer, EVERY)
+    par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
+    assert par.code == 0, par.err
+    assert [ln for ln in par.out.splitlines() if ln.startswith("PROBE")] == [
+        ln for ln in want.splitlines() if ln.startswith("PROBE")
+    ]
+    assert "worker 2/2 done" in par.err and "0 executed" in par.err, par.err
+    assert flortrain(tmp_path, "diff").code == 0
+
+
 def test_three_workers(tmp_path: Path) -> None:
     _, want = _setup(tmp_path, CARRIED, INNER, EVERY)
     par = flortrain(tmp_path, "replay", "train.py", "--jobs", "3", env=EVERY)
@@ -211,6 +225,15 @@ def test_divide_without_boundaries_pseudoresumes_and_may_not_divide() -> None:
     assert len(cheap.workers) == 2 and cheap.workers[1].resume == "pseudo" and cheap.workers[1].resume_from == -1
     dear = divide(_loop(10, pseudo=1.0), [], 2)  # resuming costs what it saves
     assert len(dear.workers) == 1
+
+
+def test_divide_charges_worker_start_up_against_a_serial_replay() -> None:
+    # Restoring checkpoints is cheap, so the loop costs 1.2 s to replay: halving it saves 0.6 s,
+    # and each worker process's own start-up (serial replay pays none) eats that.
+    loop = LoopCosts("M1", 0, 2.0, [0.1] * 12, [0.05] * 12, dict.fromkeys(range(12), 0.01), startup=0.5)
+    plan = divide(loop, list(range(12)), 2)
+    assert plan.serial == pytest.approx(3.2)
+    assert len(plan.workers) == 1 or plan.parallel > 0.9 * plan.serial
 
 
 def test_divide_even_splits_by_iteration_counts() -> None:

@@ -39,6 +39,9 @@ from flortrain.store.db import LogEntry
 
 #: a parallel plan must beat the serial estimate by this much to be worth the extra processes
 WORTHWHILE = 0.9
+#: seconds a worker process takes to start before the script runs (interpreter, flortrain's
+#: imports, reading the task: 0.3 s measured here) and to hand its result back
+WORKER_STARTUP_S = 0.5
 
 
 def _say(msg: str) -> None:
@@ -77,7 +80,8 @@ def loop_costs(p: Prepared) -> list[LoopCosts]:
         full = [max(f, 0.0) for f in full]
 
         run = _less(full, run_saving, m, e)
-        out.append(LoopCosts(m, e, starts[0], run, _less(full, pseudo_saving, m, e), restore.get((m, e), {})))
+        pseudo = _less(full, pseudo_saving, m, e)
+        out.append(LoopCosts(m, e, starts[0], run, pseudo, restore.get((m, e), {}), startup=WORKER_STARTUP_S))
     return out
 
 
@@ -96,6 +100,8 @@ def plan_segments(p: Prepared, jobs: int) -> tuple[SegmentPlan | None, str]:
     """The division of the main loop worth dividing, or None and why the replay stays serial."""
     if not p.rplan.probes:
         return None, "no probes: the replay only re-runs what has no checkpoint"
+    if not p.compares:
+        return None, "new script arguments: the record's iterations are not this run's to divide"
     loops = []
     for loop in loop_costs(p):
         if p.rplan.spans.get(loop.main_id) == []:

@@ -39,6 +39,9 @@ class LoopCosts:
     pseudo: list[float]  # its cost before a segment (every checkpointed block restored)
     restore: dict[int, float]  # iteration -> cost of restoring its boundary checkpoint
     after: float = 0.0  # seconds after the loop (only the last worker runs them)
+    #: a worker process's own start-up (interpreter, flortrain, the task): a serial replay runs
+    #: in the process that planned it and does not pay it
+    startup: float = 0.0
 
     @property
     def n(self) -> int:
@@ -100,13 +103,13 @@ class _Costs:
 
     def worker(self, a: int, b: int) -> float:
         """Estimated seconds of a worker owning iterations ``a..b-1`` (``b == n``: to the end)."""
-        cost = self.loop.pre + self.resume(a)[2] + self.run[b] - self.run[a]
+        cost = self.loop.startup + self.loop.pre + self.resume(a)[2] + self.run[b] - self.run[a]
         return cost + (self.loop.after if b == self.loop.n else 0.0)
 
     def farthest(self, a: int, limit: float) -> int:
         """The largest ``b > a`` with ``worker(a, b) <= limit`` (``a`` when even one iteration
         exceeds it). ``worker(a, b)`` grows with ``b`` except at ``n``, checked on its own."""
-        fixed = self.loop.pre + self.resume(a)[2] - self.run[a]
+        fixed = self.loop.startup + self.loop.pre + self.resume(a)[2] - self.run[a]
         b = bisect_right(self.run, limit - fixed, a + 1, self.loop.n) - 1
         b = max(b, a)
         if b == self.loop.n - 1 and self.worker(a, self.loop.n) <= limit:
@@ -147,7 +150,7 @@ def divide(loop: LoopCosts, boundaries: list[int], workers: int, shape: LoopCost
     still ``loop``'s."""
     costs = _Costs(loop, boundaries)
     n = loop.n
-    serial = costs.worker(0, n)
+    serial = costs.worker(0, n) - loop.startup
     starts = [0]
     if workers > 1 and n > 1:
         model = costs if shape is None else _Costs(shape, boundaries)
