@@ -239,7 +239,7 @@ def _run_workers(plan: SegmentPlan, tasks: list[WorkerTask], backend_name: str) 
                 if o.status == 0 and o.result is not None:
                     _say(
                         f"worker {o.index + 1}/{n} done at {time.perf_counter() - t0:.1f}s"
-                        f" ({_resume(seg, o.result)})"
+                        f" ({_resume(seg, o.result)}; its script ran {o.result.elapsed:.1f}s)"
                     )
                 else:
                     _say(f"worker {o.index + 1}/{n} failed (exit {o.status})")

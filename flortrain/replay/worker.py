@@ -55,7 +55,7 @@ class WorkerTask:
 class WorkerResult:
     index: int
     status: int
-    elapsed: float
+    elapsed: float  # seconds the script ran (torch's import included), start-up excluded
     marks: dict[str, int]
     unterminated: bool  # the last captured line had no newline
     counts: dict[str, int]
@@ -75,7 +75,6 @@ def run_task(task: WorkerTask) -> WorkerResult:
     from flortrain.store.blobs import BlobReader
     from flortrain.store.rows import WorkerRows
 
-    t0 = time.perf_counter()
     os.chdir(task.cwd)
     pin_threads(task.threads)
     rows = WorkerRows(BlobReader(task.blobs))
@@ -85,6 +84,7 @@ def run_task(task: WorkerTask) -> WorkerResult:
     session = Session("replay", rows, 0, replay=source)
     code = compile_for(os.path.abspath(task.script), task.code_text, task.disk_text)
     hook = ProjectHook(ProjectFiles(project_roots(task.script), task.script), recorded=task.modules)
+    t0 = time.perf_counter()
     status = execute(session, code, task.script, task.args, task.uses_torch, hook)
     tee = session.tee
     return WorkerResult(
