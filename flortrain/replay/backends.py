@@ -65,11 +65,10 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
 
 
-def _outcome(index: int, status: int, result_path: Path, stderr: str) -> Outcome:
-    result: WorkerResult | None = None
-    if result_path.exists():
-        with open(result_path, "rb") as f:
-            result = pickle.load(f)  # written by our own worker process
+def _outcome(index: int, status: int, data: bytes | None, stderr: str) -> Outcome:
+    """A finished worker process's outcome, from its exit status, result pickle (None when it
+    wrote none) and stderr, the same wherever it ran."""
+    result: WorkerResult | None = pickle.loads(data) if data is not None else None  # our own worker's
     if status < 0:
         stderr += f"flortrain: worker {index + 1} was killed by signal {-status}\n"
     elif result is None and status == 0:
@@ -109,7 +108,8 @@ class LocalBackend:
         for i, code in done:
             del self.procs[i]
             _, result_path, err_path = self._paths(i)
-            out.append(_outcome(i, code, result_path, err_path.read_text(errors="replace")))
+            data = result_path.read_bytes() if result_path.exists() else None
+            out.append(_outcome(i, code, data, err_path.read_text(errors="replace")))
         return out
 
     def cancel(self) -> None:
@@ -127,13 +127,12 @@ class LocalBackend:
         self.dir.rmdir()
 
 
-def run_segment(task_bytes: bytes) -> tuple[int, bytes | None, str]:
+def run_segment(task_bytes: bytes, cwd: str) -> tuple[int, bytes | None, str]:
     """A Ray task: the worker process on this node; (exit status, result pickle, stderr)."""
     with tempfile.TemporaryDirectory(prefix="flortrain-worker-") as d:
         task_path, result_path = os.path.join(d, "task"), os.path.join(d, "result")
         with open(task_path, "wb") as f:
             f.write(task_bytes)
-        cwd = pickle.loads(task_bytes).cwd
         p = subprocess.run(
             _command(task_path, result_path), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, cwd=cwd, env=_env(), check=False,
@@ -163,7 +162,7 @@ class RayBackend:
         self.refs: dict[Any, int] = {}
 
     def submit(self, task: WorkerTask) -> None:
-        ref = self.remote.remote(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
+        ref = self.remote.remote(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL), task.cwd)
         self.refs[ref] = task.index
 
     def wait(self, timeout: float) -> list[Outcome]:
@@ -178,10 +177,7 @@ class RayBackend:
             except Exception as e:  # the task itself failed (its node died): the replay fails
                 out.append(Outcome(index, 1, None, f"flortrain: Ray task of worker {index + 1} failed: {e}\n"))
                 continue
-            result = pickle.loads(data) if data is not None else None  # our own worker's pickle
-            if result is None and status == 0:
-                status, stderr = 1, stderr + f"flortrain: worker {index + 1} ended without a result\n"
-            out.append(Outcome(index, status, result, stderr))
+            out.append(_outcome(index, status, data, stderr))
         return out
 
     def cancel(self) -> None:

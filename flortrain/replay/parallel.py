@@ -31,7 +31,7 @@ from flortrain import knobs
 from flortrain.errors import FlortrainError
 from flortrain.replay import backends
 from flortrain.replay.backends import Outcome
-from flortrain.replay.replayer import Prepared, begin, boundaries, conclude
+from flortrain.replay.replayer import Prepared, begin, conclude
 from flortrain.replay.segments import LoopCosts, SegmentPlan, divide, even
 from flortrain.replay.worker import WorkerResult, WorkerTask
 from flortrain.runtime.spans import Segment
@@ -56,7 +56,7 @@ def loop_costs(p: Prepared) -> list[LoopCosts]:
     run_saving: dict[tuple[str, int, int], float] = {}
     pseudo_saving: dict[tuple[str, int, int], float] = {}
     restore: dict[tuple[str, int], dict[int, float]] = {}
-    for b in store.blocks(record.id):
+    for b in p.blocks:
         if b["key"] not in p.checkpoints:
             continue
         where = (b["main_id"], b["main_inst"], b["iteration"])
@@ -110,7 +110,7 @@ def plan_segments(p: Prepared, jobs: int) -> tuple[SegmentPlan | None, str]:
     if not loops:
         return None, "no main loop with a probe in it ran for more than one iteration"
     loop = max(loops, key=lambda lc: sum(lc.run))
-    marks = [] if not _resumable(p, loop.main_id) else boundaries(p).get((loop.main_id, loop.entry), [])
+    marks = p.boundaries.get((loop.main_id, loop.entry), []) if _resumable(p, loop.main_id) else []
     if knobs.segments() == "even":
         plan = divide(loop, marks, jobs, shape=even(loop))
         return (plan, "") if len(plan.workers) > 1 else (None, f"main loop {loop.main_id} has one iteration")
@@ -124,12 +124,12 @@ def plan_segments(p: Prepared, jobs: int) -> tuple[SegmentPlan | None, str]:
 
 
 def _tasks(p: Prepared, plan: SegmentPlan, blobs: str) -> list[WorkerTask]:
-    marks = {k: v for k, v in boundaries(p).items() if _resumable(p, k[0])}
+    marks = {k: v for k, v in p.boundaries.items() if _resumable(p, k[0])}
     guards = {m: [(g.source, g.recorded, g.live, g.through) for g in gs] for m, gs in p.rplan.spans.items()}
     scalars = p.store.iteration_scalars(p.record.id)
     return [
         WorkerTask(
-            k, len(plan.workers), p.script, os.getcwd(), p.args, p.record.threads, p.uses_torch,
+            k, p.script, os.getcwd(), p.args, p.record.threads, p.uses_torch,
             p.code_text, p.disk_text, p.modules, p.record.id, frozenset(p.rplan.execute), p.checkpoints,
             guards, scalars, marks, w.segment, blobs,
         )

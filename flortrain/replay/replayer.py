@@ -41,33 +41,35 @@ def find_record(store: Store, script: str, run_id: int | None) -> Run:
     return latest
 
 
-def _costs(store: Store, run_id: int) -> dict[str, tuple[int, int, float, float]]:
+def _costs(blocks: list[dict[str, Any]]) -> dict[str, tuple[int, int, float, float]]:
     out: dict[str, tuple[int, int, float, float]] = {}
-    for b in store.blocks(run_id):
+    for b in blocks:
         if b["state"] == "boundary":
             continue  # a main-loop boundary checkpoint, not a block instance
         n, k, c, r = out.get(b["block_id"], (0, 0, 0.0, 0.0))
         ck = b["state"] == "checkpointed"
         m = b["materialize_s"] or 0.0
-        out[b["block_id"]] = (n + 1, k + int(ck), c + (b["compute_s"] or 0.0), r + (1.38 * m if ck else 0.0))
+        out[b["block_id"]] = (n + 1, k + int(ck), c + (b["compute_s"] or 0.0), r + (knobs.DEFAULT_RESTORE_RATIO * m if ck else 0.0))
     return out
 
 
-def _why_not(store: Store, run_id: int) -> dict[str, str]:
+def _why_not(blocks: list[dict[str, Any]]) -> dict[str, str]:
     """Per block, the reason its first instance that could not be checkpointed gives (a tensor
     carrying an autograd graph, an object that cannot be captured), for the replay plan."""
     out: dict[str, str] = {}
-    for b in store.blocks(run_id):
+    for b in blocks:
         if b["state"] == "recorded" and b["note"] and b["block_id"] not in out:
             out[b["block_id"]] = b["note"]
     return out
 
 
-def boundaries(p: Prepared) -> dict[tuple[str, int], list[int]]:
+def _boundaries(
+    blocks: list[dict[str, Any]], checkpoints: dict[str, tuple[str, str, int]]
+) -> dict[tuple[str, int], list[int]]:
     """Per main-loop entry, the iterations with a committed boundary checkpoint."""
     out: dict[tuple[str, int], list[int]] = {}
-    for b in p.store.blocks(p.record.id):
-        if b["state"] == "boundary" and b["key"] in p.checkpoints:
+    for b in blocks:
+        if b["state"] == "boundary" and b["key"] in checkpoints:
             out.setdefault((b["main_id"], b["main_inst"]), []).append(b["iteration"])
     return {k: sorted(v) for k, v in out.items()}
 
@@ -80,7 +82,7 @@ def span_replay(p: Prepared) -> SpanReplay | None:
     guards = {
         m: [compile_guard(g.source, g.recorded, g.live, g.through) for g in gs] for m, gs in p.rplan.spans.items()
     }
-    return SpanReplay(guards, p.store.iteration_scalars(p.record.id), boundaries(p))
+    return SpanReplay(guards, p.store.iteration_scalars(p.record.id), p.boundaries)
 
 
 def _module_blocks(costs: dict[str, tuple[int, int, float, float]]) -> list[str]:
@@ -133,6 +135,8 @@ class Prepared:
     uses_torch: bool
     probes: list[str]
     compares: bool  # the record's own arguments: diff can check the replay
+    blocks: list[dict[str, Any]]  # the record's block and boundary rows, read once
+    boundaries: dict[tuple[str, int], list[int]]  # per main-loop entry: committed boundaries
 
 
 def prepare(
@@ -153,16 +157,18 @@ def prepare(
     modules = recorded_modules(store, record)
     plan = analyse(parse(script, recorded_text))
     rplan = plan_replay(plan, probes)
-    costs = _costs(store, record.id)
-    lines = rplan.describe(plan, costs, _why_not(store, record.id))
+    blocks = store.blocks(record.id)
+    costs = _costs(blocks)
+    lines = rplan.describe(plan, costs, _why_not(blocks))
     lines[-1:-1] = _module_blocks(costs)
     for line in lines:
         print(f"flortrain: {line}", file=sys.stderr)
     code_text = transform(probes.current, rplan.instrumentation)
+    checkpoints = store.checkpoints(record.id)
     return Prepared(
         store, record, script, record.argv if new_args is None else new_args, current_text, disk_text,
-        code_text, modules, rplan, store.checkpoints(record.id), project_uses_torch(script, current_text),
-        [p.code for p in probes.probes], new_args is None,
+        code_text, modules, rplan, checkpoints, project_uses_torch(script, current_text),
+        [p.code for p in probes.probes], new_args is None, blocks, _boundaries(blocks, checkpoints),
     )
 
 

@@ -101,15 +101,20 @@ class _Costs:
             return ("direct" if b == a else "pseudo"), b, cost
         return "pseudo", -1, self.pseudo[a]
 
+    def before(self, a: int) -> float:
+        """What a worker starting at iteration ``a`` pays before it: start-up, the setup before
+        the loop, and its resume."""
+        return self.loop.startup + self.loop.pre + self.resume(a)[2]
+
     def worker(self, a: int, b: int) -> float:
         """Estimated seconds of a worker owning iterations ``a..b-1`` (``b == n``: to the end)."""
-        cost = self.loop.startup + self.loop.pre + self.resume(a)[2] + self.run[b] - self.run[a]
+        cost = self.before(a) + self.run[b] - self.run[a]
         return cost + (self.loop.after if b == self.loop.n else 0.0)
 
     def farthest(self, a: int, limit: float) -> int:
         """The largest ``b > a`` with ``worker(a, b) <= limit`` (``a`` when even one iteration
         exceeds it). ``worker(a, b)`` grows with ``b`` except at ``n``, checked on its own."""
-        fixed = self.loop.startup + self.loop.pre + self.resume(a)[2] - self.run[a]
+        fixed = self.before(a) - self.run[a]
         b = bisect_right(self.run, limit - fixed, a + 1, self.loop.n) - 1
         b = max(b, a)
         if b == self.loop.n - 1 and self.worker(a, self.loop.n) <= limit:

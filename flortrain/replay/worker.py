@@ -32,7 +32,6 @@ class WorkerTask:
     """Everything a worker needs, none of it from the SQLite store."""
 
     index: int
-    count: int
     script: str  # as the user gave it, relative to ``cwd``
     cwd: str
     args: list[str]
@@ -58,7 +57,6 @@ class WorkerResult:
     elapsed: float  # seconds the script ran (torch's import included), start-up excluded
     marks: dict[str, int]
     unterminated: bool  # the last captured line had no newline
-    counts: dict[str, int]
     blocks: list[BlockRow] = field(default_factory=list)
     iterations: list[IterationRow] = field(default_factory=list)
     jumps: list[JumpRow] = field(default_factory=list)
@@ -89,7 +87,7 @@ def run_task(task: WorkerTask) -> WorkerResult:
     tee = session.tee
     return WorkerResult(
         task.index, status, time.perf_counter() - t0, dict(session.marks),
-        tee is not None and tee.unterminated, dict(session.counts),
+        tee is not None and tee.unterminated,
         rows.blocks, rows.iterations, rows.jumps, rows.logs,
     )
 

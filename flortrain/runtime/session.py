@@ -23,7 +23,7 @@ from flortrain.runtime.capture import Tee
 from flortrain.runtime.materializer import Callbacks, Materializer
 from flortrain.runtime.registry import Registry
 from flortrain.runtime.skipblock import Getters, SkipBlock, State
-from flortrain.runtime.spans import Boundary, SegmentEnd, SpanReplay, scalars_json
+from flortrain.runtime.spans import Boundary, Segment, SegmentEnd, SpanReplay, scalars_json
 from flortrain.store.db import IterationRow, Store
 from flortrain.store.rows import RunSink
 
@@ -100,9 +100,15 @@ class Session:
         if seg is not None and seg.owns(main_id, entry):
             self._mark("enter")
 
-    def _segment(self) -> Any:
+    def _segment(self) -> Segment | None:
+        """The iterations this process owns, in a parallel-replay worker."""
         spans = self.replay.spans if self.replay is not None else None
         return spans.segment if spans is not None else None
+
+    def _segment_here(self) -> Segment | None:
+        """A worker's segment, when the current main-loop iteration is of the loop it divides."""
+        seg = self._segment()
+        return seg if seg is not None and self.main is not None and seg.owns(self.main[0], self.main[1]) else None
 
     def _mark(self, name: str) -> None:
         if name not in self.marks:
@@ -125,8 +131,8 @@ class Session:
     def before_segment(self) -> bool:
         """In a worker, whether the current iteration precedes its segment (its output is not
         wanted, and the blocks probes need execute only in the segment)."""
-        seg = self._segment()
-        return seg is not None and self.main is not None and seg.owns(self.main[0], self.main[1]) and self.main[2] < seg.start
+        seg = self._segment_here()
+        return seg is not None and self.main is not None and self.main[2] < seg.start
 
     def main_iteration(
         self,
@@ -357,8 +363,7 @@ class Session:
         if self.probe_depth:
             return
         self.abort_frames()
-        seg = self._segment()
-        if seg is not None and self.main is not None and seg.owns(self.main[0], self.main[1]):
+        if self._segment_here() is not None:
             self._mark("exit")
         self.main = None
 
