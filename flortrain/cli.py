@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import os
 import re
+import sqlite3
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -30,6 +31,10 @@ def _one_line_errors(fn: F) -> F:
             sys.exit(2)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
+        except sqlite3.Error as e:  # a damaged or locked database: the store's fault, not ours
+            click.echo(f"flortrain: FT017 the store's database failed: {e} (locked by another process past"
+                       " FLORTRAIN_DB_TIMEOUT, or damaged)", err=True)
+            sys.exit(2)
         except Exception as e:
             if os.environ.get("FLORTRAIN_DEBUG"):
                 raise
@@ -69,10 +74,13 @@ class _OneLineGroup(click.Group):
 @click.version_option(__version__, prog_name="flortrain")
 @click.option("--store", "store", envvar="FLORTRAIN_STORE", default=None, metavar="DIR",
               help="Store directory (default .flortrain in the working directory).")
+@click.option("--trust", is_flag=True,
+              help="Load a store that is not provably yours (another owner, or a manifest that does not "
+              "verify: a copied store). Its checkpoints are pickles: trust only stores you know.")
 @click.pass_context
-def cli(ctx: click.Context, store: str | None) -> None:
+def cli(ctx: click.Context, store: str | None, trust: bool) -> None:
     """Hindsight logging for PyTorch training: record once, add prints later, replay."""
-    ctx.obj = {"store": store}
+    ctx.obj = {"store": store, "trust": trust}
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -88,7 +96,7 @@ def record(ctx: click.Context, script: str, args: tuple[str, ...], epsilon: floa
     Options go before SCRIPT; everything after it is the script's."""
     from flortrain.record import record as do_record
 
-    sys.exit(do_record(script, list(args), ctx.obj["store"], epsilon))
+    sys.exit(do_record(script, list(args), ctx.obj["store"], epsilon, ctx.obj["trust"]))
 
 
 @cli.command()
@@ -114,7 +122,8 @@ def replay(
     from flortrain.replay.replayer import replay as do_replay
 
     sys.exit(do_replay(
-        script, run_id, list(probes), list(args) if args else None, ctx.obj["store"], jobs, backend, blobs
+        script, run_id, list(probes), list(args) if args else None, ctx.obj["store"], jobs, backend, blobs,
+        ctx.obj["trust"],
     ))
 
 
@@ -127,7 +136,7 @@ def diff(ctx: click.Context, run_id: int | None) -> None:
     from flortrain.replay.diff import diff_runs, resolve_replay
     from flortrain.store.db import open_store
 
-    store = open_store(ctx.obj["store"], create=False)
+    store = open_store(ctx.obj["store"], create=False, trust=ctx.obj["trust"])
     result = diff_runs(store, resolve_replay(store, run_id))
     for line in result.report():
         click.echo(line)
@@ -143,7 +152,7 @@ def runs(ctx: click.Context, as_json: bool) -> None:
     from flortrain.store.db import NO_STORE, open_store, store_path
 
     try:
-        store = open_store(ctx.obj["store"], create=False)
+        store = open_store(ctx.obj["store"], create=False, trust=ctx.obj["trust"])
     except FlortrainError as e:
         if e.code != NO_STORE:  # a file in the store's place, an unreadable database: not "no runs"
             raise

@@ -64,6 +64,11 @@ SEGMENTINGS = ("estimated", "even")
 RESUME_ENV = "FLORTRAIN_RESUME"
 RESUMES = ("direct", "pseudo")
 
+#: How long a store operation waits for another process's SQLite lock, in seconds, before it
+#: gives up: a command then fails with a one-line error, a recording process stops recording.
+DB_TIMEOUT_ENV = "FLORTRAIN_DB_TIMEOUT"
+DEFAULT_DB_TIMEOUT_S = 30.0
+
 #: Fault injection for tests: ``name=value`` pairs, comma separated (``writer-delay=2``: the
 #: writer sleeps that long before each checkpoint, a slow disk).
 INJECT_ENV = "FLORTRAIN_INJECT"
@@ -100,6 +105,10 @@ def buffer_bytes() -> int:
 
 def flush_timeout() -> float:
     return _number(FLUSH_TIMEOUT_ENV, DEFAULT_FLUSH_TIMEOUT_S, lambda v: v >= 0, "a number of seconds >= 0 (default 600)")
+
+
+def db_timeout() -> float:
+    return _number(DB_TIMEOUT_ENV, DEFAULT_DB_TIMEOUT_S, lambda v: v >= 0, "a number of seconds >= 0 (default 30)")
 
 
 def injected(name: str) -> float:
@@ -148,3 +157,4 @@ def validate() -> None:
     flush_timeout()
     segments()
     resume()
+    db_timeout()

@@ -60,12 +60,14 @@ def _untracked(shown: str, plan: Plan, session: Session) -> None:
         print(f"flortrain: {shown}:{u.line}:{u.col}: {UNTRACKED}", file=sys.stderr)
 
 
-def record(script: str, args: list[str], store_dir: str | None, epsilon: float | None = None) -> int:
+def record(
+    script: str, args: list[str], store_dir: str | None, epsilon: float | None = None, trust: bool = False
+) -> int:
     knobs.validate()
     text = read_text(script)
     inst = instrument_file(script, text)
     code = compile_for(os.path.abspath(script), inst.code_text, text)
-    store = open_store(store_dir)
+    store = open_store(store_dir, trust=trust)
     torch_script = project_uses_torch(script, text)
     threads = intra_op_threads(torch_script)
     plan = inst.plan
@@ -83,6 +85,7 @@ def record(script: str, args: list[str], store_dir: str | None, epsilon: float |
     )
     for r in plan.refused:
         print(f"flortrain: {script}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
+    store.guarded = True  # from here on the store failing must not break training
     session = Session("record", store, run_id)
     if epsilon is not None:
         session.adaptive.epsilon = epsilon
@@ -99,8 +102,11 @@ def record(script: str, args: list[str], store_dir: str | None, epsilon: float |
     store.finish_run(run_id, "complete" if status == 0 else "failed", status)
     c = session.counts
     n_blocks = c.get("checkpointed", 0) + c.get("recorded", 0)
+    outcome = "complete" if status == 0 else f"failed (exit {status})"
+    if store.failed:
+        outcome = f"incomplete (the store failed: {store.failed}; the script's exit {status} is kept)"
     print(
-        f"flortrain: record run {run_id} {'complete' if status == 0 else f'failed (exit {status})'}"
+        f"flortrain: record run {run_id} {outcome}"
         f" in {elapsed:.2f}s: {c.get('checkpointed', 0)} of {n_blocks} block instances checkpointed",
         file=sys.stderr,
     )

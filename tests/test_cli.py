@@ -262,7 +262,10 @@ def test_runs_on_a_store_that_is_not_a_directory_is_an_error(work: Path, as_json
     assert "FT010" in one_line_error(invoke("--store", "notadir", "record", "train.py"))
     (work / "garbage").mkdir()
     (work / "garbage" / "flortrain.db").write_text("not a database\n" * 100)
-    assert "FT010" in one_line_error(invoke("--store", "garbage", "runs", *args[3:]))
+    # a store flortrain did not make is refused before anything in it is read; trusted, its
+    # database is still not one
+    assert "FT015" in one_line_error(invoke("--store", "garbage", "runs", *args[3:]))
+    assert "FT010" in one_line_error(invoke("--trust", "--store", "garbage", "runs", *args[3:]))
     assert invoke("--store", "absent", *args[2:]).stdout.strip() in ("[]", f"no runs in {work / 'absent'}")
 
 
@@ -478,10 +481,11 @@ def test_a_store_from_another_schema_is_refused_before_the_script_runs(work: Pat
     db.execute("CREATE TABLE logs (run_id INTEGER, seq INTEGER, text TEXT)")  # an older layout
     db.commit()
     db.close()
-    r = invoke("record", "train.py")
+    assert "FT015" in one_line_error(invoke("record", "train.py"))  # no manifest: not provably ours
+    r = invoke("--trust", "record", "train.py")
     assert "FT014" in one_line_error(r) and "another version of flortrain" in r.stderr
     assert r.stdout == ""  # refused before the script printed anything
-    assert "FT014" in one_line_error(invoke("runs"))
+    assert "FT014" in one_line_error(invoke("runs"))  # trusted once: now it is signed as ours
 
 
 def test_replay_with_a_mistyped_store_creates_nothing(work: Path) -> None:

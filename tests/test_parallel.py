@@ -94,7 +94,12 @@ def _meta(tmp_path: Path) -> dict[str, object]:
         db.close()
 
 
-def test_direct_resume_restores_the_carried_state_and_the_code_after_the_loop_runs_once(tmp_path: Path) -> None:
+def test_direct_resume_restores_the_carried_state_and_the_code_after_the_loop_runs_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # trained with two intra-op threads (the suite's default is one, tests/conftest.py): each
+    # worker must pin the record's thread count to print its bits
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
     _, want = _setup(tmp_path, CARRIED, INNER, EVERY)
     (tmp_path / "after.log").unlink()
     par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)

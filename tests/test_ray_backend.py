@@ -28,10 +28,15 @@ def cluster() -> Iterator[None]:
     ray.shutdown()
 
 
-@pytest.mark.parametrize(("name", "through_url"), [("while_early_stop", False), ("functions_main", True)])
-def test_ray_backend_replays_exactly(
-    cluster: None, name: str, through_url: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ray_backend_replays_exactly(cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both fixtures in one test, so that one Ray cluster serves them (starting one is ~15 s)."""
+    for name, through_url in (("while_early_stop", False), ("functions_main", True)):
+        work = tmp_path / name
+        work.mkdir()
+        _protocol_on_ray(name, through_url, work, monkeypatch)
+
+
+def _protocol_on_ray(name: str, through_url: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     script = copy_fixture(name, tmp_path)
     original = script.read_text()
     truth = plain(script)

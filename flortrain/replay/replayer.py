@@ -13,7 +13,7 @@ from flortrain.errors import FlortrainError, Located
 from flortrain.instrument import compile_for
 from flortrain.replay.diff import diff_runs
 from flortrain.replay.planner import ReplayPlan, plan_replay
-from flortrain.replay.probes import add_cli_probe, find_probes
+from flortrain.replay.probes import ProbeSet, add_cli_probe, find_probes
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
 from flortrain.runtime.launch import execute, pin_threads, project_uses_torch
 from flortrain.runtime.session import ReplaySource, Session
@@ -139,15 +139,35 @@ class Prepared:
     boundaries: dict[tuple[str, int], list[int]]  # per main-loop entry: committed boundaries
 
 
+def _stopped(store: Store, record: Run) -> str:
+    """Where an unfinished record stopped, for the user reading a replay of it."""
+    last = store.last_iteration(record.id)
+    if last is None:
+        return "it stopped before any main-loop iteration was committed; the whole script executes"
+    m, entry, it = last
+    where = f"main loop {m}" + (f" (entry {entry})" if entry else "")
+    return (f"it stopped in {where} at iteration {it}: what it recorded up to there is restored where"
+            " it can be, and the rest executes")
+
+
+def _executed_source(script: str, record: Run, probes: ProbeSet) -> list[str]:
+    """What this replay will execute, shown before it does: the only code a replay runs is the
+    user's script, which must be the recorded source (named by its hash) plus these probes."""
+    out = [f"  executes {script}: the source of record run {record.id} (sha256 {record.source_sha[:12]}) plus:"]
+    out += [f"    line {p.line}: {p.code.splitlines()[0]}" for p in probes.probes] or ["    no probes"]
+    return out
+
+
 def prepare(
-    script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None
+    script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
+    trust: bool = False,
 ) -> Prepared:
     """Find the record, read the probes, plan the replay and print the plan."""
     knobs.validate()
-    store = open_store(store_dir, create=False)  # a typo in --store must not create a store
+    store = open_store(store_dir, create=False, trust=trust)  # a typo in --store must not create one
     record = find_record(store, script, run_id)
     if record.effective_status != "complete":
-        print(f"flortrain: record run {record.id} is {record.effective_status}; replaying what it recorded", file=sys.stderr)
+        print(f"flortrain: record run {record.id} is {record.effective_status}; {_stopped(store, record)}", file=sys.stderr)
     recorded_text = store.source(record.source_sha)
     disk_text = read_text(script)
     current_text = disk_text
@@ -161,6 +181,7 @@ def prepare(
     costs = _costs(blocks)
     lines = rplan.describe(plan, costs, _why_not(blocks))
     lines[-1:-1] = _module_blocks(costs)
+    lines[1:1] = _executed_source(script, record, probes)
     for line in lines:
         print(f"flortrain: {line}", file=sys.stderr)
     code_text = transform(probes.current, rplan.instrumentation)
@@ -185,6 +206,13 @@ def conclude(p: Prepared, run: int, status: int, elapsed: float, counts: dict[st
     record's own arguments)."""
     store = p.store
     store.finish_run(run, "complete" if status == 0 else "failed", status)
+    if store.failed:
+        store.close()
+        raise FlortrainError(
+            f"the store failed during replay run {run} ({store.failed}): its output above was printed but"
+            " could not all be stored, so it is not checked; fix the store and replay again",
+            Located(str(store.root)), "FT016",
+        )
     print(
         f"flortrain: replay run {run} of record {p.record.id} {'complete' if status == 0 else f'failed (exit {status})'}"
         f" in {elapsed:.2f}s{how}: {counts.get('skipped', 0)} block instances skipped, {counts.get('executed', 0)} executed"
@@ -203,9 +231,9 @@ def conclude(p: Prepared, run: int, status: int, elapsed: float, counts: dict[st
 
 def replay(
     script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
-    jobs: int = 1, backend: str = "local", blobs: str | None = None,
+    jobs: int = 1, backend: str = "local", blobs: str | None = None, trust: bool = False,
 ) -> int:
-    p = prepare(script, run_id, cli_probes, new_args, store_dir)
+    p = prepare(script, run_id, cli_probes, new_args, store_dir, trust)
     if jobs == 1 and backend != "local":
         print("flortrain: --jobs 1: replaying serially, in this process", file=sys.stderr)
     if jobs > 1:
@@ -216,6 +244,7 @@ def replay(
             return status
     pin_threads(p.record.threads)
     run = begin(p)
+    p.store.guarded = True
     source = ReplaySource(p.record.id, frozenset(p.rplan.execute), p.checkpoints, span_replay(p))
     session = Session("replay", p.store, run, replay=source)
     code = compile_for(os.path.abspath(script), p.code_text, p.disk_text)

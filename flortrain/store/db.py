@@ -4,21 +4,33 @@ workers, materializers) never touch the parent's connection."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import socket
 import sqlite3
 import stat
+import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
 from flortrain.store.blobs import BlobReader, object_rel
+from flortrain.store.trust import (
+    DIR_MODE,
+    MANIFEST,
+    RunLock,
+    held,
+    open_private,
+    private_dir,
+    verify,
+    write_manifest,
+)
 
 #: Bumped whenever a table changes. ``CREATE TABLE IF NOT EXISTS`` never migrates, so a store
 #: written by another version must be refused when it is opened, not fail in the middle of a run.
@@ -126,6 +138,8 @@ class Run:
     pid: int
     host: str
     meta: dict[str, Any]
+    #: a process holds the run's lock (see :class:`~flortrain.store.trust.RunLock`)
+    live: bool = False
 
     @property
     def duration(self) -> float | None:
@@ -136,9 +150,7 @@ class Run:
         """``running`` only while its process lives; a killed run reads as ``incomplete``."""
         if self.status != "running":
             return self.status
-        if self.host == socket.gethostname() and _alive(self.pid):
-            return "running"
-        return "incomplete"
+        return "running" if self.live else "incomplete"
 
 
 #: One main-loop iteration's row: main id, entry, iteration, RNG digests, encoded RNG state,
@@ -172,34 +184,105 @@ class LogEntry:
         return where + (f", block {self.region}" if self.region else "")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+W = TypeVar("W", bound=Callable[..., None])
+
+
+def _writer(method: W) -> W:
+    """A write the running script must survive. Only the process that opened the store writes
+    (a forked child must not use its parent's connection). Once the store is ``guarded`` (a record
+    or replay is executing the user's script), a failing write (disk full, a read-only store, a
+    lock held past the timeout, a damaged database) does not raise into the script: the store
+    warns once and stops writing, the run stays ``running`` in the database and so reads as
+    incomplete once its process is gone, and the command reports it at the end."""
+
+    @functools.wraps(method)
+    def wrapper(self: Store, *args: Any, **kwargs: Any) -> None:
+        if not self.owned() or self.failed is not None:
+            return
+        if not self.guarded:
+            method(self, *args, **kwargs)
+            return
+        try:
+            method(self, *args, **kwargs)
+        except (sqlite3.Error, OSError) as e:
+            self.fail(f"{type(e).__name__}: {e}")
+
+    return wrapper  # type: ignore[return-value]
 
 
 class Store:
-    def __init__(self, root: Path) -> None:
+    """One store: SQLite metadata and the blob directory beside it. Opening an existing store
+    verifies it is the user's own (:func:`~flortrain.store.trust.verify`) unless ``trust``; a new
+    one is created private and signed."""
+
+    def __init__(self, root: Path, trust: bool = False) -> None:
         self.root = root
         self.blobs = root / "blobs"
         self.pid = os.getpid()
         self.reader = BlobReader(self.blobs)
+        self.lock: RunLock | None = None
+        #: writes no longer raise (see :func:`_writer`); set while the user's script runs
+        self.guarded = False
+        #: why the store stopped taking writes, once it has
+        self.failed: str | None = None
+        db_path = root / "flortrain.db"
         try:
-            self.blobs.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(root / "flortrain.db", timeout=30, isolation_level=None)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self._check_version()
-            self.db.executescript(SCHEMA)
-            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            if (root / MANIFEST).exists() or db_path.exists():
+                verify(root, trust)
+            else:
+                private_dir(root)
+                with contextlib.suppress(OSError):  # an existing empty directory made a store
+                    os.chmod(root, DIR_MODE)
+                write_manifest(root)
+            if not self.blobs.exists():
+                private_dir(self.blobs)
+            if not db_path.exists():
+                os.close(open_private(db_path, os.O_RDWR | os.O_CREAT))  # 0600 before SQLite makes it
+            self.db = self._connect(db_path)
         except (OSError, sqlite3.Error) as e:
             raise FlortrainError(f"cannot open store: {e}", Located(str(root)), "FT010") from None
 
-    def _check_version(self) -> None:
+    def _connect(self, db_path: Path) -> sqlite3.Connection:
+        """Open the database in WAL mode with its schema. Two processes opening a new store at once
+        meet locks that SQLite reports at once instead of waiting on (switching the journal mode
+        to WAL takes an exclusive lock): retried until ``FLORTRAIN_DB_TIMEOUT``."""
+        timeout = knobs.db_timeout()
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            db = sqlite3.connect(db_path, timeout=timeout, isolation_level=None)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                self.db = db
+                if not self._check_version():
+                    self._create_schema()
+                return db
+            except sqlite3.OperationalError as e:
+                db.close()
+                if "locked" not in str(e) or time.monotonic() + delay > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def _create_schema(self) -> None:
+        """Tables and version in one write transaction: two records creating a store at once must
+        not see each other's tables without their version (``executescript`` would commit each)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            if not self._check_version():
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        self.db.execute(statement)
+                self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def _check_version(self) -> bool:
+        """Whether the store has this version's schema (False: an empty database); a store of
+        another version is refused."""
         (version,) = self.db.execute("PRAGMA user_version").fetchone()
         (tables,) = self.db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()
         if tables and version != SCHEMA_VERSION:
@@ -209,6 +292,14 @@ class Store:
                 Located(str(self.root)),
                 "FT014",
             )
+        return bool(tables)
+
+    def fail(self, why: str) -> None:
+        """Stop writing, and say so once: what was committed stays, nothing later is claimed."""
+        if self.failed is None:
+            self.failed = why
+            print(f"flortrain: warning: the store at {self.root} failed ({why}); nothing more is stored"
+                  " for this run, and the script goes on", file=sys.stderr)
 
     def owned(self) -> bool:
         """False in a forked child: it must not write through the parent's connection."""
@@ -217,12 +308,19 @@ class Store:
     def close(self) -> None:
         if self.owned():
             self.db.close()
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
 
     # -- runs --------------------------------------------------------------------------------
     def put_source(self, text: str) -> str:
         sha = hashlib.sha256(text.encode()).hexdigest()
-        self.db.execute("INSERT OR IGNORE INTO sources VALUES (?, ?)", (sha, text))
+        self._put_source(sha, text)
         return sha
+
+    @_writer
+    def _put_source(self, sha: str, text: str) -> None:
+        self.db.execute("INSERT OR IGNORE INTO sources VALUES (?, ?)", (sha, text))
 
     def source(self, sha: str) -> str:
         row = self.db.execute("SELECT text FROM sources WHERE sha=?", (sha,)).fetchone()
@@ -242,24 +340,32 @@ class Store:
              threads, os.getpid(), socket.gethostname(), json.dumps(meta)),
         )
         assert cur.lastrowid is not None
+        # the run is alive while this process (or a child it forked) holds its lock
+        self.lock = RunLock(self.root, cur.lastrowid)
         return cur.lastrowid
 
+    @_writer
     def set_meta(self, run_id: int, meta: dict[str, Any]) -> None:
         """Replace a run's meta: what a run learns while it runs (the project modules a record
         instrumented, as they are imported)."""
         self.db.execute("UPDATE runs SET meta=? WHERE id=?", (json.dumps(meta), run_id))
 
+    @_writer
     def finish_run(self, run_id: int, status: str, exit_code: int) -> None:
         self.db.execute(
             "UPDATE runs SET finished=?, status=?, exit_code=? WHERE id=?",
             (time.time(), status, exit_code, run_id),
         )
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def _run(self, row: tuple[Any, ...]) -> Run:
         (rid, kind, script, cwd, argv, sha, parent, started, finished, status, code, threads, pid,
          host, meta) = row
+        live = status == "running" and host == socket.gethostname() and held(self.root, rid)
         return Run(rid, kind, script, cwd, json.loads(argv), sha, parent, started, finished, status,
-                   code, threads, pid, host, json.loads(meta))
+                   code, threads, pid, host, json.loads(meta), live)
 
     def run(self, run_id: int) -> Run:
         row = self.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
@@ -279,12 +385,11 @@ class Store:
         return None
 
     # -- blocks and checkpoints ------------------------------------------------------------------
+    @_writer
     def put_block(self, run_id: int, key: str, block_id: str, main_id: str, main_inst: int,
                   iteration: int, occurrence: int, state: str, compute_s: float | None = None,
                   materialize_s: float | None = None, restore_s: float | None = None,
                   note: str | None = None, state_sha: dict[str, str] | None = None) -> None:
-        if not self.owned():
-            return
         self.db.execute(
             "INSERT OR REPLACE INTO blocks VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (run_id, key, block_id, main_id, main_inst, iteration, occurrence, state, compute_s,
@@ -321,13 +426,13 @@ class Store:
         sha = write_durably(self.blobs / rel, [data])
         return rel, sha
 
+    @_writer
     def commit_checkpoint(self, run_id: int, key: str, rel: str, sha: str, nbytes: int) -> None:
         """The commit marker: a checkpoint exists only once this row does. Written only after its
         blob (and every tensor object it refers to) is on disk and verified."""
-        if not self.owned():
-            return
         self.db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?)", (run_id, key, rel, sha, nbytes))
 
+    @_writer
     def mark_checkpointed(self, run_id: int, key: str, digests: dict[str, str]) -> None:
         """A block instance's checkpoint committed (a main-loop boundary stays ``boundary``)."""
         self.db.execute(
@@ -336,6 +441,7 @@ class Store:
             (json.dumps(digests), run_id, key),
         )
 
+    @_writer
     def note_block(self, run_id: int, key: str, note: str) -> None:
         self.db.execute("UPDATE blocks SET note=? WHERE run_id=? AND key=?", (note, run_id, key))
 
@@ -356,9 +462,8 @@ class Store:
         return self.reader.read_object(sha)
 
     # -- iterations ------------------------------------------------------------------------------
+    @_writer
     def put_iterations(self, run_id: int, rows: Iterable[IterationRow]) -> None:
-        if not self.owned():
-            return
         self.db.executemany(
             "INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?,?,?)", [(run_id, *r) for r in rows]
         )
@@ -375,6 +480,15 @@ class Store:
             out.setdefault((m, i), []).append((it, t))
         return out
 
+    def last_iteration(self, run_id: int) -> tuple[str, int, int] | None:
+        """The main-loop iteration a run reached last (main id, entry, iteration): where a killed
+        record stopped, to within the commit interval."""
+        row = self.db.execute(
+            "SELECT main_id, main_inst, iteration FROM iterations WHERE run_id=? ORDER BY rowid DESC LIMIT 1",
+            (run_id,),
+        ).fetchone()
+        return None if row is None else (str(row[0]), int(row[1]), int(row[2]))
+
     def iteration_scalars(self, run_id: int) -> dict[tuple[str, int, int], dict[str, Any] | None]:
         """Per main-loop iteration of a run, the carried scalars recorded at its start (None where
         none were recorded): every iteration the run reached is a key."""
@@ -385,9 +499,8 @@ class Store:
             )
         }
 
+    @_writer
     def put_jump(self, run_id: int, main_id: str, main_inst: int, first: int, resumed: int) -> None:
-        if not self.owned():
-            return
         self.db.execute("INSERT OR REPLACE INTO jumps VALUES (?,?,?,?,?)", (run_id, main_id, main_inst, first, resumed))
 
     def jumped(self, run_id: int) -> set[tuple[str, int, int]]:
@@ -408,9 +521,8 @@ class Store:
         }
 
     # -- logs ------------------------------------------------------------------------------------
+    @_writer
     def put_logs(self, run_id: int, entries: Iterable[LogEntry]) -> None:
-        if not self.owned():
-            return
         rows = [
             (run_id, e.seq, e.text, e.main_id, e.main_inst, e.iteration, e.region, int(e.probe),
              None if e.segments is None else json.dumps(e.segments))
@@ -449,11 +561,11 @@ def write_durably(path: Path, chunks: Iterable[Any], fsync: bool = False) -> str
     commits too. So by default there is no fsync: every read verifies the sha256, and a blob a
     power loss truncated is a missing checkpoint (its instance re-executes), never a wrong one.
     ``fsync`` is for callers that need more."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     h = hashlib.sha256()
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
             for c in chunks:
                 h.update(c)
                 f.write(c)
@@ -476,12 +588,12 @@ def _safe(key: str) -> str:
 NO_STORE = "FT013"
 
 
-def open_store(explicit: str | None = None, create: bool = True) -> Store:
+def open_store(explicit: str | None = None, create: bool = True, trust: bool = False) -> Store:
     """The store; commands that only read it (``runs``, ``diff``) never create one."""
     root = store_path(explicit)
     if not create:
         _require_existing(root)
-    return Store(root)
+    return Store(root, trust)
 
 
 def _require_existing(root: Path) -> None:

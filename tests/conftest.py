@@ -1,0 +1,60 @@
+"""Test-session settings.
+
+The suite runs two pytest workers on a two-core machine, and nearly every test starts training
+processes. With torch's default of one intra-op thread per core, two workers' trainings would
+run four OpenMP threads on two cores, and spin-waiting threads slow each other badly
+(docs/parallel.md measured 2.66x for two 2-thread trainings side by side). So subprocesses get one
+intra-op thread unless a test asks for more: the ground truth (``python script.py``), the record
+and the replay all inherit the same setting, so every comparison stays like for like. The tests
+that are about thread counts set ``OMP_NUM_THREADS`` themselves (test_runtime's pinning test
+records with one thread and replays under two; test_parallel's direct-resume test trains with two).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+# -- the fault-injection suite's figures (tests/test_fault_injection.py) ------------------------
+# Each of its tests adds the figures of its trials; they are summed and printed at the end of
+# the run, also when pytest-xdist ran the tests in worker processes (which send them back).
+_FIGURES: list[dict[str, Any]] = []
+
+
+@pytest.fixture
+def fault_figures() -> list[dict[str, Any]]:
+    return _FIGURES
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["fault_figures"] = json.dumps(_FIGURES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    _FIGURES.extend(json.loads(getattr(node, "workeroutput", {}).get("fault_figures", "[]")))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _FIGURES:
+        return
+    total: dict[str, int] = {}
+    for f in _FIGURES:
+        for k, v in f.items():
+            if isinstance(v, int):
+                total[k] = total.get(k, 0) + v
+    kinds: dict[str, int] = {}
+    for f in _FIGURES:
+        for k, v in f["faults_by_kind"].items():
+            kinds[k] = kinds.get(k, 0) + v
+    terminalreporter.write_sep("-", "fault injection (short mode; benchmarks/fault_injection.py is the long one)")
+    terminalreporter.write_line(", ".join(f"{k.replace('_', ' ')} {v}" for k, v in total.items()))
+    terminalreporter.write_line("faults by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
