@@ -170,6 +170,16 @@ class Fixture:
         self.truth = _run([sys.executable, "train.py"], self.dir)
         self.seconds = time.perf_counter() - t0
         self._probed: dict[str, list[str]] = {}
+        self.pristine_run = 0
+
+    def pristine_copy(self, store: Path) -> int:
+        """A copy of one complete record of this fixture (checkpoints at every instance), made
+        once: each store fault damages its own copy. Returns the record's run id."""
+        pristine = self.dir / "pristine-store"
+        if not pristine.exists():
+            self.pristine_run = _complete_record(self, pristine)
+        shutil.copytree(pristine, store, symlinks=True)
+        return self.pristine_run
 
     def probed_truth(self, kind: str) -> list[str]:
         if kind not in self._probed:
@@ -333,7 +343,7 @@ def store_fault_trial(fault: str, fx: Fixture, base: Path, rng: random.Random, t
     if fault == "enospc":
         _full_disk_record(fx, store, rng, kind, tally)
         return
-    run_id = _complete_record(fx, store)
+    run_id = fx.pristine_copy(store)
     env: dict[str, str] = {}
     warned = ""
     if fault.startswith(("blob-", "object-")):
@@ -391,7 +401,7 @@ def _corrupt_page(db_path: Path, rng: random.Random) -> None:
 def _locked_record(fx: Fixture, store: Path, rng: random.Random, kind: str, tally: Tally) -> None:
     """Another process holds the database's write lock in the middle of a record: the record's
     writes time out, and training must go on untouched."""
-    _complete_record(fx, store)  # the store and its database exist before the lock is taken
+    fx.pristine_copy(store)  # the store and its database exist before the lock is taken
     p = subprocess.Popen(
         [sys.executable, "-m", "flortrain", "--store", str(store), "record", "train.py"],
         cwd=fx.dir, env={**os.environ, **EVERY, "FLORTRAIN_DB_TIMEOUT": "1", "FLORTRAIN_COMMIT_INTERVAL": "0"},

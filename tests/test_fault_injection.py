@@ -22,12 +22,12 @@ def _check(tally: Tally, figures: list[dict[str, Any]]) -> None:
     assert tally.later_records_ok == tally.later_records, tally.figures()
 
 
-@pytest.mark.parametrize(("seed", "fixtures"), [(1, ("module_level", "while_early_stop")), (2, ("dataloader_workers", "rnn_hidden"))])
+@pytest.mark.parametrize(("seed", "fixtures"), [(1, ("while_early_stop",)), (2, ("dataloader_workers",))])
 def test_records_killed_at_random_moments(
     seed: int, fixtures: tuple[str, ...], tmp_path: Path, fault_figures: list[dict[str, Any]]
 ) -> None:
-    tally = run_suite(tmp_path, seed, kills=3, store_faults=0, fixtures=fixtures)
-    assert len(tally.trials) == 3
+    tally = run_suite(tmp_path, seed, kills=2, store_faults=0, fixtures=fixtures)
+    assert len(tally.trials) == 2
     _check(tally, fault_figures)
     # a kill that lands after the run began leaves a run whose checkpoints all verified
     assert any(t.outcome == "exact" for t in tally.trials), tally.trials

@@ -31,11 +31,12 @@ EXECUTES = {"reinforce": "autograd graph", "actor_critic": "autograd graph"}
 PARALLEL = frozenset({"nanogpt", "mnist"})
 
 
-def _cases() -> list[tuple[str, str]]:
+def _shapes() -> list[tuple[str, tuple[str, ...]]]:
+    """Each real-code shape with the probe kinds it marks."""
     out = []
     for p in sorted(REALCODE.glob("*.py")):
         kinds = sorted({m.group("kind") for line in p.read_text().splitlines() if (m := MARKER.match(line))})
-        out.extend((p.stem, k) for k in kinds)
+        out.append((p.stem, tuple(kinds)))
     return out
 
 
@@ -60,8 +61,10 @@ def _record(name: str, into: Path) -> tuple[Path, str, str]:
     return script, truth.out, rec.err
 
 
-@pytest.mark.parametrize(("name", "kind"), _cases())
-def test_realcode_replay_is_exact(name: str, kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "kinds"), _shapes())
+def test_realcode_replay_is_exact(name: str, kinds: tuple[str, ...], tmp_path: Path) -> None:
+    """One record of the shape, then a replay of every probe kind it marks (each replay is
+    checked against its own plain probed run, and by diff)."""
     script, truth, record_err = _record(name, tmp_path)
     original = script.read_text()
     states = block_states(tmp_path / ".flortrain", 1)
@@ -69,7 +72,11 @@ def test_realcode_replay_is_exact(name: str, kind: str, tmp_path: Path) -> None:
         assert EXECUTES[name] in record_err
     else:
         assert states.get("checkpointed", 0) > 0, states
+    for kind in kinds:
+        _replay_kind(name, kind, script, original, truth, tmp_path)
 
+
+def _replay_kind(name: str, kind: str, script: Path, original: str, truth: str, tmp_path: Path) -> None:
     script.write_text(_probed(original, kind))
     expected = plain(script)
     assert expected.code == 0, expected.err
