@@ -407,7 +407,12 @@ def _locked_record(fx: Fixture, store: Path, rng: random.Random, kind: str, tall
         cwd=fx.dir, env={**os.environ, **EVERY, "FLORTRAIN_DB_TIMEOUT": "1", "FLORTRAIN_COMMIT_INTERVAL": "0"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    time.sleep(rng.uniform(0.3, max(0.4, fx.seconds)))
+    assert p.stderr is not None
+    first = ""
+    for first in p.stderr:  # the run has begun (a lock before it is a refusal to start, not this)
+        if first.startswith("flortrain: record run "):
+            break
+    time.sleep(rng.uniform(0.0, fx.seconds * 0.8))
     holder = sqlite3.connect(store / "flortrain.db", isolation_level=None, timeout=30)
     holder.execute("BEGIN EXCLUSIVE")
     try:
@@ -415,6 +420,7 @@ def _locked_record(fx: Fixture, store: Path, rng: random.Random, kind: str, tall
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+    err = first + err
     if out != fx.truth.out or p.returncode != fx.truth.code:
         tally.add(Trial("db-locked-record", fx.name, "broken", f"exit {p.returncode}: {err[-300:]}"))
         return
