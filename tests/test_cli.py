@@ -238,6 +238,42 @@ def test_probe_that_rebinds_a_training_name_is_refused(work: Path) -> None:
     assert "FT023" in one_line_error(invoke("replay", "train.py"))
 
 
+@pytest.mark.parametrize(
+    ("probe", "says"),
+    [
+        ("w[0] = 0.0", "assigns to `w[0]`"),
+        ("w[1] += 1.0", "assigns to `w[1]`"),
+        ("history.append(0.0)", "calls `history.append()`"),
+        ("history.sort()", "calls `history.sort()`"),
+        ("random.shuffle(data)", "calls `random.shuffle()` on `data`"),
+    ],
+)
+def test_probe_that_changes_training_state_is_refused(work: Path, probe: str, says: str) -> None:
+    # Without the refusal this replays "exactly" and diff passes, because the restored
+    # checkpoints overwrite the change, while `python` on the probed script trains differently:
+    # a silent disagreement with the ground truth.
+    assert invoke("record", "train.py").exit_code == 0
+    (work / "train.py").write_text(SCRIPT.replace("    history.append(total)\n", f"    history.append(total)\n    {probe}\n"))
+    line = one_line_error(invoke("replay", "train.py"))
+    assert "train.py:18:1: FT025" in line and says in line, line
+
+
+@pytest.mark.parametrize(
+    "probe",
+    [
+        "print('PROBE', sorted(history)[:1], w[:1], len(data))",  # sorted() copies; slices copy
+        "snap = list(w); snap.append(0.0); print('PROBE', snap)",  # the probe's own list
+        "print('PROBE', random.random())",  # the global stream is restored after the probe
+    ],
+)
+def test_probes_that_only_observe_replay(work: Path, probe: str) -> None:
+    assert invoke("record", "train.py").exit_code == 0
+    (work / "train.py").write_text(SCRIPT.replace("    history.append(total)\n", f"    history.append(total)\n    {probe}\n"))
+    r = invoke("replay", "train.py")
+    assert r.exit_code == 0, r.stderr
+    assert probe_lines(r.stdout) and "FT025" not in r.stderr
+
+
 def test_replay_without_record_and_diff_without_replay(work: Path) -> None:
     assert "FT013" in one_line_error(invoke("diff"))  # read-only commands never create a store
     assert invoke("runs", "--json").stdout.strip() == "[]"

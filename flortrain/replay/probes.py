@@ -22,6 +22,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from flortrain.errors import FlortrainError, Located
+from flortrain.replay.observation import imported_names, mutation
 from flortrain.static.source import Source, parse
 
 
@@ -200,6 +201,7 @@ def find_probes(recorded: str, current_text: str, path: str, run_id: int) -> Pro
         )
     probes.sort(key=lambda p: p.line)
     used = _names_used(recorded)
+    modules = imported_names(cst.parse_module(recorded))
     out: list[Probe] = []
     for n, p in enumerate(probes, 1):
         for node in _walk(p.node):
@@ -212,6 +214,14 @@ def find_probes(recorded: str, current_text: str, path: str, run_id: int) -> Pro
                 f"probe rebinds `{rebinds[0]}`, which the recorded script uses; give probe variables new names",
                 Located(path, p.line, 1),
                 "FT023",
+            )
+        changes = mutation(p.node, used, modules)
+        if changes:
+            raise FlortrainError(
+                f"probe {changes}, which changes training state: a plain run of this script would"
+                " train differently, and the replay cannot show that; probes may only observe",
+                Located(path, p.line, 1),
+                "FT025",
             )
         out.append(Probe(n, p.line, p.end_line, p.code, p.node))
     return ProbeSet(line_map, tuple(out), current)
