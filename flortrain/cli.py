@@ -89,14 +89,17 @@ def cli(ctx: click.Context, store: str | None, trust: bool) -> None:
 @click.option("--epsilon", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EPS",
               help="Record overhead tolerance of the adaptive checkpoint period (default 1/15; "
               "env FLORTRAIN_EPSILON).")
+@click.option("--resume", "resume", type=int, default=None, metavar="RUN",
+              help="Continue the killed record RUN of SCRIPT from its last committed main-loop boundary "
+              "checkpoint, into the same run (its arguments are reused).")
 @click.pass_context
 @_one_line_errors
-def record(ctx: click.Context, script: str, args: tuple[str, ...], epsilon: float | None) -> None:
+def record(ctx: click.Context, script: str, args: tuple[str, ...], epsilon: float | None, resume: int | None) -> None:
     """Run SCRIPT instrumented, checkpointing its memoized loops. Its stdout is unchanged.
     Options go before SCRIPT; everything after it is the script's."""
     from flortrain.record import record as do_record
 
-    sys.exit(do_record(script, list(args), ctx.obj["store"], epsilon, ctx.obj["trust"]))
+    sys.exit(do_record(script, list(args), ctx.obj["store"], epsilon, ctx.obj["trust"], resume))
 
 
 @cli.command()

@@ -9,13 +9,15 @@ import time
 from typing import Any
 
 from flortrain import knobs
+from flortrain.errors import FlortrainError, Located
 from flortrain.instrument import compile_for, instrument_file
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
-from flortrain.runtime.launch import execute, intra_op_threads, project_uses_torch
-from flortrain.runtime.session import Session
+from flortrain.runtime.launch import execute, intra_op_threads, pin_threads, project_uses_torch
+from flortrain.runtime.session import ReplaySource, Session
+from flortrain.runtime.spans import Segment, SpanReplay
 from flortrain.static.plan import UNTRACKED, Plan
 from flortrain.static.source import read_text
-from flortrain.store.db import Store, open_store
+from flortrain.store.db import Run, Store, open_store
 
 
 def _versions() -> dict[str, str]:
@@ -60,14 +62,35 @@ def _untracked(shown: str, plan: Plan, session: Session) -> None:
         print(f"flortrain: {shown}:{u.line}:{u.col}: {UNTRACKED}", file=sys.stderr)
 
 
+def _resumable(store: Store, run_id: int, script: str, text: str, args: list[str]) -> tuple[Run, tuple[str, int, int]]:
+    """The killed record ``run_id`` of ``script`` and where it can continue, or a one-line refusal."""
+    where = Located(script)
+    run = store.run(run_id)
+    if run.kind != "record" or run.script != os.path.abspath(script):
+        raise FlortrainError(f"run {run_id} is not a record of this script", where, "FT040")
+    if run.effective_status != "incomplete":
+        raise FlortrainError(f"run {run_id} is {run.effective_status}; only a killed record can be resumed", where, "FT040")
+    if store.source(run.source_sha) != text:
+        raise FlortrainError(f"{script} changed since run {run_id}; a resumed record must run the recorded source", where, "FT040")
+    if args:
+        raise FlortrainError(f"--resume reuses run {run_id}'s arguments ({' '.join(run.argv)}); give none", where, "FT040")
+    point = store.resume_point(run_id)
+    if point is None:
+        raise FlortrainError(
+            f"run {run_id} committed no main-loop boundary checkpoint to continue from; record it again", where, "FT041"
+        )
+    return run, point
+
+
 def record(
-    script: str, args: list[str], store_dir: str | None, epsilon: float | None = None, trust: bool = False
+    script: str, args: list[str], store_dir: str | None, epsilon: float | None = None, trust: bool = False,
+    resume: int | None = None,
 ) -> int:
     knobs.validate()
     text = read_text(script)
     inst = instrument_file(script, text)
     code = compile_for(os.path.abspath(script), inst.code_text, text)
-    store = open_store(store_dir, trust=trust)
+    store = open_store(store_dir, create=resume is None, trust=trust)
     torch_script = project_uses_torch(script, text)
     threads = intra_op_threads(torch_script)
     plan = inst.plan
@@ -77,16 +100,39 @@ def record(
         "blocks": [b.id for b in plan.blocks],
         "refused": [f"{r.span.line}: {r.reason}" for r in plan.refused],
     }
-    run_id = store.begin_run("record", os.path.abspath(script), args, text, None, threads, meta)
-    print(
-        f"flortrain: record run {run_id}: {len(plan.main_loops)} main loop(s), {len(plan.blocks)} memoized"
-        f" loop(s), {len(plan.refused)} refused (see `flortrain instrument --explain`)",
-        file=sys.stderr,
-    )
+    if resume is None:
+        run_id = store.begin_run("record", os.path.abspath(script), args, text, None, threads, meta)
+        print(
+            f"flortrain: record run {run_id}: {len(plan.main_loops)} main loop(s), {len(plan.blocks)} memoized"
+            f" loop(s), {len(plan.refused)} refused (see `flortrain instrument --explain`)",
+            file=sys.stderr,
+        )
+    else:
+        killed, point = _resumable(store, resume, script, text, args)
+        run_id, args, threads = killed.id, killed.argv, killed.threads
+        pin_threads(threads)
+        kept, t = store.truncate_for_resume(run_id, *point)
+        resumed: list[Any] = [*killed.meta.get("resumed", []), {"at": list(point), "t": time.time()}]
+        meta = {**killed.meta, "resumed": resumed}
+        store.reopen_run(run_id, meta)
+        print(
+            f"flortrain: record run {run_id} resumes at main loop {point[0]} iteration {point[2]}"
+            f"{f' (entry {point[1]})' if point[1] else ''}, its last committed boundary checkpoint;"
+            " what it printed before that is not printed again",
+            file=sys.stderr,
+        )
     for r in plan.refused:
         print(f"flortrain: {script}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
     store.guarded = True  # from here on the store failing must not break training
     session = Session("record", store, run_id)
+    if resume is not None:
+        m, entry, k = point
+        session.resume, session.resume_seq = point, kept
+        session.started -= t  # iteration times continue the killed run's clock
+        session.replay = ReplaySource(
+            run_id, frozenset(), store.checkpoints(run_id),
+            SpanReplay({}, {}, {(m, entry): [k]}, segment=Segment(m, entry, k, None)),
+        )
     if epsilon is not None:
         session.adaptive.epsilon = epsilon
     measured = store.restore_ratio(os.path.abspath(script))

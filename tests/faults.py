@@ -19,7 +19,10 @@ Faults:
   and DataLoader workers too) at a random moment. Then the store must open, the run must read as
   incomplete, every checkpoint marked complete must verify by hash, a probed replay of the
   incomplete run must be exact and say where the record stopped, and (once per fixture, after
-  its trials) a complete record of the same script into the same store must be unaffected;
+  its trials) a complete record of the same script into the same store must be unaffected.
+  The killed run is then resumed (``record --resume``): it must print the rest of python's
+  output, its whole log must be python's output, and its probed replay must be exact (or it
+  refuses in one line when no boundary checkpoint was committed);
 - ``blob-truncated``, ``blob-bitflip``, ``blob-missing``, ``object-truncated``,
   ``object-missing``: damage one checkpoint file of a complete record, then replay;
 - ``db-corrupt``: overwrite one page of the SQLite database with garbage, then replay;
@@ -129,6 +132,8 @@ class Tally:
     later_records: int = 0
     checkpoints_verified: int = 0
     warnings_naming_damage: int = 0
+    resumed: int = 0
+    resumes_refused: int = 0
 
     def add(self, t: Trial) -> None:
         self.trials.append(t)
@@ -146,6 +151,8 @@ class Tally:
             "training_runs_broken": outcomes["broken"],
             "checkpoints_verified_after_kill": self.checkpoints_verified,
             "warnings_naming_the_damage": self.warnings_naming_damage,
+            "killed_records_resumed_exactly": self.resumed,
+            "resumes_refused_no_boundary": self.resumes_refused,
             "later_complete_records_unaffected": f"{self.later_records_ok} of {self.later_records}",
             "by_fault_and_outcome": {
                 f: dict(Counter(t.outcome for t in self.trials if t.fault == f)) for f in sorted(by_fault)
@@ -294,7 +301,33 @@ def kill_trial(fx: Fixture, store: Path, rng: random.Random, tally: Tally) -> No
     outcome, detail = fx.judge(rep, d, kind)
     if outcome == "exact" and not finished and "stopped" not in rep.err:
         outcome, detail = "wrong", "the replay did not say where the record stopped"
+    if outcome == "exact" and not finished:
+        outcome, detail = resume_trial(fx, store, int(run["id"]), kind, tally)  # type: ignore[call-overload]
     tally.add(Trial("kill", fx.name, outcome, f"{what}: {detail}" if detail else what))
+
+
+def resume_trial(fx: Fixture, store: Path, run_id: int, kind: str, tally: Tally) -> tuple[str, str]:
+    """``record --resume`` of the killed run: it continues from the last committed boundary and
+    prints the rest of what python prints; the run's whole log is then python's output, and a
+    probed replay of it is exact. Or it refuses in one line (no boundary was committed)."""
+    res = _ft(fx.dir, store, "record", "--resume", str(run_id), "train.py")
+    if res.code == 2 and clean_refusal(res) and "FT041" in res.err:
+        tally.resumes_refused += 1
+        return "exact", "resume refused: no boundary committed"
+    if res.code != fx.truth.code or not fx.truth.out.endswith(res.out):
+        return "broken", f"resumed record exit {res.code}, not the rest of python's output: {res.err[-300:]}"
+    db = sqlite3.connect(store / "flortrain.db")
+    try:
+        logged = [t for (t,) in db.execute("SELECT text FROM logs WHERE run_id=? ORDER BY seq", (run_id,))]
+    finally:
+        db.close()
+    if logged != fx.truth.out.splitlines():
+        return "wrong", "the resumed run's log is not python's output"
+    rep, d = fx.replay(store, kind, "--run", str(run_id))
+    outcome, detail = fx.judge(rep, d, kind)
+    if outcome == "exact":
+        tally.resumed += 1
+    return outcome, detail and f"after resume: {detail}"
 
 
 def later_record(fx: Fixture, store: Path, tally: Tally) -> None:

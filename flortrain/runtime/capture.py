@@ -29,9 +29,14 @@ class Tee(io.TextIOBase):
         self.pending: list[LogEntry] = []
         self.seq = 0
         self.unterminated = False  # the output ended without a newline
+        #: neither written through nor captured: a resumed record's re-run of what the killed
+        #: run already printed (up to the iteration it resumes at)
+        self.muted = False
 
     # the file protocol scripts and libraries use
     def write(self, s: str) -> int:
+        if self.muted:
+            return len(s)
         n = self.stream.write(s)
         if os.getpid() != self.pid or not s:
             return n  # a forked child (DataLoader worker) prints through, uncaptured

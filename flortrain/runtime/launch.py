@@ -75,6 +75,8 @@ def execute(
     session.note_initial_streams()
     tee = Tee(sys.stdout, session.context, lambda entries: session.store.put_logs(session.run_id, entries))
     session.tee = tee
+    if session.resume is not None:  # the killed run's log is kept up to the resumed iteration
+        tee.seq, tee.muted = session.resume_seq, True
     saved_stdout = sys.stdout
     sys.stdout = tee
     _session.current = session

@@ -73,6 +73,9 @@ class Session:
     #: a parallel-replay worker's output positions (captured-line numbers) where its segment's
     #: main loop was entered ("enter") and where it left it or stopped ("exit")
     marks: dict[str, int] = field(default_factory=dict)
+    #: ``record --resume``: the (main id, entry, iteration) to continue a killed run at
+    resume: tuple[str, int, int] | None = None
+    resume_seq: int = 0  # the killed run's captured lines kept: the resumed log continues there
 
     def __post_init__(self) -> None:
         if self.replay is not None and self.replay.spans is not None:
@@ -162,14 +165,17 @@ class Session:
         scalars: str | None = None
         if objects is not None and names is not None:
             if self.mode == "record":
+                boundary = self._resume_jump(main_id, i, objects) if self.resume is not None else None
                 scalars = scalars_json(names)
-                boundary = self._record_boundary(main_id, i, objects, names, values)
+                if boundary is None:
+                    boundary = self._record_boundary(main_id, i, objects, names, values)
             else:
                 boundary = self._jump(main_id, i, objects, values, frame)
         state = rng.capture()
         key = (main_id, self.main[1], self.main[2])
         t = time.perf_counter() - self.started
-        self._iterations.append((*key, self._boundary_digests(state), rng.encode(state), scalars, t))
+        seq = self.tee.seq if self.tee is not None else None
+        self._iterations.append((*key, self._boundary_digests(state), rng.encode(state), scalars, t, seq))
         # Commit what was printed and the boundary states, at most once per commit interval: a
         # killed run loses at most that much, and a step-based main loop does not pay a
         # transaction per step.
@@ -181,6 +187,28 @@ class Session:
             self.store.put_iterations(self.run_id, self._iterations)
             self._iterations = []
         return boundary
+
+    def _resume_jump(self, main_id: str, i: int, objects: Getters) -> Boundary | None:
+        """``record --resume``: at the resumed main loop's first iteration, restore the killed
+        run's boundary checkpoint and continue recording from there; its output from then on is
+        printed and captured again (the Tee was muted until here)."""
+        assert self.resume is not None and self.main is not None
+        target_main, entry, k = self.resume
+        if main_id != target_main or self.main[1] != entry:
+            return None
+        pending, self._jump_pending = self._jump_pending, None
+        b = pending[2] if pending is not None and pending[0] == main_id else None
+        if b is None and main_id not in self._driven and i < k:
+            b = self._load_boundary(main_id, entry, k)
+        if b is None:
+            raise RuntimeError(f"flortrain: cannot resume at {main_id} iteration {k}: its boundary checkpoint did not load")
+        self.resume, self.replay = None, None  # from here on, an ordinary record
+        b.restore(self, objects)
+        b.jumped_to = k
+        self.main[2] = k
+        if self.tee is not None:
+            self.tee.muted = False
+        return b
 
     def _record_boundary(
         self, main_id: str, i: int, objects: Getters, names: Getters, values: tuple[str, ...]

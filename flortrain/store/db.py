@@ -34,7 +34,7 @@ from flortrain.store.trust import (
 
 #: Bumped whenever a table changes. ``CREATE TABLE IF NOT EXISTS`` never migrates, so a store
 #: written by another version must be refused when it is opened, not fail in the middle of a run.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (sha TEXT PRIMARY KEY, text TEXT NOT NULL);
@@ -91,6 +91,8 @@ CREATE TABLE IF NOT EXISTS iterations (
                                       -- of the iteration (iteration spans evaluate probe guards)
     t REAL,                           -- seconds since the run's session began, at the start (the
                                       -- parallel replay planner's per-iteration cost)
+    seq INTEGER,                      -- stdout lines captured before it started (where a resumed
+                                      -- record's log continues)
     PRIMARY KEY (run_id, main_id, main_inst, iteration)
 );
 CREATE TABLE IF NOT EXISTS jumps (    -- replay: main-loop iterations skipped as a span
@@ -154,8 +156,8 @@ class Run:
 
 
 #: One main-loop iteration's row: main id, entry, iteration, RNG digests, encoded RNG state,
-#: carried scalars (JSON), start time in seconds since the session began.
-IterationRow = tuple[str, int, int, str, bytes | None, str | None, float | None]
+#: carried scalars (JSON), start time in seconds since the session began, captured lines before it.
+IterationRow = tuple[str, int, int, str, bytes | None, str | None, float | None, int | None]
 
 
 @dataclass(frozen=True)
@@ -465,7 +467,7 @@ class Store:
     @_writer
     def put_iterations(self, run_id: int, rows: Iterable[IterationRow]) -> None:
         self.db.executemany(
-            "INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?,?,?)", [(run_id, *r) for r in rows]
+            "INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?,?,?,?)", [(run_id, *r) for r in rows]
         )
 
     def iteration_times(self, run_id: int) -> dict[tuple[str, int], list[tuple[int, float]]]:
@@ -488,6 +490,54 @@ class Store:
             (run_id,),
         ).fetchone()
         return None if row is None else (str(row[0]), int(row[1]), int(row[2]))
+
+    # -- resuming a killed record ----------------------------------------------------------------
+    def resume_point(self, run_id: int) -> tuple[str, int, int] | None:
+        """The latest main-loop boundary of a run that a record can continue from: its checkpoint
+        committed, and its iteration row too (that row was committed with every line printed
+        before the iteration began, so the log up to it is whole)."""
+        row = self.db.execute(
+            "SELECT b.main_id, b.main_inst, b.iteration FROM blocks b"
+            " JOIN checkpoints c ON c.run_id = b.run_id AND c.key = b.key"
+            " JOIN iterations i ON i.run_id = b.run_id AND i.main_id = b.main_id"
+            "  AND i.main_inst = b.main_inst AND i.iteration = b.iteration AND i.seq IS NOT NULL"
+            " WHERE b.run_id = ? AND b.state = 'boundary' ORDER BY i.rowid DESC LIMIT 1",
+            (run_id,),
+        ).fetchone()
+        return None if row is None else (str(row[0]), int(row[1]), int(row[2]))
+
+    def truncate_for_resume(self, run_id: int, main_id: str, entry: int, iteration: int) -> tuple[int, float]:
+        """Forget what a killed run recorded from the start of ``iteration`` on (a resumed record
+        executes it again), in one transaction. Returns how many captured lines are kept and the
+        iteration's start time, where the resumed record's log and clock continue."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            rowid, seq, t = self.db.execute(
+                "SELECT rowid, seq, t FROM iterations WHERE run_id=? AND main_id=? AND main_inst=? AND iteration=?",
+                (run_id, main_id, entry, iteration),
+            ).fetchone()
+            key = f"{main_id}@{main_id}.{entry}.{iteration}#0"
+            (brow,) = self.db.execute("SELECT rowid FROM blocks WHERE run_id=? AND key=?", (run_id, key)).fetchone()
+            self.db.execute("DELETE FROM iterations WHERE run_id=? AND rowid >= ?", (run_id, rowid))
+            self.db.execute("DELETE FROM blocks WHERE run_id=? AND rowid > ?", (run_id, brow))
+            self.db.execute(
+                "DELETE FROM checkpoints WHERE run_id=? AND key NOT IN (SELECT key FROM blocks WHERE run_id=?)",
+                (run_id, run_id),
+            )
+            self.db.execute("DELETE FROM logs WHERE run_id=? AND seq >= ?", (run_id, seq))
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+        return int(seq), float(t or 0.0)
+
+    def reopen_run(self, run_id: int, meta: dict[str, Any]) -> None:
+        """A killed record continues: running again, in this process, under its lock."""
+        self.db.execute(
+            "UPDATE runs SET status='running', finished=NULL, exit_code=NULL, pid=?, host=?, meta=? WHERE id=?",
+            (os.getpid(), socket.gethostname(), json.dumps(meta), run_id),
+        )
+        self.lock = RunLock(self.root, run_id)
 
     def iteration_scalars(self, run_id: int) -> dict[tuple[str, int, int], dict[str, Any] | None]:
         """Per main-loop iteration of a run, the carried scalars recorded at its start (None where

@@ -1,0 +1,123 @@
+"""``flortrain record --resume RUN``: a killed record continues from its last committed main-loop
+boundary checkpoint, into the same run. It prints the rest of what ``python`` prints (not what
+the killed run already printed), the run's whole log is then python's output, and a probed
+replay of it is exact. The fault-injection harness (tests/faults.py) also resumes every run it
+kills; these are the deterministic cases and the refusals."""
+
+from __future__ import annotations
+
+import sqlite3
+import textwrap
+from pathlib import Path
+
+from tests.protocol import copy_fixture, flortrain, latest_run, plain, probe_lines
+
+#: every boundary checkpointed and committed before training goes on, so where the kill leaves
+#: the run does not depend on timing
+KILLABLE = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_COMMIT_INTERVAL": "0", "FLORTRAIN_MATERIALIZER": "sync"}
+
+SCRIPT = textwrap.dedent(
+    """\
+    import os
+    import random
+    import signal
+
+    random.seed(3)
+    w = [0.0, 0.0]
+    data = [(random.random(), random.random()) for _ in range(30)]
+    print("setup done")
+    for epoch in range(6):
+        random.shuffle(data)
+        total = 0.0
+        for x, y in data:
+            err = w[0] * x + w[1] - y
+            w[0] -= 0.1 * err * x
+            w[1] -= 0.1 * err
+            total += err * err
+        #PROBE
+        print(f"epoch {epoch} loss {total:.12f} draw {random.random():.6f}")
+        if epoch == KILL_AT and os.path.exists("KILL"):
+            os.kill(os.getpid(), signal.SIGKILL)
+    print("done", w)
+    """
+)
+
+
+def _log(tmp: Path, run_id: int) -> list[str]:
+    db = sqlite3.connect(tmp / ".flortrain" / "flortrain.db")
+    try:
+        return [t for (t,) in db.execute("SELECT text FROM logs WHERE run_id=? ORDER BY seq", (run_id,))]
+    finally:
+        db.close()
+
+
+def _killed(tmp: Path, text: str, *args: str) -> tuple[Path, str]:
+    """Record ``text`` until it kills itself; returns the script and what python prints unkilled."""
+    script = tmp / "train.py"
+    script.write_text(text)
+    truth = plain(script, list(args))
+    (tmp / "KILL").touch()
+    rec = flortrain(tmp, "record", "train.py", *args, env=KILLABLE)
+    assert rec.code == -9 and truth.out.startswith(rec.out), rec.err
+    (tmp / "KILL").unlink()
+    assert latest_run(tmp)["status"] == "incomplete"
+    return script, truth.out
+
+
+def test_a_killed_record_resumes_where_it_stopped(tmp_path: Path) -> None:
+    text = SCRIPT.replace("KILL_AT", "3")
+    script, truth = _killed(tmp_path, text)
+    res = flortrain(tmp_path, "record", "--resume", "1", "train.py", env=KILLABLE)
+    assert res.code == 0, res.err
+    assert "resumes at main loop M9 iteration 3" in res.err
+    # the rest of python's output, from the start of the resumed iteration (random draws included)
+    assert res.out == truth[truth.index("epoch 3 loss"):]
+    run = latest_run(tmp_path)
+    assert run["id"] == 1 and run["status"] == "complete"
+    assert _log(tmp_path, 1) == truth.splitlines()  # one run, one whole log
+    script.write_text(text.replace("    #PROBE", "    print('PROBE', epoch, repr(w[0]))"))
+    want = probe_lines(plain(script).out)
+    rep = flortrain(tmp_path, "replay", "train.py", env=KILLABLE)
+    assert rep.code == 0 and probe_lines(rep.out) == want, rep.err
+    d = flortrain(tmp_path, "diff")
+    assert d.code == 0 and "RNG streams equal at 6" in d.out, d.out + d.err
+
+
+def test_a_killed_torch_record_resumes_with_its_arguments(tmp_path: Path) -> None:
+    script = copy_fixture("module_level", tmp_path)
+    text = "import os, signal\n" + script.read_text().replace(
+        "\nprint(f\"final weight sum",
+        "\n    if epoch == 1 and os.path.exists('KILL'):\n        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "print(f\"final weight sum",
+    )
+    assert text.count("os.kill") == 1
+    script, truth = _killed(tmp_path, text, "--epochs", "4")
+    res = flortrain(tmp_path, "record", "--resume", "1", "train.py", env=KILLABLE)
+    assert res.code == 0, res.err
+    assert res.out == truth[truth.index("epoch 1 step 0"):]  # the recorded --epochs 4 is reused
+    assert _log(tmp_path, 1) == truth.splitlines()
+    marker = "        # flortrain-probe inner: "
+    line = next(ln for ln in text.splitlines() if ln.startswith(marker))
+    script.write_text(text.replace(line, "        " + line[len(marker):]))
+    want = probe_lines(plain(script, ["--epochs", "4"]).out)
+    rep = flortrain(tmp_path, "replay", "train.py", env=KILLABLE)
+    assert rep.code == 0 and probe_lines(rep.out) == want, rep.err
+    assert flortrain(tmp_path, "diff").code == 0
+
+
+def _refused(r: object, code: str, says: str) -> None:
+    lines = [ln for ln in r.err.splitlines() if ln.strip()]  # type: ignore[attr-defined]
+    assert r.code == 2 and len(lines) == 1 and code in lines[0] and says in lines[0], r.err  # type: ignore[attr-defined]
+
+
+def test_what_cannot_be_resumed_is_refused(tmp_path: Path) -> None:
+    # killed in its first iteration: no boundary was committed (iteration 0's is never taken)
+    _killed(tmp_path, SCRIPT.replace("KILL_AT", "0"))
+    _refused(flortrain(tmp_path, "record", "--resume", "1", "train.py"), "FT041", "no main-loop boundary")
+    _refused(flortrain(tmp_path, "record", "--resume", "1", "train.py", "--x"), "FT040", "give none")
+    (tmp_path / "train.py").write_text(SCRIPT.replace("KILL_AT", "0") + "print('more')\n")
+    _refused(flortrain(tmp_path, "record", "--resume", "1", "train.py"), "FT040", "changed since run 1")
+    (tmp_path / "train.py").write_text(SCRIPT.replace("KILL_AT", "0"))
+    assert flortrain(tmp_path, "record", "train.py").code == 0
+    _refused(flortrain(tmp_path, "record", "--resume", "2", "train.py"), "FT040", "is complete")
+    _refused(flortrain(tmp_path, "record", "--resume", "9", "train.py"), "FT012", "no run 9")
