@@ -154,13 +154,45 @@ def test_probe_that_is_a_compound_statement_or_a_def() -> None:
     assert out == src("""
         import flortrain.runtime as __flortrain__
         x = 1
-        with __flortrain__.probe(1):
-            if x:
+        if x:
+            with __flortrain__.probe(1):
                 print(x)
         with __flortrain__.probe(2):
             def show(v):
                 print(v)
         show(x)
+    """)
+
+
+def test_probe_guard_outside_isolation_only_when_it_only_reads() -> None:
+    """A test that only reads values runs outside isolation (isolation costs more than a small
+    training step, and the test is false on most iterations). One that calls a function could
+    draw random numbers, and an `else:` branch is probe code too: both stay inside."""
+    source = parse("train.py", src("""
+        for i in range(10):
+            if i % 4 == 0 and cfg.log: print(i)  # every 4
+            if random.random() < 0.1:
+                print(i)
+            if i > 5:
+                print("late")
+            else:
+                print("early")
+    """))
+    out = transform(source, Instrumentation(probes={2: 1, 3: 2, 5: 3}))
+    assert out == src("""
+        import flortrain.runtime as __flortrain__
+        for i in range(10):
+            if i % 4 == 0 and cfg.log:
+                with __flortrain__.probe(1):
+                    print(i)  # every 4
+            with __flortrain__.probe(2):
+                if random.random() < 0.1:
+                    print(i)
+            with __flortrain__.probe(3):
+                if i > 5:
+                    print("late")
+                else:
+                    print("early")
     """)
 
 

@@ -99,3 +99,26 @@ def is_view(value: cst.BaseExpression) -> bool:
         and isinstance(value.func, cst.Attribute)
         and value.func.attr.value in {"parameters", "named_parameters", "buffers", "modules", "children", "values", "items", "view", "view_as", "detach", "__getitem__"}
     )
+
+
+PURE_NODES = (
+    cst.Name, cst.Attribute, cst.Integer, cst.Float, cst.SimpleString, cst.Comparison, cst.ComparisonTarget,
+    cst.BinaryOperation, cst.UnaryOperation, cst.BooleanOperation, cst.BaseCompOp, cst.BaseBinaryOp,
+    cst.BaseUnaryOp, cst.BaseBooleanOp, cst.LeftParen, cst.RightParen, cst.BaseParenthesizableWhitespace, cst.Dot,
+)
+
+
+def impurity(expr: cst.CSTNode) -> str | None:
+    """Why evaluating ``expr`` could do more than read values (None: it cannot): a call may draw
+    random numbers, change a module's mode or rebind state; names, attributes, numbers and
+    operators on them do not. Span guards are evaluated off the running iteration, and probe
+    guards outside probe isolation, on the strength of this test."""
+    stack = [expr]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, cst.Call):
+            return "calls a function"
+        if not isinstance(n, PURE_NODES):
+            return f"is not a plain expression of names and numbers ({type(n).__name__})"
+        stack.extend(n.children)
+    return None

@@ -46,6 +46,16 @@ def _indent(s: str) -> int:
     return len(s) - len(s.lstrip(" \t"))
 
 
+def _column(original: str, line: str) -> int:
+    """Where ``line``'s text starts in the original line: its indent, or further right when the
+    transform split a one-line compound statement (``if i % 100 == 0: print(x)``: the probe
+    wrapper puts ``print(x)`` on a line of its own, and its columns must still point into the
+    original line)."""
+    text = line.strip()
+    col = original.find(text) if text else -1
+    return col if col >= 0 else _indent(original)
+
+
 def _lines(text: str) -> list[str]:
     """Lines as Python numbers them: only \\n, \\r\\n and \\r end a line (``str.splitlines``
     also splits at form feeds and other separators, which would shift every later line)."""
@@ -79,7 +89,7 @@ def line_map(original: str, instrumented: str) -> list[tuple[int, int]]:
             for k in range(j2 - j1):
                 i = min(i1 + k, i2 - 1)
                 j = real[j1 + k]
-                out[j] = (i + 1, _indent(b[j]) - _indent(a[i]))
+                out[j] = (i + 1, _indent(b[j]) - _column(a[i], b[j]))
         elif tag == "insert":  # not the transform's shape; the nearest original line before
             for k in range(j1, j2):
                 out[real[k]] = (max(i1, 1), 0)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from flortrain.static.changeset import loop_changeset
-from flortrain.static.expressions import pattern_captures
+from flortrain.static.expressions import impurity, pattern_captures
 from flortrain.static.plan import Boundary, Change, Restore
 from flortrain.static.program import Loop, Program, Scope
 from flortrain.static.values import is_target, occurrences, read_elsewhere, value_read
@@ -198,13 +198,6 @@ class Guard:
     through: tuple[str, ...] = ()
 
 
-_PURE = (
-    cst.Name, cst.Attribute, cst.Integer, cst.Float, cst.SimpleString, cst.Comparison, cst.ComparisonTarget,
-    cst.BinaryOperation, cst.UnaryOperation, cst.BooleanOperation, cst.BaseCompOp, cst.BaseBinaryOp,
-    cst.BaseUnaryOp, cst.BaseBooleanOp, cst.LeftParen, cst.RightParen, cst.BaseParenthesizableWhitespace, cst.Dot,
-)
-
-
 def probe_guard(
     probe: cst.BaseStatement,
     ancestors: Sequence[cst.CSTNode],
@@ -245,7 +238,7 @@ def probe_guard(
     through: set[str] = set()
     bindings = _bindings(main.body, line)
     for node, _ in tests:
-        bad = _impure(node.test)
+        bad = impurity(node.test)
         if bad:
             return f"its guard at line {line(node)} {bad}"
         for name, attr in _names(node.test):
@@ -268,19 +261,6 @@ def probe_guard(
 
 def _code(module: cst.Module, node: cst.CSTNode) -> str:
     return " ".join(module.code_for_node(node).split())
-
-
-def _impure(expr: cst.CSTNode) -> str | None:
-    """Why evaluating ``expr`` off the running iteration could differ from running it."""
-    stack = [expr]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, cst.Call):
-            return "calls a function"
-        if not isinstance(n, _PURE):
-            return f"is not a plain expression of names and numbers ({type(n).__name__})"
-        stack.extend(n.children)
-    return None
 
 
 def _names(expr: cst.CSTNode) -> Iterator[tuple[str, bool]]:

@@ -25,6 +25,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from flortrain.errors import FlortrainError, Located
+from flortrain.static.expressions import impurity
 from flortrain.static.plan import Block, Change, MainLoop, Restore
 from flortrain.static.source import Source
 
@@ -204,11 +205,29 @@ class _Transformer(cst.CSTTransformer):
         ):
             return updated  # unapplied: transform() reports the line as not found
         self.applied.add(line)
-        lead = updated.leading_lines
-        inner = updated.with_changes(leading_lines=[])
         wrapper = _stmt(f"with {RUNTIME}.probe({self.inst.probes[line]}):\n    pass\n")
         assert isinstance(wrapper, cst.With)
-        return wrapper.with_changes(body=cst.IndentedBlock(body=[inner]), leading_lines=lead)
+        if (
+            isinstance(original, cst.If)
+            and isinstance(updated, cst.If)
+            and updated.orelse is None
+            and impurity(original.test) is None
+        ):
+            # `if i % 100 == 0: print(...)`: isolation (saving every RNG stream and module mode)
+            # costs more than a training step of a small model, and the test is false on almost
+            # every iteration. A test that only reads values cannot perturb training, so only a
+            # true test pays for isolation.
+            body = updated.body
+            if isinstance(body, cst.IndentedBlock):  # its header and footer comments stay put
+                wrapped = wrapper.with_changes(body=cst.IndentedBlock(body=body.body))
+                return updated.with_changes(body=body.with_changes(body=[wrapped]))
+            assert isinstance(body, cst.SimpleStatementSuite)
+            one = cst.SimpleStatementLine(body=body.body, trailing_whitespace=body.trailing_whitespace)
+            wrapped = wrapper.with_changes(body=cst.IndentedBlock(body=[one]))
+            return updated.with_changes(body=cst.IndentedBlock(body=[wrapped]))
+        lead = updated.leading_lines
+        inner_stmt = updated.with_changes(leading_lines=[])
+        return wrapper.with_changes(body=cst.IndentedBlock(body=[inner_stmt]), leading_lines=lead)
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[no-untyped-def]
         updated = super().on_leave(original_node, updated_node)
