@@ -64,6 +64,12 @@ SEGMENTINGS = ("estimated", "even")
 RESUME_ENV = "FLORTRAIN_RESUME"
 RESUMES = ("direct", "pseudo")
 
+#: Whether ``replay --jobs N`` on local workers starts them before it plans ("on", the
+#: default: their start-up overlaps planning) or once the plan is made ("off": for measuring
+#: what prestarting saves).
+PRESTART_ENV = "FLORTRAIN_PRESTART"
+PRESTARTS = ("on", "off")
+
 #: How long a store operation waits for another process's SQLite lock, in seconds, before it
 #: gives up: a command then fails with a one-line error, a recording process stops recording.
 DB_TIMEOUT_ENV = "FLORTRAIN_DB_TIMEOUT"
@@ -136,6 +142,10 @@ def resume() -> str:
     return _choice(RESUME_ENV, RESUMES)
 
 
+def prestart() -> str:
+    return _choice(PRESTART_ENV, PRESTARTS)
+
+
 def period() -> str:
     return _choice(PERIOD_ENV, PERIODS)
 
@@ -157,4 +167,5 @@ def validate() -> None:
     flush_timeout()
     segments()
     resume()
+    prestart()
     db_timeout()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +57,12 @@ def _command(task_path: str, result_path: str) -> list[str]:
     return [sys.executable, "-m", "flortrain.replay.worker", task_path, result_path]
 
 
+def _warm_command(uses_torch: bool) -> list[str]:
+    """A worker that imports what it will need, then waits on stdin for its task (see
+    :class:`LocalBackend`)."""
+    return [sys.executable, "-m", "flortrain.replay.worker", "--wait", "torch" if uses_torch else "plain"]
+
+
 def _env() -> dict[str, str]:
     """The worker's environment. Each worker keeps the record's intra-op thread count (float
     reductions depend on it), so workers sharing a machine oversubscribe its cores, and OpenMP's
@@ -78,24 +85,55 @@ def _outcome(index: int, status: int, data: bytes | None, stderr: str) -> Outcom
 
 
 class LocalBackend:
-    """Workers as processes on this machine."""
+    """Workers as processes on this machine.
 
-    def __init__(self) -> None:
+    ``warm`` workers are started at once, before the driver has planned: each imports the
+    interpreter's share of a worker (flortrain's runtime, and torch when the script uses it) and
+    then waits on its stdin for a task. Planning (parsing and analysing the script) takes the
+    driver about a second, and importing torch takes a worker longer than that: started together,
+    they overlap, instead of every worker's start-up following the plan. A warm worker that is
+    never given a task sees its stdin close and exits; :meth:`close` kills any still waiting.
+    The process is as fresh as a cold one: it has run no script code when its task arrives."""
+
+    def __init__(self, warm: int = 0, uses_torch: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="flortrain-replay-"))
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.errs: dict[int, Path] = {}
+        self.idle: list[tuple[subprocess.Popen[bytes], Path]] = []
+        for k in range(warm):
+            err_path = self.dir / f"warm{k}.err"
+            with open(err_path, "wb") as err:
+                proc = subprocess.Popen(
+                    _warm_command(uses_torch), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                    stderr=err, env=_env(), start_new_session=True,
+                )
+            self.idle.append((proc, err_path))
 
-    def _paths(self, index: int) -> tuple[Path, Path, Path]:
-        return self.dir / f"task{index}", self.dir / f"result{index}", self.dir / f"stderr{index}"
+    def _paths(self, index: int) -> tuple[Path, Path]:
+        return self.dir / f"task{index}", self.dir / f"result{index}"
 
     def submit(self, task: WorkerTask) -> None:
-        task_path, result_path, err_path = self._paths(task.index)
+        task_path, result_path = self._paths(task.index)
         task_path.write_bytes(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
+        while self.idle:
+            proc, err_path = self.idle.pop(0)
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(f"{task_path}\0{result_path}\n".encode())
+                proc.stdin.close()
+            except OSError:  # it died waiting (its stderr says why): start another
+                proc.wait()
+                continue
+            self.procs[task.index], self.errs[task.index] = proc, err_path
+            return
+        err_path = self.dir / f"stderr{task.index}"
         with open(err_path, "wb") as err:
             self.procs[task.index] = subprocess.Popen(
                 _command(str(task_path), str(result_path)),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 cwd=task.cwd, env=_env(), start_new_session=True,
             )
+        self.errs[task.index] = err_path
 
     def wait(self, timeout: float) -> list[Outcome]:
         deadline = time.monotonic() + timeout
@@ -107,24 +145,28 @@ class LocalBackend:
         out = []
         for i, code in done:
             del self.procs[i]
-            _, result_path, err_path = self._paths(i)
+            _, result_path = self._paths(i)
             data = result_path.read_bytes() if result_path.exists() else None
-            out.append(_outcome(i, code, data, err_path.read_text(errors="replace")))
+            out.append(_outcome(i, code, data, self.errs[i].read_text(errors="replace")))
         return out
 
     def cancel(self) -> None:
-        for p in self.procs.values():
+        procs = [*self.procs.values(), *(p for p, _ in self.idle)]
+        for p in procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
-        for p in self.procs.values():
+        for p in procs:
+            if p.stdin is not None:
+                with contextlib.suppress(OSError):
+                    p.stdin.close()
             p.wait()
         self.procs.clear()
+        self.idle.clear()
 
     def close(self) -> None:
+        """Kill what still runs and remove the task files; closing twice is harmless."""
         self.cancel()
-        for f in self.dir.iterdir():
-            f.unlink()
-        self.dir.rmdir()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def run_segment(task_bytes: bytes, cwd: str) -> tuple[int, bytes | None, str]:
@@ -192,8 +234,11 @@ class RayBackend:
             self.ray.shutdown()
 
 
-def make(name: str) -> LocalBackend | RayBackend:
-    return RayBackend() if name == "ray" else LocalBackend()
+def make(name: str, warm: LocalBackend | None = None) -> LocalBackend | RayBackend:
+    """The backend named; for ``local``, the pool already started (``warm``) when there is one."""
+    if name == "ray":
+        return RayBackend()
+    return warm if warm is not None else LocalBackend()
 
 
 __all__ = ["Backend", "LocalBackend", "Outcome", "RayBackend", "make", "run_segment"]

@@ -219,11 +219,13 @@ class _Printer:
             self.next += 1
 
 
-def _run_workers(plan: SegmentPlan, tasks: list[WorkerTask], backend_name: str) -> tuple[dict[int, Outcome], int | None, _Printer]:
+def _run_workers(
+    plan: SegmentPlan, tasks: list[WorkerTask], backend_name: str, warm: backends.LocalBackend | None,
+) -> tuple[dict[int, Outcome], int | None, _Printer]:
     """Start every worker, collect their outcomes, print in order; the first failing segment
     (in loop order) ends the replay once the segments before it are in."""
     n = len(tasks)
-    backend = backends.make(backend_name)
+    backend = backends.make(backend_name, warm)
     printer = _Printer(plan)
     outcomes: dict[int, Outcome] = {}
     failed: int | None = None
@@ -282,8 +284,12 @@ def _merge(p: Prepared, run: int, plan: SegmentPlan, outcomes: dict[int, Outcome
     return counts
 
 
-def replay_parallel(p: Prepared, jobs: int, backend_name: str, blobs: str | None) -> int | None:
-    """Run the replay on ``jobs`` workers; None when it is better run serially (said why)."""
+def replay_parallel(
+    p: Prepared, jobs: int, backend_name: str, blobs: str | None, warm: backends.LocalBackend | None = None,
+) -> int | None:
+    """Run the replay on ``jobs`` workers; None when it is better run serially (said why).
+    ``warm``: local workers started before planning (:class:`backends.LocalBackend`); the
+    caller closes them."""
     plan, why = plan_segments(p, jobs)
     if plan is None:
         _say(f"replaying serially: {why}")
@@ -302,7 +308,7 @@ def replay_parallel(p: Prepared, jobs: int, backend_name: str, blobs: str | None
     tasks = _tasks(p, plan, location)
     t0 = time.perf_counter()
     try:
-        outcomes, failed, printer = _run_workers(plan, tasks, backend_name)
+        outcomes, failed, printer = _run_workers(plan, tasks, backend_name, warm)
     except FlortrainError:
         p.store.finish_run(run, "failed", 2)
         raise

@@ -6,16 +6,18 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
 from flortrain.instrument import compile_for
+from flortrain.replay.backends import LocalBackend
 from flortrain.replay.diff import diff_runs
 from flortrain.replay.planner import ReplayPlan, plan_replay
 from flortrain.replay.probes import ProbeSet, add_cli_probe, find_probes
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
-from flortrain.runtime.launch import execute, pin_threads, project_uses_torch
+from flortrain.runtime.launch import execute, pin_threads, project_uses_torch, uses_torch
 from flortrain.runtime.session import ReplaySource, Session
 from flortrain.runtime.spans import SpanReplay, compile_guard
 from flortrain.static.analysis import analyse
@@ -229,19 +231,36 @@ def conclude(p: Prepared, run: int, status: int, elapsed: float, counts: dict[st
     return status
 
 
+def _warm_workers(script: str, jobs: int, backend: str) -> LocalBackend | None:
+    """Local workers started before planning, so that their start-up (the interpreter, torch)
+    overlaps the driver's (see :class:`LocalBackend`); None for one job, or Ray."""
+    if jobs < 2 or backend != "local" or knobs.prestart() == "off":
+        return None
+    try:
+        text = Path(script).read_text(errors="replace")
+    except OSError:
+        return None  # prepare() says why in one line
+    return LocalBackend(warm=jobs, uses_torch=uses_torch(text))
+
+
 def replay(
     script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
     jobs: int = 1, backend: str = "local", blobs: str | None = None, trust: bool = False,
 ) -> int:
-    p = prepare(script, run_id, cli_probes, new_args, store_dir, trust)
-    if jobs == 1 and backend != "local":
-        print("flortrain: --jobs 1: replaying serially, in this process", file=sys.stderr)
-    if jobs > 1:
-        from flortrain.replay.parallel import replay_parallel
+    warm = _warm_workers(script, jobs, backend)
+    try:
+        p = prepare(script, run_id, cli_probes, new_args, store_dir, trust)
+        if jobs == 1 and backend != "local":
+            print("flortrain: --jobs 1: replaying serially, in this process", file=sys.stderr)
+        if jobs > 1:
+            from flortrain.replay.parallel import replay_parallel
 
-        status = replay_parallel(p, jobs, backend, blobs)
-        if status is not None:
-            return status
+            status = replay_parallel(p, jobs, backend, blobs, warm)
+            if status is not None:
+                return status
+    finally:
+        if warm is not None:  # a serial replay must not share the cores with idle imports
+            warm.close()
     pin_threads(p.record.threads)
     run = begin(p)
     p.store.guarded = True

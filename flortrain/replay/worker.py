@@ -92,8 +92,32 @@ def run_task(task: WorkerTask) -> WorkerResult:
     )
 
 
+def warm_up(uses_torch: bool) -> None:
+    """Import what :func:`run_task` will need, before the task exists. Importing runs no script
+    code and draws no random numbers the script could see (torch seeds its generators on import
+    either way), so a warmed process is as fresh as a cold one when its task arrives."""
+    import flortrain.instrument
+    import flortrain.runtime.importhook
+    import flortrain.runtime.launch
+    import flortrain.runtime.session
+    import flortrain.runtime.spans
+    import flortrain.store.blobs
+
+    if uses_torch and flortrain.runtime.launch.torch_available():
+        import torch  # noqa: F401
+
+
 def main(argv: list[str]) -> int:
-    task_path, result_path = argv
+    """``TASK RESULT``; or ``--wait torch|plain``: warm up, then read ``TASK\\0RESULT`` from stdin
+    (an empty stdin means the driver decided to replay without this worker)."""
+    if argv[0] == "--wait":
+        warm_up(argv[1] == "torch")
+        line = sys.stdin.buffer.readline().rstrip(b"\n")
+        if not line:
+            return 0
+        task_path, result_path = line.decode().split("\0")
+    else:
+        task_path, result_path = argv
     with open(task_path, "rb") as f:
         task = pickle.load(f)  # written by this user's own driver, a moment ago
     result = run_task(task)

@@ -48,6 +48,7 @@ from flortrain import knobs
 from flortrain.runtime import blobformat
 from flortrain.runtime.digest import state_digests
 from flortrain.runtime.writer import Channel, run_child
+from flortrain.store import direct
 from flortrain.store.db import Store
 
 #: Tensors at least this large are content-addressed objects, and skipped when unchanged.
@@ -376,11 +377,13 @@ class BackgroundMaterializer:
                     continue
                 tok = self.tracker.token()
                 seen.append((t, tok))
+                n = direct.aligned(n)  # the writer hands its pages to the disk as they are
             else:
                 tok = None
             places[g] = ("a", n, external, tok)
             layout.append((g, n))
             n += _up(nbytes)
+        n = direct.aligned(n)  # the next region starts aligned too
         if n > self.size:
             if not self._too_big_warned:
                 self._too_big_warned = True
@@ -413,7 +416,7 @@ class BackgroundMaterializer:
         return self._send(key, item, start, start + n, staged)
 
     def _submit_bytes(self, key: str, data: bytes, dig: dict[str, str]) -> float:
-        n = _up(len(data))
+        n = direct.aligned(len(data))
         if n > self.size:
             self.sync.write(key, data, dig)
             return 0.0

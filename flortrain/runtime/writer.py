@@ -8,11 +8,12 @@ durable, with their sha256. It runs at a low CPU priority, so on a machine with 
 training keeps the CPU it would have had. One item at a time, in order:
 
 - every staged tensor is hashed (sha256); a large one is written as a content-addressed object
-  (``objects/ab/<sha256>``) unless that object exists already, and remembered by the token the
-  parent gave it, so a later checkpoint holding the same unchanged tensor refers to it by token
-  and nothing is copied or written again;
+  (``objects/ab/<sha256>``) unless that object exists already, bypassing the page cache where
+  the filesystem allows (:mod:`flortrain.store.direct`), and remembered by the token the parent
+  gave it, so a later checkpoint holding the same unchanged tensor refers to it by token and
+  nothing is copied or written again;
 - the blob (header, small tensors inline) is written through a temporary file with a streaming
-  hash, fsync'ed and renamed into place;
+  hash and renamed into place;
 - the reply carries the blob's sha256 and each part's digest, or why the item was lost.
 
 An item that fails (disk full, a token whose data was lost) is reported and skipped; the writer
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from flortrain.runtime import blobformat
+from flortrain.store import direct
 from flortrain.store.db import object_path, write_durably
 
 _LEN = struct.Struct("<Q")
@@ -150,7 +152,7 @@ def _write(item: dict[str, Any], arena: memoryview, blobs: Path, tokens: dict[in
         if external:
             path = object_path(blobs, sha)
             if not path.exists():
-                write_durably(path, [view])
+                direct.write_object(path, view, start % direct.ALIGN == 0)
                 written += len(view)
             if token is not None:
                 tokens[token] = sha
