@@ -3,7 +3,7 @@ the outer-probe replay it buys.
 
 Workloads (generated, no downloads):
 - ``cnn``: a small CNN with Adam, ~75 MB of checkpointed state, ~1 s epochs;
-- ``finetune``: a 100 MB frozen embedding table, a tiny trained head, ~0.1 s epochs;
+- ``finetune``: a 100 MB frozen embedding table, a tiny trained head, ~0.1 s epochs (60 of them);
 - ``rnn``: an LSTM language model on synthetic tokens.
 
 For each, R repetitions interleave ``python S``, ``flortrain record S`` (adaptive period, the
@@ -136,7 +136,7 @@ for epoch in range(EPOCHS):
 #: name: (source, steps per epoch, epochs, outer probe); quick mode halves the epochs
 WORKLOADS: dict[str, tuple[str, int, int, str]] = {
     "cnn": (CNN, 48, 12, 'print("PROBE", model.fc1.weight.norm().item())'),
-    "finetune": (FINETUNE, 60, 60, 'print("PROBE", head.weight.norm().item())'),
+    "finetune": (FINETUNE, 160, 60, 'print("PROBE", head.weight.norm().item())'),
     "rnn": (RNN, 12, 10, 'print("PROBE", model.out.weight.norm().item())'),
 }
 MODES = ("plain", "record", "record-every")

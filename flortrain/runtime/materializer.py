@@ -32,6 +32,7 @@ shared-memory arena the writer reads:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import mmap
 import os
@@ -53,10 +54,25 @@ from flortrain.store.db import Store
 
 #: Tensors at least this large are content-addressed objects, and skipped when unchanged.
 EXTERNAL_MIN = 1 << 20
-#: The writer's CPU cost per staged byte until it has reported its own: sha256 (0.6 ns/byte with
-#: SHA extensions) and the copy into the page cache (2.4 ns/byte), as measured on this project's
-#: 2-core CI machine. Waiting for the first checkpoint to measure it would block training.
-WRITER_CPU_PER_BYTE = 3e-9
+#: The writer's CPU per staged byte beyond hashing it: handing the pages to the disk with O_DIRECT
+#: (0.06 ns/byte measured on this project's 2-core CI machine; store/direct.py) and small
+#: tensors copied into the page cache.
+WRITE_CPU_PER_BYTE = 0.1e-9
+
+
+def writer_cpu_per_byte() -> float:
+    """The writer's CPU per staged byte until it reports its own: sha256 timed here, on 1 MB
+    (about a millisecond), plus the write. Hashing is the writer's per-byte work, and its speed
+    varies threefold between CPUs with and without SHA extensions. The writer runs on idle CPU
+    only, so on a machine whose cores training keeps busy its replies come at the end of the
+    run: the first checkpoints' M_i (and with it Eq. 4's period) rests on this estimate."""
+    buf = bytes(1 << 20)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        hashlib.sha256(buf).digest()
+        best = min(best, time.perf_counter() - t0)
+    return best / len(buf) + WRITE_CPU_PER_BYTE
 _ALIGN = 64
 
 Committed = Callable[[str, dict[str, str]], None]
@@ -253,7 +269,7 @@ class BackgroundMaterializer:
         self._too_big_warned = False
         self._bye = False
         #: the writer's CPU seconds per staged byte (hashing, writing), learned from its replies
-        self.cpu_per_byte = WRITER_CPU_PER_BYTE
+        self.cpu_per_byte = writer_cpu_per_byte()
         self._start()
 
     # -- the writer process ------------------------------------------------------------------------
