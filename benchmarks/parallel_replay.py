@@ -21,6 +21,8 @@ Then, R times, interleaved so that drift on a shared machine hits every variant 
   the memoized batch loop, so every epoch executes: only parallelism helps;
 - ``inner-j2-pseudo``: ``--jobs 2`` with ``FLORTRAIN_RESUME=pseudo``: the second worker
   re-runs the first segment's iterations with their blocks restored (Flor's pseudoresume);
+- ``inner-j2-cold``: ``--jobs 2`` with ``FLORTRAIN_PRESTART=off``: workers started once the
+  plan is made, instead of before it (what prestarting saves);
 - ``plain-outer``, ``outer-j1``, ``outer-j2``: the same with an outer probe (after the batch
   loop, in the epoch loop): partial replay restores every epoch's batch loop.
 
@@ -28,7 +30,7 @@ Every time is a whole command's wall time (start-up included: the user waits for
 are per repetition (replay / plain of the same probe) and the median and range are reported.
 Every replay's probe output is checked against the plain run's, and each replay's ``diff``.
 
-    python benchmarks/parallel_replay.py [--quick] [--reps R]
+    python benchmarks/parallel_replay.py [--quick] [--reps R] [--setting S] [--variants V ...] [--tag T]
 
 Writes benchmarks/results/parallel_replay.json and .png (``-quick`` in the name with --quick).
 """
@@ -79,13 +81,14 @@ VARIANTS = {
     "inner-j1": ("inner", 1, {}),
     "inner-j2": ("inner", 2, {}),
     "inner-j2-pseudo": ("inner", 2, {"FLORTRAIN_RESUME": "pseudo"}),
+    "inner-j2-cold": ("inner", 2, {"FLORTRAIN_PRESTART": "off"}),
     "plain-outer": ("outer", None, {}),
     "outer-j1": ("outer", 1, {}),
     "outer-j2": ("outer", 2, {}),
 }
 #: setting -> (environment of every command, the variants measured in it)
 SETTINGS = {
-    "1-thread": ({"OMP_NUM_THREADS": "1"}, list(VARIANTS)),
+    "1-thread": ({"OMP_NUM_THREADS": "1"}, list(VARIANTS)),  # every variant
     "2-threads": ({}, ["plain-inner", "inner-j2", "plain-outer", "outer-j2"]),
 }
 
@@ -190,10 +193,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a smaller workload, one repetition")
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--setting", choices=list(SETTINGS), help="measure this setting only")
+    ap.add_argument("--variants", nargs="*", choices=list(VARIANTS), help="measure these variants only")
+    ap.add_argument("--tag", default="", help="a suffix for the result files' names")
     args = ap.parse_args()
     reps = args.reps or (1 if args.quick else 3)
     results = {}
     for setting, (base, variants) in SETTINGS.items():
+        if args.setting and setting != args.setting:
+            continue
+        if args.variants:
+            variants = [v for v in variants if v in args.variants]
         print(f"-- {setting}", file=sys.stderr)
         results[setting] = bench(reps, args.quick, base, variants)
     out = {
@@ -202,7 +212,7 @@ def main() -> None:
         "reps": reps,
     }
     OUT.mkdir(parents=True, exist_ok=True)
-    stem = "parallel_replay" + ("-quick" if args.quick else "")
+    stem = "parallel_replay" + (f"-{args.tag}" if args.tag else "") + ("-quick" if args.quick else "")
     (OUT / f"{stem}.json").write_text(json.dumps(out, indent=2) + "\n")
     plot(results, OUT / f"{stem}.png")
     for setting, result in results.items():

@@ -77,7 +77,7 @@ def _resumable(store: Store, run_id: int, script: str, text: str, args: list[str
     point = store.resume_point(run_id)
     if point is None:
         raise FlortrainError(
-            f"run {run_id} committed no main-loop boundary checkpoint to continue from; record it again", where, "FT041"
+            f"run {run_id} committed no main-loop boundary checkpoint to continue from; record it again", where, "FT042"
         )
     return run, point
 

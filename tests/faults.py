@@ -311,7 +311,7 @@ def resume_trial(fx: Fixture, store: Path, run_id: int, kind: str, tally: Tally)
     prints the rest of what python prints; the run's whole log is then python's output, and a
     probed replay of it is exact. Or it refuses in one line (no boundary was committed)."""
     res = _ft(fx.dir, store, "record", "--resume", str(run_id), "train.py")
-    if res.code == 2 and clean_refusal(res) and "FT041" in res.err:
+    if res.code == 2 and clean_refusal(res) and "FT042" in res.err:
         tally.resumes_refused += 1
         return "exact", "resume refused: no boundary committed"
     if res.code != fx.truth.code or not fx.truth.out.endswith(res.out):

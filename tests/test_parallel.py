@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
@@ -195,9 +196,44 @@ def test_a_division_that_does_not_pay_is_refused(tmp_path: Path) -> None:
     # By the record's own costs, two workers that each import torch and set up cannot beat one
     # for a loop this small: the replay says so and runs serially, exactly.
     _, want = _setup(tmp_path, CARRIED, INNER, {"FLORTRAIN_PERIOD": "every"})
-    rep = flortrain(tmp_path, "replay", "train.py", "--jobs", "2")
+    mark = f"warm-{uuid.uuid4()}"
+    rep = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env={"FLORTRAIN_TEST_MARK": mark})
     assert rep.code == 0 and rep.out == want
     assert "replaying serially: dividing main loop" in rep.err and "would not pay" in rep.err
+    # the workers started before the plan (to overlap their start-up with it) are gone: they
+    # were killed before the serial replay ran, not left importing torch beside it
+    assert _processes_marked(mark) == []
+
+
+def _processes_marked(mark: str) -> list[int]:
+    """Live processes whose environment carries ``FLORTRAIN_TEST_MARK=mark``."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                env = (d / "environ").read_bytes()
+            except OSError:
+                continue
+            if f"FLORTRAIN_TEST_MARK={mark}".encode() in env.split(b"\0"):
+                found.append(int(d.name))
+    return found
+
+
+def test_workers_start_before_the_plan_and_run_their_segments(tmp_path: Path) -> None:
+    """Prestarted workers (the default) and workers started once the plan is made
+    (``FLORTRAIN_PRESTART=off``) replay the same segments to python's output, and leave no
+    process behind."""
+    _, want = _setup(tmp_path, CARRIED, INNER, EVERY)
+    outs = []
+    for prestart in ("on", "off"):
+        mark = f"warm-{uuid.uuid4()}"
+        env = {**EVERY, "FLORTRAIN_PRESTART": prestart, "FLORTRAIN_TEST_MARK": mark}
+        rep = flortrain(tmp_path, "replay", "train.py", "--jobs", "3", env=env)
+        assert rep.code == 0 and rep.out == want, rep.err
+        assert "3 segments" in rep.err
+        assert _processes_marked(mark) == []
+        outs.append(rep.out)
+    assert outs[0] == outs[1]
 
 
 # -- the planner --------------------------------------------------------------------------------

@@ -113,7 +113,7 @@ def _refused(r: object, code: str, says: str) -> None:
 def test_what_cannot_be_resumed_is_refused(tmp_path: Path) -> None:
     # killed in its first iteration: no boundary was committed (iteration 0's is never taken)
     _killed(tmp_path, SCRIPT.replace("KILL_AT", "0"))
-    _refused(flortrain(tmp_path, "record", "--resume", "1", "train.py"), "FT041", "no main-loop boundary")
+    _refused(flortrain(tmp_path, "record", "--resume", "1", "train.py"), "FT042", "no main-loop boundary")
     _refused(flortrain(tmp_path, "record", "--resume", "1", "train.py", "--x"), "FT040", "give none")
     (tmp_path / "train.py").write_text(SCRIPT.replace("KILL_AT", "0") + "print('more')\n")
     _refused(flortrain(tmp_path, "record", "--resume", "1", "train.py"), "FT040", "changed since run 1")

@@ -101,6 +101,10 @@ class Staged:
         return sum(m[2] for m in self.metas)
 
 
+#: types whose values hold no tensor and no other object: a sequence of them is its own skeleton
+_ATOMS = frozenset({int, float, bool, str, bytes, type(None), complex})
+
+
 class _Splitter:
     def __init__(self, torch: Any) -> None:
         self.torch = torch
@@ -125,6 +129,11 @@ class _Splitter:
         t = type(v)
         if t is dict or t is OrderedDict:  # a state_dict is an OrderedDict
             return t((k, self._split(x, local)) for k, x in v.items())
+        if (t is list or t is tuple) and all(type(x) in _ATOMS for x in v):
+            # Python's RNG state is 625 ints: splitting it item by item cost more than the rest
+            # of a small checkpoint. The skeleton may share an immutable tuple; a list is copied
+            # (the snapshot must not change with the live object).
+            return list(v) if t is list else v
         if t is list:
             return [self._split(x, local) for x in v]
         if t is tuple:
