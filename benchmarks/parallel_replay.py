@@ -166,7 +166,7 @@ def plot(results: dict[str, dict[str, object]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.2), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(results), figsize=(max(7, 5 * len(results)), 4.2), sharey=True, squeeze=False)
     for ax, (setting, result) in zip(axes[0], results.items(), strict=True):
         ratios: dict[str, dict[str, float]] = result["ratio_to_plain"]  # type: ignore[assignment]
         names = list(ratios)
