@@ -28,6 +28,7 @@ from flortrain.store.trust import (
     held,
     open_private,
     private_dir,
+    replacing,
     verify,
     write_manifest,
 )
@@ -611,22 +612,14 @@ def write_durably(path: Path, chunks: Iterable[Any], fsync: bool = False) -> str
     commits too. So by default there is no fsync: every read verifies the sha256, and a blob a
     power loss truncated is a missing checkpoint (its instance re-executes), never a wrong one.
     ``fsync`` is for callers that need more."""
-    private_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     h = hashlib.sha256()
-    try:
-        with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
-            for c in chunks:
-                h.update(c)
-                f.write(c)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with replacing(path) as fd, os.fdopen(fd, "wb", closefd=False) as f:
+        for c in chunks:
+            h.update(c)
+            f.write(c)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
     return h.hexdigest()
 
 

@@ -18,13 +18,12 @@ the result on disk is the same bytes either way.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
 from pathlib import Path
 
-from flortrain.store.trust import open_private, private_dir
+from flortrain.store.trust import replacing
 
 #: alignment of address, offset and length that O_DIRECT needs (a multiple of 512 and of 4096)
 ALIGN = 4096
@@ -45,20 +44,9 @@ def write_object(path: Path, data: memoryview, direct: bool) -> None:
     the sha256 it computed, and every read verifies it. ``direct``: ``data`` starts at an
     :data:`ALIGN`-aligned address, so its aligned prefix may bypass the page cache. On failure
     nothing is left at ``path``."""
-    private_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            done = _write_direct(fd, data) if direct else 0
-            _write_all(fd, data[done:])
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with replacing(path) as fd:
+        done = _write_direct(fd, data) if direct else 0
+        _write_all(fd, data[done:])
 
 
 def _write_all(fd: int, data: memoryview) -> None:

@@ -33,6 +33,7 @@ import secrets
 import stat
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from flortrain.errors import FlortrainError, Located
@@ -64,6 +65,26 @@ def private_dir(path: Path) -> None:
 def open_private(path: Path, flags: int) -> int:
     """``os.open`` creating ``path`` ``0600`` (the umask can only narrow it)."""
     return os.open(path, flags, FILE_MODE)
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[int]:
+    """A private temporary file beside ``path``, open for writing: renamed onto ``path`` when
+    the block ends, removed if it raises. Nothing half-written is ever at ``path``, whoever
+    reads it and however the writer dies; the directories are created private."""
+    private_dir(path.parent)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _key_path() -> Path:
@@ -112,11 +133,8 @@ def write_manifest(root: Path) -> None:
         "format": MANIFEST_FORMAT, "store": uuid.uuid4().hex, "uid": os.getuid(), "created": time.time(),
     }
     data = json.dumps({**body, "mac": _mac(body)}, indent=2).encode()
-    tmp = root / f".{MANIFEST}.{os.getpid()}"
-    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    with os.fdopen(fd, "wb") as f:
+    with replacing(root / MANIFEST) as fd, os.fdopen(fd, "wb", closefd=False) as f:
         f.write(data)
-    os.replace(tmp, root / MANIFEST)
 
 
 def manifest_problem(root: Path) -> str | None:
@@ -212,5 +230,5 @@ def held(root: Path, run_id: int) -> bool:
 
 __all__ = [
     "DIR_MODE", "FILE_MODE", "UNTRUSTED", "RunLock", "adopt", "check_owner", "held", "manifest_problem",
-    "open_private", "private_dir", "user_key", "verify", "write_manifest",
+    "open_private", "private_dir", "replacing", "user_key", "verify", "write_manifest",
 ]
