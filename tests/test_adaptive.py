@@ -58,11 +58,75 @@ def test_every_mode_ignores_costs() -> None:
     assert decisions == [True] * 5
 
 
-def test_blocks_are_accounted_separately() -> None:
+def test_each_block_has_its_own_first_checkpoint() -> None:
     period = AdaptivePeriod(epsilon=1 / 15, every=False)
     _run(period, 5, compute=0.001, materialize=10.0)
     period.executed("L2", 1.0)
     assert period.should_materialize("L2") is True
+
+
+def _iterations(period: AdaptivePeriod, n: int, block_m: float, boundary_m: float) -> tuple[int, int]:
+    """A main loop of ``n`` 1-second iterations, each a nested block (all of the iteration's
+    compute) then the next iteration's boundary; (block checkpoints, boundary checkpoints)."""
+    blocks = boundaries = 0
+    for _ in range(n):
+        period.executed("L2", 1.0, outer=False)  # nested: its second is the iteration's
+        if period.should_materialize("L2", ongoing=1.0):
+            period.materialized("L2", block_m)
+            blocks += 1
+        period.executed("M1", 1.0)  # the iteration, accounted at the next boundary
+        if period.should_materialize("M1"):
+            period.materialized("M1", boundary_m)
+            boundaries += 1
+    return blocks, boundaries
+
+
+def test_a_nested_block_and_its_boundary_share_one_budget() -> None:
+    """Each costs 5% of an iteration: Eq. 4 alone takes both every time (10% > ε); the run's
+    budget holds their sum to ε."""
+    eps, n = 1 / 15, 300
+    alone = _iterations(AdaptivePeriod(epsilon=eps, every=False), 1, 0.05, 0.05)
+    assert alone == (1, 1)
+    period = AdaptivePeriod(epsilon=eps, every=False)
+    blocks, boundaries = _iterations(period, n, 0.05, 0.05)
+    spent = 0.05 * (blocks + boundaries)
+    assert spent == pytest.approx(period.spent)
+    # training: n seconds less the block checkpoints' blocked time inside them
+    assert period.training == pytest.approx(n - 0.05 * blocks)
+    assert spent <= eps * period.training + 0.1  # within ε; the two forced first ones aside
+    assert spent >= eps * period.training - 0.1  # and not needlessly sparse
+    assert blocks > n / 4 and boundaries > n / 4  # neither starves the other
+
+
+def test_time_a_nested_checkpoint_blocked_is_not_training_time() -> None:
+    period = AdaptivePeriod(epsilon=1 / 15, every=False)
+    period.executed("L2", 1.0, outer=False)
+    period.materialized("L2", 0.25)
+    period.executed("M1", 1.25)  # the iteration's wall time holds the 0.25 s checkpoint
+    assert period.training == pytest.approx(1.0)
+    assert period.spent == pytest.approx(0.25)
+
+
+def test_background_time_counts_in_the_budget_under_contention_only() -> None:
+    period = AdaptivePeriod(epsilon=1 / 15, every=False, cores=2)
+    period.executed("L1", 1.0, cpu_s=2.0)  # both cores busy
+    assert period.materialized("L1", 0.01, background_s=0.04) == pytest.approx(0.05)
+    period.executed("L1", 1.0, cpu_s=1.0)  # a core left idle
+    assert period.materialized("L1", 0.01, background_s=0.04) == pytest.approx(0.01)
+    assert period.spent == pytest.approx(0.06)
+
+
+def test_ongoing_iteration_time_opens_the_budget() -> None:
+    """A nested block whose main loop has not finished an iteration yet: the seconds of the
+    iteration so far are training time too."""
+    period = AdaptivePeriod(epsilon=1 / 15, every=False)
+    for _ in range(3):
+        period.executed("L2", 1.0, outer=False)
+        if period.costs["L2"].k == 0:
+            assert period.should_materialize("L2")
+            period.materialized("L2", 0.01)
+    assert not period.should_materialize("L2")  # no training time accounted yet
+    assert period.should_materialize("L2", ongoing=3.0)
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "abc", "nan"])

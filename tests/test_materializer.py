@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -55,7 +56,7 @@ def test_unchanged_large_tensors_are_written_once_and_changed_ones_again(tmp_pat
     run = store.begin_run("record", "x.py", [], "", None, None, {})
     results = _Results()
     m = BackgroundMaterializer(store, run, results.callbacks())
-    table = torch.randn(EXTERNAL_MIN // 4 * 2)  # 2 MB: content-addressed
+    table = torch.randn(EXTERNAL_MIN // 4 * 2)  # twice the threshold: content-addressed
     head = torch.randn(10)  # small: inline
     values = []
     want = {}
@@ -107,7 +108,7 @@ def test_a_checkpoint_larger_than_the_buffer_is_written_on_the_training_thread(t
     run = store.begin_run("record", "x.py", [], "", None, None, {})
     results = _Results()
     m = BackgroundMaterializer(store, run, results.callbacks())
-    big = torch.randn(2 * EXTERNAL_MIN // 4)
+    big = torch.randn((2 << 20) // 4)  # 2 MB, twice the buffer
     m.submit("k0", "B", {"objects": {"t": {"kind": "tensor", "value": big}}})
     m.flush()
     assert "k0" in results.committed and any("staging buffer" in w for w in results.warnings)
@@ -315,3 +316,64 @@ def test_epsilon_is_settable_and_c_is_refined_from_the_last_replay(tmp_path: Pat
     script.write_text(FROZEN.replace("    #PROBE\n", ""))
     again = flortrain(tmp_path, "record", "train.py")
     assert f"restore/materialize ratio c = {measured[0]:.2f} (measured by replay run 2)" in again.err, again.err
+
+
+def test_objects_of_an_item_are_hashed_and_written_once_each(tmp_path: Path) -> None:
+    """The writer's threads: every view gets its sha256 and its file; a view whose bytes repeat
+    within the item or exist already is not written again; no temporary file is left."""
+    from flortrain.runtime.writer import Objects
+    from flortrain.store.db import object_path
+
+    blobs = tmp_path / "blobs"
+    a, b = os.urandom(3 << 20), os.urandom(1 << 20)
+    objects = Objects(blobs, threads=2)
+    try:
+        first = objects.store([(memoryview(a), False), (memoryview(b), False), (memoryview(a), False)])
+        again = objects.store([(memoryview(b), False)])
+    finally:
+        objects.close()
+    sa, sb = hashlib.sha256(a).hexdigest(), hashlib.sha256(b).hexdigest()
+    assert [s for s, _ in first] == [sa, sb, sa]
+    assert sorted(n for _, n in first) == [0, len(b), len(a)]  # the repeat of a: written once
+    assert again == [(sb, 0)]
+    assert object_path(blobs, sa).read_bytes() == a and object_path(blobs, sb).read_bytes() == b
+    assert sorted(p.name for p in blobs.rglob("*") if p.is_file()) == sorted([sa, sb])
+
+
+def test_writer_speed_is_timed_on_scratch_objects_it_removes(tmp_path: Path) -> None:
+    from flortrain.runtime.materializer import writer_speed
+
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    speed = writer_speed(blobs)
+    assert 1e-11 < speed.per_byte < 1e-6 and 0 < speed.per_item < 1.0
+    assert speed.seconds(1 << 20) == pytest.approx(speed.per_item + speed.per_byte * (1 << 20))
+    assert list(blobs.iterdir()) == []
+
+
+def test_a_boundary_after_an_unsaved_block_is_left_to_the_block(tmp_path: Path) -> None:
+    """A boundary that follows a block instance recorded without a checkpoint would hold all that
+    block changed: it is skipped, even where Eq. 4 would take it (``every`` here); one whose
+    iteration's blocks were all checkpointed is taken."""
+    from types import SimpleNamespace
+
+    from flortrain.runtime.adaptive import AdaptivePeriod
+    from flortrain.runtime.session import Session
+
+    store = Store(tmp_path / "s")
+    run = store.begin_run("record", "x.py", [], "", None, None, {})
+    s = Session("record", store, run)
+    s.adaptive = AdaptivePeriod(every=True)
+    state = {"w": torch.zeros(4)}
+    getters = {"w": lambda: state["w"]}
+    block: Any = SimpleNamespace(key="L2@M1.0.0#0", id="L2")
+    try:
+        s.main_enter("M1")
+        assert s.main_iteration("M1", getters, getters) is None  # iteration 0: never a boundary
+        s.block_done(block, "recorded")
+        assert s.main_iteration("M1", getters, getters) is None  # after an unsaved block
+        assert s.main_iteration("M1", getters, getters) is not None  # nothing unsaved before it
+        s.main_exit("M1")
+    finally:
+        s.flush()
+    assert [k.split("@")[1] for k in store.checkpoints(run)] == ["M1.0.2#0"]

@@ -32,47 +32,76 @@ shared-memory arena the writer reads:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import mmap
 import os
 import pickle
+import shutil
 import socket
 import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from flortrain import knobs
 from flortrain.runtime import blobformat
 from flortrain.runtime.digest import state_digests
-from flortrain.runtime.writer import Channel, run_child
+from flortrain.runtime.writer import Channel, Objects, run_child
 from flortrain.store import direct
-from flortrain.store.db import Store
+from flortrain.store.db import Store, write_durably
 
-#: Tensors at least this large are content-addressed objects, and skipped when unchanged.
-EXTERNAL_MIN = 1 << 20
-#: The writer's CPU per staged byte beyond hashing it: handing the pages to the disk with O_DIRECT
-#: (0.06 ns/byte measured on this project's 2-core CI machine; store/direct.py) and small
-#: tensors copied into the page cache.
-WRITE_CPU_PER_BYTE = 0.1e-9
+#: Tensors at least this large are content-addressed objects, and skipped when unchanged: small
+#: enough that an LSTM's 0.5 MB gate matrices are tracked (a boundary right after a block's
+#: checkpoint then writes nothing again), large enough that the per-file cost stays small.
+EXTERNAL_MIN = 1 << 16
 
 
-def writer_cpu_per_byte() -> float:
-    """The writer's CPU per staged byte until it reports its own: sha256 timed here, on 1 MB
-    (about a millisecond), plus the write. Hashing is the writer's per-byte work, and its speed
-    varies threefold between CPUs with and without SHA extensions. The writer runs on idle CPU
-    only, so on a machine whose cores training keeps busy its replies come at the end of the
-    run: the first checkpoints' M_i (and with it Eq. 4's period) rests on this estimate."""
-    buf = bytes(1 << 20)
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        hashlib.sha256(buf).digest()
-        best = min(best, time.perf_counter() - t0)
-    return best / len(buf) + WRITE_CPU_PER_BYTE
+@dataclass(frozen=True)
+class WriterSpeed:
+    """How long the writer takes for an item: ``per_item + per_byte * staged bytes``."""
+
+    per_item: float
+    per_byte: float
+
+    def seconds(self, staged: int) -> float:
+        return self.per_item + self.per_byte * staged
+
+
+def writer_speed(blobs: Path) -> WriterSpeed:
+    """Time the writer's own path (hash and write content-addressed objects, then a small blob)
+    on 4 MB in a scratch directory beside the store's objects, before the script starts: about
+    5 ms. It is what a checkpoint costs the run where training leaves the writer no CPU, since
+    its backlog is then written after training ends, on idle cores, as here. It is not learned
+    from the writer's replies: on such a machine they come after training, and where they come
+    sooner the writer ran on idle CPU and cost nothing (``adaptive.contention``)."""
+    scratch = blobs / f".calibrate-{os.getpid()}"
+    objects = Objects(scratch)
+    arena = mmap.mmap(-1, 4 << 20)
+    try:
+        best = (float("inf"), float("inf"))
+        for _ in range(2):
+            view = memoryview(arena)
+            for i in range(4):  # four objects never seen: each is hashed and written
+                view[i << 20 : (i << 20) + 16] = os.urandom(16)
+            t0 = time.perf_counter()
+            objects.store([(view[i << 20 : (i + 1) << 20], True) for i in range(4)])
+            t1 = time.perf_counter()
+            write_durably(scratch / "blob", [bytes(4096)])
+            t2 = time.perf_counter()
+            view.release()
+            best = (min(best[0], t2 - t1), min(best[1], (t1 - t0) / (4 << 20)))
+        return WriterSpeed(*best)
+    except OSError:  # a store we cannot write to fails later, where it is reported
+        return WriterSpeed(1e-3, 2e-9)
+    finally:
+        objects.close()
+        arena.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 _ALIGN = 64
 
 Committed = Callable[[str, dict[str, str]], None]
@@ -82,8 +111,8 @@ Lost = Callable[[str, str], None]
 class Materializer(Protocol):
     def submit(self, key: str, block_id: str, payload: dict[str, Any]) -> float:
         """Stage a checkpoint; when this returns, training may change anything the payload refers
-        to. The checkpoint is committed later, or reported lost. Returns the CPU seconds the
-        writing will take in the background (an estimate; 0 when it was written here)."""
+        to. The checkpoint is committed later, or reported lost. Returns the seconds the writer
+        will take for it (an estimate, :func:`writer_speed`; 0 when it was written here)."""
 
     def poll(self) -> None:
         """Commit what the writer has finished (cheap: called at every main-loop iteration)."""
@@ -268,8 +297,7 @@ class BackgroundMaterializer:
         self.ch: Channel | None = None
         self._too_big_warned = False
         self._bye = False
-        #: the writer's CPU seconds per staged byte (hashing, writing), learned from its replies
-        self.cpu_per_byte = writer_cpu_per_byte()
+        self.speed = writer_speed(store.blobs)
         self._start()
 
     # -- the writer process ------------------------------------------------------------------------
@@ -334,9 +362,7 @@ class BackgroundMaterializer:
         f = self.inflight.popleft()
         assert f.key == msg[1], (f.key, msg[1])
         if msg[0] == "done":
-            _, key, rel, sha, nbytes, dig, cpu = msg
-            if f.staged >= EXTERNAL_MIN:  # large enough that the per-file cost does not dominate
-                self.cpu_per_byte = 0.7 * self.cpu_per_byte + 0.3 * cpu / f.staged
+            _, key, rel, sha, nbytes, dig = msg
             self.store.commit_checkpoint(self.run_id, key, rel, sha, nbytes)
             self.cb.committed(key, dig)
         else:
@@ -446,7 +472,7 @@ class BackgroundMaterializer:
         return self._send(key, item, start, start + n, len(data))
 
     def _send(self, key: str, item: dict[str, Any], start: int, end: int, staged: int) -> float:
-        """Hand an item to the writer; the estimated CPU seconds it will take there."""
+        """Hand an item to the writer; the seconds it will take there (:func:`writer_speed`)."""
         assert self.ch is not None
         self.inflight.append(_Flight(key, start, end, staged))
         try:
@@ -454,7 +480,7 @@ class BackgroundMaterializer:
         except OSError:
             self._died("died")
             return 0.0
-        return staged * self.cpu_per_byte
+        return self.speed.seconds(staged)
 
     def _arena_tensor(self, torch: Any) -> Any:
         if self._tensor_view is None:

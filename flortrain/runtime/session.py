@@ -60,8 +60,10 @@ class Session:
     _jump_pending: tuple[str, int, Boundary] | None = None  # a jump the main loop's generator decided
     _driven: set[str] = field(default_factory=set)  # main loops whose iterator the runtime wraps
     _boundary_t: dict[str, tuple[float, float]] = field(default_factory=dict)  # wall, CPU
-    background: float = 0.0  # the writer's estimated CPU seconds for the latest checkpoint
+    background: float = 0.0  # the writer's estimated seconds for the latest checkpoint
     _no_boundary: set[str] = field(default_factory=set)
+    #: a block instance of the current main-loop iteration was recorded without a checkpoint
+    _unsaved_block: bool = False
     _initial_digests: dict[str, str] = field(default_factory=dict)
     _last_commit: float = 0.0
     commit_interval: float = field(default_factory=knobs.commit_interval)
@@ -163,6 +165,8 @@ class Session:
             self.materializer.poll()
         boundary: Boundary | None = None
         scalars: str | None = None
+        if self.mode == "record":
+            self._time_iteration(main_id)
         if objects is not None and names is not None:
             if self.mode == "record":
                 boundary = self._resume_jump(main_id, i, objects) if self.resume is not None else None
@@ -210,17 +214,33 @@ class Session:
             self.tee.muted = False
         return b
 
+    def iteration_elapsed(self) -> float:
+        """Seconds since the current main-loop iteration began (0 outside one)."""
+        t = self._boundary_t.get(self.main[0]) if self.main is not None else None
+        return time.perf_counter() - t[0] if t is not None else 0.0
+
+    def _time_iteration(self, main_id: str, last_one: bool = False) -> None:
+        """Account the main-loop iteration that just ended with the adaptive period: it is the
+        unit of the boundary's Eq. 4 and the run's training time (``adaptive``'s budget)."""
+        now, cpu = time.perf_counter(), time.process_time()
+        last = self._boundary_t.pop(main_id, None) if last_one else self._boundary_t.get(main_id)
+        if last is not None:
+            self.adaptive.executed(main_id, now - last[0], cpu - last[1])
+        if not last_one:
+            self._boundary_t[main_id] = (now, cpu)
+
     def _record_boundary(
         self, main_id: str, i: int, objects: Getters, names: Getters, values: tuple[str, ...]
     ) -> Boundary | None:
         """Checkpoint the boundary when Eq. 4 allows, the iteration being the unit of compute.
         The first boundary (the loop's entry state) is never needed: a replay is there anyway."""
-        now, cpu = time.perf_counter(), time.process_time()
-        last = self._boundary_t.get(main_id)
-        if last is not None:
-            self.adaptive.executed(main_id, now - last[0], cpu - last[1])
-        self._boundary_t[main_id] = (now, cpu)
-        if i == 0 or main_id in self._no_boundary or not self.adaptive.should_materialize(main_id):
+        now = time.perf_counter()
+        # A boundary right after its iteration's blocks were checkpointed holds little that is
+        # new (their tensors are written already): cheap, and it lets a replay start there. One
+        # after a block left unsaved holds all that block changed, as costly as the block's own
+        # checkpoint, which serves an outer probe better: the budget is left to the block.
+        unsaved, self._unsaved_block = self._unsaved_block, False
+        if i == 0 or unsaved or main_id in self._no_boundary or not self.adaptive.should_materialize(main_id):
             return None
         assert self.main is not None
         b = Boundary(self, main_id, values)
@@ -393,6 +413,8 @@ class Session:
         self.abort_frames()
         if self._segment_here() is not None:
             self._mark("exit")
+        if self.mode == "record":
+            self._time_iteration(main_id, last_one=True)
         self.main = None
 
     # -- blocks an exception left ----------------------------------------------------------------
@@ -451,6 +473,8 @@ class Session:
         self, block: SkipBlock, state: str, digests: dict[str, str] | None = None, **costs: Any
     ) -> None:
         self.counts[state] = self.counts.get(state, 0) + 1
+        if state == "recorded":
+            self._unsaved_block = True
         assert self.main is not None
         m, entry, it = self.main
         occ = int(block.key.rsplit("#", 1)[1])

@@ -11,7 +11,9 @@ training keeps the CPU it would have had. One item at a time, in order:
   (``objects/ab/<sha256>``) unless that object exists already, bypassing the page cache where
   the filesystem allows (:mod:`flortrain.store.direct`), and remembered by the token the parent
   gave it, so a later checkpoint holding the same unchanged tensor refers to it by token and
-  nothing is copied or written again;
+  nothing is copied or written again. The objects of an item are hashed and written on a few
+  threads (:class:`Objects`): where training leaves the writer no CPU, everything it holds is
+  written after training ends, on cores that are then idle, and that wait is the run's;
 - the blob (header, small tensors inline) is written through a temporary file with a streaming
   hash and renamed into place;
 - the reply carries the blob's sha256 and each part's digest, or why the item was lost.
@@ -31,7 +33,9 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +81,55 @@ class Channel:
             self.buf += chunk
 
 
+class Objects:
+    """Content-addressed objects hashed and written on a few threads. sha256 and ``write`` both
+    release the GIL, so the hashing of one object overlaps the disk writing another, and on
+    idle cores objects are hashed side by side: a starved writer's whole backlog is written when
+    training ends, so its speed then is time the run waits. Threads start on first use (in the
+    forked writer, never in the parent before the fork)."""
+
+    def __init__(self, blobs: Path, threads: int | None = None) -> None:
+        self.blobs = blobs
+        self.threads = threads or min(4, os.cpu_count() or 1)
+        self._pool: ThreadPoolExecutor | None = None
+        self._claimed: set[str] = set()  # objects of the item in hand, written by one thread only
+        self._lock = threading.Lock()
+
+    def store(self, views: list[tuple[memoryview, bool]]) -> list[tuple[str, int]]:
+        """(sha256, bytes written) of each ``(view, aligned)``: each view becomes
+        ``objects/ab/<sha256>`` unless that exists; an ``aligned`` one (its bytes start at a
+        :data:`direct.ALIGN` boundary of memory) goes around the page cache."""
+        if len(views) <= 1 or self.threads <= 1:
+            return [self._one(v) for v in views]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="flortrain-ckpt")
+        try:
+            return list(self._pool.map(self._one, views))
+        finally:
+            self._claimed.clear()
+
+    def _one(self, job: tuple[memoryview, bool]) -> tuple[str, int]:
+        view, aligned = job
+        sha = hashlib.sha256(view).hexdigest()
+        path = object_path(self.blobs, sha)
+        with self._lock:
+            if sha in self._claimed or path.exists():
+                return sha, 0
+            self._claimed.add(sha)
+        try:
+            direct.write_object(path, view, aligned)
+        except BaseException:
+            with self._lock:
+                self._claimed.discard(sha)
+            raise
+        return sha, len(view)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
 def _yield_cpu() -> None:
     """Run only on CPU time training leaves idle. A parallel torch op waits for its slowest
     thread, so even a niced process that preempts one of them stalls the whole op; SCHED_IDLE
@@ -96,6 +149,7 @@ def serve(sock: socket.socket, arena: memoryview, blobs: Path, parent: int, dela
     with contextlib.suppress(OSError):
         Path("/proc/self/comm").write_text("flortrain-ckpt")
     ch = Channel(sock)
+    objects = Objects(blobs)
     tokens: dict[int, str] = {}
     while True:
         try:
@@ -114,17 +168,17 @@ def serve(sock: socket.socket, arena: memoryview, blobs: Path, parent: int, dela
             tokens.pop(t, None)
         if delay:
             time.sleep(delay)  # fault injection (FLORTRAIN_INJECT=writer-delay=S): a slow disk
-        cpu = time.process_time()  # CPU time, not wall: a starved writer waits, and that is free
         try:
-            rel, sha, nbytes, digests = _write(item, arena, blobs, tokens)
+            rel, sha, nbytes, digests = _write(item, arena, objects, tokens)
         except Exception as e:  # reported, never fatal: the next item may well succeed
             reason = f"{type(e).__name__}: {e}" if not isinstance(e, OSError) else f"{e.strerror or e} ({e.filename or ''})"
             ch.send(("lost", item["key"], reason))
             continue
-        ch.send(("done", item["key"], rel, sha, nbytes, digests, time.process_time() - cpu))
+        ch.send(("done", item["key"], rel, sha, nbytes, digests))
 
 
-def _write(item: dict[str, Any], arena: memoryview, blobs: Path, tokens: dict[int, str]) -> tuple[str, str, int, dict[str, str]]:
+def _write(item: dict[str, Any], arena: memoryview, objects: Objects, tokens: dict[int, str]) -> tuple[str, str, int, dict[str, str]]:
+    blobs = objects.blobs
     rel: str = item["rel"]
     if item["kind"] == "bytes":  # a payload serialized on the training thread (torch.save)
         off, n = item["region"]
@@ -133,33 +187,33 @@ def _write(item: dict[str, Any], arena: memoryview, blobs: Path, tokens: dict[in
     metas = item["metas"]
     off, n = item["parts"]
     parts = bytes(arena[off : off + n])
-    shas: list[str] = []
-    table: list[tuple[str, Any]] = []
+    shas: list[str] = [""] * len(metas)
+    table: list[tuple[str, Any]] = [("i", 0)] * len(metas)
     inline: list[int] = []
-    written = 0
+    external: list[int] = []
     for g, place in enumerate(item["places"]):
         if place[0] == "t":
             known = tokens.get(place[1])
             if known is None:
                 raise LookupError("it shares an unchanged tensor with a checkpoint that was lost")
-            shas.append(known)
-            table.append(("x", known))
+            shas[g], table[g] = known, ("x", known)
             continue
-        _, start, external, token = place
-        view = arena[start : start + metas[g][2]]
-        sha = hashlib.sha256(view).hexdigest()
-        shas.append(sha)
-        if external:
-            path = object_path(blobs, sha)
-            if not path.exists():
-                direct.write_object(path, view, start % direct.ALIGN == 0)
-                written += len(view)
-            if token is not None:
-                tokens[token] = sha
-            table.append(("x", sha))
+        _, start, is_external, _token = place
+        if is_external:
+            external.append(g)
         else:
-            table.append(("i", 0))
+            shas[g] = hashlib.sha256(arena[start : start + metas[g][2]]).hexdigest()
             inline.append(g)
+    stored = objects.store([
+        (arena[(a := item["places"][g][1]) : a + metas[g][2]], a % direct.ALIGN == 0) for g in external
+    ])
+    written = 0
+    for g, (sha, nbytes) in zip(external, stored, strict=True):
+        shas[g], table[g] = sha, ("x", sha)
+        written += nbytes
+        token = item["places"][g][3]
+        if token is not None:
+            tokens[token] = sha
     starts = [item["places"][g][1] for g in inline]
     offsets, chunks = blobformat.inline([arena[s : s + metas[g][2]] for g, s in zip(inline, starts, strict=True)])
     for g, off in zip(inline, offsets, strict=True):

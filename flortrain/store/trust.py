@@ -31,6 +31,7 @@ import json
 import os
 import secrets
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -73,7 +74,7 @@ def replacing(path: Path) -> Iterator[int]:
     the block ends, removed if it raises. Nothing half-written is ever at ``path``, whoever
     reads it and however the writer dies; the directories are created private."""
     private_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_native_id()}")
     try:
         fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
