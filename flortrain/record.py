@@ -151,9 +151,11 @@ def record(
     outcome = "complete" if status == 0 else f"failed (exit {status})"
     if store.failed:
         outcome = f"incomplete (the store failed: {store.failed}; the script's exit {status} is kept)"
+    held = session.held
     print(
         f"flortrain: record run {run_id} {outcome}"
-        f" in {elapsed:.2f}s: {c.get('checkpointed', 0)} of {n_blocks} block instances checkpointed",
+        f" in {elapsed:.2f}s: {c.get('checkpointed', 0)} of {n_blocks} block instances checkpointed;"
+        f" flortrain held training up {held:.2f}s ({held / max(elapsed - held, 1e-9):.1%})",
         file=sys.stderr,
     )
     store.close()

@@ -7,6 +7,7 @@ script behaves exactly as written.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import TypeVar
@@ -25,7 +26,13 @@ def block(block_id: str, first_line: int = 0, last_line: int = 0, values: tuple[
     """Open the SkipBlock of one memoized loop instance, whose loop spans these lines of the
     script (how the runtime notices an exception carrying control out of the loop). ``values``
     are rebound names read after the loop only as numbers: stored detached if they carry a graph."""
-    return SkipBlock(_session.current, block_id, (first_line, last_line), values)
+    s = _session.current
+    if s is None:
+        return SkipBlock(None, block_id, (first_line, last_line), values)
+    t0 = time.perf_counter()
+    b = SkipBlock(s, block_id, (first_line, last_line), values)
+    s.held += time.perf_counter() - t0
+    return b
 
 
 def main_enter(main_id: str) -> None:
@@ -41,9 +48,12 @@ def main_iteration(
 ) -> Boundary | NoBoundary:
     """The start of a main-loop iteration; with the loop's boundary state (getters of what an
     iteration changes), what a replay restored when it jumped here (see ``jumped()``)."""
-    if _session.current is None:
+    s = _session.current
+    if s is None:
         return NO_BOUNDARY
-    b = _session.current.main_iteration(main_id, objects, names, values, sys._getframe(1))
+    t0 = time.perf_counter()
+    b = s.main_iteration(main_id, objects, names, values, sys._getframe(1))
+    s.held += time.perf_counter() - t0
     return NO_BOUNDARY if b is None else b
 
 

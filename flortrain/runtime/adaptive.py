@@ -89,6 +89,16 @@ class AdaptivePeriod:
         bound = c.n / (c.k + 1) * min(1.0 / (1.0 + self.restore_ratio), self.epsilon)
         return m / cc < bound and self.spent + m <= self.epsilon * (self.training + ongoing)
 
+    def affords(self, block_id: str, blocked_s: float, background_s: float) -> bool:
+        """Whether a checkpoint of these estimated costs (before it is staged) fits the run's
+        budget: its M would be the blocked time plus the writer's time under contention. Asked
+        of iteration boundaries, whose cost varies most (a boundary holds every live module: the
+        first one writes a frozen table that blocks never do)."""
+        if self.every:
+            return True
+        c = self.costs.setdefault(block_id, BlockCosts())
+        return self.spent + blocked_s + c.contention * background_s <= self.epsilon * self.training
+
     def materialized(self, block_id: str, blocked_s: float, background_s: float = 0.0) -> float:
         """Account a checkpoint; returns its M: the time training was blocked plus the writer's
         CPU time as far as it competes with training."""

@@ -32,6 +32,7 @@ shared-memory arena the writer reads:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import mmap
 import os
@@ -61,58 +62,76 @@ EXTERNAL_MIN = 1 << 16
 
 @dataclass(frozen=True)
 class WriterSpeed:
-    """How long the writer takes for an item: ``per_item + per_byte * staged bytes``."""
+    """What a checkpoint costs, measured (:func:`writer_speed`): the writer takes ``per_item +
+    per_object * objects + per_byte * bytes``; staging takes ``stage_per_byte * bytes`` of the
+    training thread (a copy into arena pages touched for the first time: mostly page faults)."""
 
     per_item: float
+    per_object: float
     per_byte: float
+    stage_per_byte: float = 1e-9
 
-    def seconds(self, staged: int) -> float:
-        return self.per_item + self.per_byte * staged
+    def seconds(self, staged: int, objects: int = 0) -> float:
+        return self.per_item + self.per_object * objects + self.per_byte * staged
+
+
+class Declined(Exception):
+    """A checkpoint whose estimated cost the caller would not afford: nothing was staged."""
 
 
 def writer_speed(blobs: Path) -> WriterSpeed:
-    """Time the writer's own path (hash and write content-addressed objects, then a small blob)
-    on 4 MB in a scratch directory beside the store's objects, before the script starts: about
-    5 ms. It is what a checkpoint costs the run where training leaves the writer no CPU, since
-    its backlog is then written after training ends, on idle cores, as here. It is not learned
-    from the writer's replies: on such a machine they come after training, and where they come
+    """What a checkpoint will cost, timed before the script starts (about 5 ms). It is what the
+    run waits for where training leaves the writer no CPU: its backlog is then written after
+    training ends, on idle cores, through the page cache (``writer.serve``), so a byte costs its
+    sha256 and one copy into fresh pages, spread over the writer's threads; the disk is not
+    waited for. Both are timed here on 2 MB, as is staging's own copy into fresh arena pages,
+    and a file's creation in a scratch directory beside the store's objects. Not learned from
+    the writer's replies: on such a machine they come after training, and where they come
     sooner the writer ran on idle CPU and cost nothing (``adaptive.contention``)."""
+    size = 2 << 20
+    src = bytes(size)
+    stage = hashing = float("inf")
+    for _ in range(2):
+        with mmap.mmap(-1, size) as arena:
+            t0 = time.perf_counter()
+            arena[:] = src  # fresh pages, as most staging (and the page cache) meets them
+            t1 = time.perf_counter()
+            hashlib.sha256(arena).digest()
+            t2 = time.perf_counter()
+        stage, hashing = min(stage, (t1 - t0) / size), min(hashing, (t2 - t1) / size)
     scratch = blobs / f".calibrate-{os.getpid()}"
     objects = Objects(scratch)
-    arena = mmap.mmap(-1, 4 << 20)
     try:
-        best = (float("inf"), float("inf"))
-        for _ in range(2):
-            view = memoryview(arena)
-            for i in range(4):  # four objects never seen: each is hashed and written
-                view[i << 20 : (i << 20) + 16] = os.urandom(16)
-            t0 = time.perf_counter()
-            objects.store([(view[i << 20 : (i + 1) << 20], True) for i in range(4)])
-            t1 = time.perf_counter()
-            write_durably(scratch / "blob", [bytes(4096)])
-            t2 = time.perf_counter()
-            view.release()
-            best = (min(best[0], t2 - t1), min(best[1], (t1 - t0) / (4 << 20)))
-        return WriterSpeed(*best)
+        t0 = time.perf_counter()
+        write_durably(scratch / "blob", [bytes(4096)])
+        t1 = time.perf_counter()
+        objects.store([(memoryview(os.urandom(64)), False)])
+        t2 = time.perf_counter()
+        per_item, per_object = t1 - t0, t2 - t1
     except OSError:  # a store we cannot write to fails later, where it is reported
-        return WriterSpeed(1e-3, 2e-9)
+        per_item, per_object = 1e-3, 1e-3
     finally:
         objects.close()
-        arena.close()
         shutil.rmtree(scratch, ignore_errors=True)
+    return WriterSpeed(per_item, per_object, (hashing + stage) / objects.threads, stage)
 
 
 _ALIGN = 64
 
 Committed = Callable[[str, dict[str, str]], None]
+#: whether a checkpoint is worth its estimated cost: (seconds staging holds training up, seconds
+#: the writer will take)
+Afford = Callable[[float, float], bool]
 Lost = Callable[[str, str], None]
 
 
 class Materializer(Protocol):
-    def submit(self, key: str, block_id: str, payload: dict[str, Any]) -> float:
+    def submit(self, key: str, block_id: str, payload: dict[str, Any], afford: Afford | None = None) -> float:
         """Stage a checkpoint; when this returns, training may change anything the payload refers
         to. The checkpoint is committed later, or reported lost. Returns the seconds the writer
-        will take for it (an estimate, :func:`writer_speed`; 0 when it was written here)."""
+        will take for it (an estimate, :func:`writer_speed`; 0 when it was written here).
+        ``afford``: asked with the estimated costs once the changed bytes are known, before
+        anything is copied; :class:`Declined` is raised if it says no."""
 
     def poll(self) -> None:
         """Commit what the writer has finished (cheap: called at every main-loop iteration)."""
@@ -187,7 +206,8 @@ class SyncMaterializer:
         self.run_id = run_id
         self.cb = callbacks
 
-    def submit(self, key: str, block_id: str, payload: dict[str, Any]) -> float:
+    def submit(self, key: str, block_id: str, payload: dict[str, Any], afford: Afford | None = None) -> float:
+        """``afford`` is not asked: only serializing would tell the size, and that is the cost."""
         data, dig = serialize(payload)
         self.write(key, data, dig)
         return 0.0
@@ -393,7 +413,9 @@ class BackgroundMaterializer:
                 return 0
             self._take(None)
 
-    def submit(self, key: str, block_id: str, payload: dict[str, Any]) -> float:
+    def submit(
+        self, key: str, block_id: str, payload: dict[str, Any], afford: Afford | None = None
+    ) -> float:
         torch = sys.modules.get("torch")
         if self.ch is None:
             self._start()
@@ -434,10 +456,14 @@ class BackgroundMaterializer:
                     f" buffer; such checkpoints are written on the training thread (raise {knobs.BUFFER_ENV})"
                 )
             return self.sync.submit(key, block_id, payload)
+        staged = sum(st.metas[g][2] for g, _ in layout)
+        objects = sum(1 for g, _ in layout if places[g][2])
+        if afford is not None and not afford(self.speed.stage_per_byte * staged, self.speed.seconds(staged, objects)):
+            raise Declined(f"{staged} bytes to stage and write")
         start = self._alloc(n)
         if self.ch is None:  # the writer died while we waited: start afresh
             self._start()
-            return self.submit(key, block_id, payload)
+            return self.submit(key, block_id, payload, afford)
         self.view[start : start + len(st.parts)] = st.parts
         arena = self._arena_tensor(torch)
         for g, off in layout:
@@ -454,8 +480,7 @@ class BackgroundMaterializer:
             "parts": (start, len(st.parts)), "metas": st.metas, "skeletons": st.skeletons,
             "places": places, "forget": forget,
         }
-        staged = sum(st.metas[g][2] for g, _ in layout)
-        return self._send(key, item, start, start + n, staged)
+        return self._send(key, item, start, start + n, staged, objects)
 
     def _submit_bytes(self, key: str, data: bytes, dig: dict[str, str]) -> float:
         n = direct.aligned(len(data))
@@ -471,7 +496,7 @@ class BackgroundMaterializer:
                 "region": (start, len(data)), "digests": dig}
         return self._send(key, item, start, start + n, len(data))
 
-    def _send(self, key: str, item: dict[str, Any], start: int, end: int, staged: int) -> float:
+    def _send(self, key: str, item: dict[str, Any], start: int, end: int, staged: int, objects: int = 0) -> float:
         """Hand an item to the writer; the seconds it will take there (:func:`writer_speed`)."""
         assert self.ch is not None
         self.inflight.append(_Flight(key, start, end, staged))
@@ -480,7 +505,7 @@ class BackgroundMaterializer:
         except OSError:
             self._died("died")
             return 0.0
-        return self.speed.seconds(staged)
+        return self.speed.seconds(staged, objects)
 
     def _arena_tensor(self, torch: Any) -> Any:
         if self._tensor_view is None:

@@ -20,7 +20,7 @@ from flortrain.runtime import materializer as _materializer
 from flortrain.runtime import rng
 from flortrain.runtime.adaptive import AdaptivePeriod
 from flortrain.runtime.capture import Tee
-from flortrain.runtime.materializer import Callbacks, Materializer
+from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
 from flortrain.runtime.registry import Registry
 from flortrain.runtime.skipblock import Getters, SkipBlock, State
 from flortrain.runtime.spans import Boundary, Segment, SegmentEnd, SpanReplay, scalars_json
@@ -64,6 +64,9 @@ class Session:
     _no_boundary: set[str] = field(default_factory=set)
     #: a block instance of the current main-loop iteration was recorded without a checkpoint
     _unsaved_block: bool = False
+    #: seconds flortrain's own code held the training thread: block entries and exits (staging
+    #: checkpoints included), iteration boundaries, the wait for the writer at the end
+    held: float = 0.0
     _initial_digests: dict[str, str] = field(default_factory=dict)
     _last_commit: float = 0.0
     commit_interval: float = field(default_factory=knobs.commit_interval)
@@ -245,8 +248,13 @@ class Session:
         assert self.main is not None
         b = Boundary(self, main_id, values)
         b.key = f"{main_id}@{main_id}.{self.main[1]}.{i}#0"
+        def afford(blocked: float, writer: float) -> bool:
+            return self.adaptive.affords(main_id, blocked, writer)
+
         try:
-            outcome = self.checkpoint(b.key, main_id, lambda: b._payload(self, objects, names))
+            outcome = self.checkpoint(b.key, main_id, lambda: b._payload(self, objects, names), afford)
+        except Declined:
+            return None
         except Exception as e:  # the iterations still run and record; only jumping is lost
             self._no_boundary.add(main_id)
             self.warn(f"main loop {main_id}: iteration boundaries not checkpointed: {e}")
@@ -257,15 +265,18 @@ class Session:
         return b
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def checkpoint(self, key: str, block_id: str, payload: Callable[[], dict[str, Any]]) -> tuple[str, Any] | None:
+    def checkpoint(
+        self, key: str, block_id: str, payload: Callable[[], dict[str, Any]], afford: Afford | None = None
+    ) -> tuple[str, Any] | None:
         """Capture and stage a checkpoint. Returns ``("committed", digests)`` or ``("lost",
         reason)`` when the materializer finished it at once, None while it is pending (its row is
-        updated when the writer reports). Raises when the state cannot be captured."""
+        updated when the writer reports). Raises when the state cannot be captured, and
+        :class:`Declined` when ``afford`` turned down its estimated cost."""
         materializer = self.start_materializer()
         self._submitting, self._outcome = key, None
         self.background = 0.0
         try:
-            self.background = materializer.submit(key, block_id, payload())
+            self.background = materializer.submit(key, block_id, payload(), afford)
         finally:
             self._submitting = None
         return self._outcome
@@ -559,8 +570,10 @@ class Session:
             self.warn(msg)
 
     def flush(self) -> None:
+        t0 = time.perf_counter()
         if self.materializer is not None:
             self.materializer.flush()
+        self.held += time.perf_counter() - t0
         if self.tee is not None:
             self.tee.close_capture()
         self.store.put_iterations(self.run_id, self._iterations)

@@ -35,6 +35,7 @@ import struct
 import sys
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,8 @@ class Objects:
     def __init__(self, blobs: Path, threads: int | None = None) -> None:
         self.blobs = blobs
         self.threads = threads or min(4, os.cpu_count() or 1)
+        #: aligned objects bypass the page cache (see :func:`serve`)
+        self.direct = True
         self._pool: ThreadPoolExecutor | None = None
         self._claimed: set[str] = set()  # objects of the item in hand, written by one thread only
         self._lock = threading.Lock()
@@ -117,7 +120,7 @@ class Objects:
                 return sha, 0
             self._claimed.add(sha)
         try:
-            direct.write_object(path, view, aligned)
+            direct.write_object(path, view, aligned and self.direct)
         except BaseException:
             with self._lock:
                 self._claimed.discard(sha)
@@ -151,11 +154,18 @@ def serve(sock: socket.socket, arena: memoryview, blobs: Path, parent: int, dela
     ch = Channel(sock)
     objects = Objects(blobs)
     tokens: dict[int, str] = {}
+    queue: deque[Any] = deque()
     while True:
         try:
-            msg = ch.recv(1.0)
+            msg = queue.popleft() if queue else ch.recv(1.0)
+            while (more := ch.recv(0)) is not None:  # all that is pending: is "stop" among it?
+                queue.append(more)
         except EOFError:
             return
+        # Once the parent waits for the backlog (training is over), the disk's speed is the
+        # run's time: write through the page cache on the idle cores. Until then, around it:
+        # a copy into the page cache is CPU that training would lose.
+        objects.direct = not any(m[0] == "stop" for m in queue)
         if msg is None:
             if os.getppid() != parent:
                 return  # the recording process died: nothing can commit what is written now
