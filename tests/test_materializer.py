@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -351,29 +350,67 @@ def test_writer_speed_is_timed_on_scratch_objects_it_removes(tmp_path: Path) -> 
     assert list(blobs.iterdir()) == []
 
 
-def test_a_boundary_after_an_unsaved_block_is_left_to_the_block(tmp_path: Path) -> None:
-    """A boundary that follows a block instance recorded without a checkpoint would hold all that
-    block changed: it is skipped, even where Eq. 4 would take it (``every`` here); one whose
-    iteration's blocks were all checkpointed is taken."""
-    from types import SimpleNamespace
-
+def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
+    """A boundary whose estimated cost does not fit the run's budget is not staged at all (the
+    first boundary of a fine-tuning run holds a frozen table no block writes); once training
+    has earned the budget, the same boundary is taken."""
     from flortrain.runtime.adaptive import AdaptivePeriod
     from flortrain.runtime.session import Session
 
     store = Store(tmp_path / "s")
     run = store.begin_run("record", "x.py", [], "", None, None, {})
     s = Session("record", store, run)
-    s.adaptive = AdaptivePeriod(every=True)
-    state = {"w": torch.zeros(4)}
-    getters = {"w": lambda: state["w"]}
-    block: Any = SimpleNamespace(key="L2@M1.0.0#0", id="L2")
+    s.adaptive = AdaptivePeriod(epsilon=1 / 15, every=False)
+    state = {"table": torch.randn(1 << 20)}  # 4 MB: milliseconds to stage and write
+    getters = {"table": lambda: state["table"]}
     try:
         s.main_enter("M1")
         assert s.main_iteration("M1", getters, getters) is None  # iteration 0: never a boundary
-        s.block_done(block, "recorded")
-        assert s.main_iteration("M1", getters, getters) is None  # after an unsaved block
-        assert s.main_iteration("M1", getters, getters) is not None  # nothing unsaved before it
+        # iteration 1: Eq. 4 takes a block's first instance unseen, but the budget so far is ε of
+        # microseconds of training
+        assert s.main_iteration("M1", getters, getters) is None
+        assert s.adaptive.costs["M1"].k == 0 and s.adaptive.spent == 0.0
+        s.adaptive.training += 100.0  # as if 100 s of training had gone by
+        assert s.main_iteration("M1", getters, getters) is not None
         s.main_exit("M1")
     finally:
         s.flush()
     assert [k.split("@")[1] for k in store.checkpoints(run)] == ["M1.0.2#0"]
+    assert s.adaptive.costs["M1"].k == 1 and s.adaptive.spent > 0
+
+
+def test_flortrains_hooks_defer_garbage_collection_and_are_timed(tmp_path: Path) -> None:
+    """A full collection due while a hook runs would be charged to the checkpoint it falls in;
+    it is deferred to the script's next allocation, and the hook's own time is counted."""
+    import gc
+
+    from flortrain.runtime.session import Session
+
+    store = Store(tmp_path / "s")
+    s = Session("record", store, store.begin_run("record", "x.py", [], "", None, None, {}))
+    assert gc.isenabled()
+    with s.holding():
+        assert not gc.isenabled()
+        with s.holding():  # nested: the outer one re-enables
+            pass
+        assert not gc.isenabled()
+        time.sleep(0.01)
+    assert gc.isenabled() and s.held >= 0.01
+    gc.disable()
+    try:
+        with s.holding():
+            pass
+        assert not gc.isenabled()  # a script that turned collection off keeps it off
+    finally:
+        gc.enable()
+
+
+def test_record_reports_how_long_it_held_training_up(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(FROZEN.replace("    #PROBE\n", ""))
+    rec = flortrain(tmp_path, "record", "train.py")
+    assert rec.code == 0, rec.err
+    last = rec.err.strip().splitlines()[-1]
+    assert "complete" in last and "flortrain held training up " in last, last
+    held = float(last.split("held training up ")[1].split("s (")[0])
+    assert 0 < held < 60, last

@@ -7,7 +7,6 @@ script behaves exactly as written.
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import TypeVar
@@ -29,10 +28,8 @@ def block(block_id: str, first_line: int = 0, last_line: int = 0, values: tuple[
     s = _session.current
     if s is None:
         return SkipBlock(None, block_id, (first_line, last_line), values)
-    t0 = time.perf_counter()
-    b = SkipBlock(s, block_id, (first_line, last_line), values)
-    s.held += time.perf_counter() - t0
-    return b
+    with s.holding():
+        return SkipBlock(s, block_id, (first_line, last_line), values)
 
 
 def main_enter(main_id: str) -> None:
@@ -51,9 +48,8 @@ def main_iteration(
     s = _session.current
     if s is None:
         return NO_BOUNDARY
-    t0 = time.perf_counter()
-    b = s.main_iteration(main_id, objects, names, values, sys._getframe(1))
-    s.held += time.perf_counter() - t0
+    with s.holding():
+        b = s.main_iteration(main_id, objects, names, values, sys._getframe(1))
     return NO_BOUNDARY if b is None else b
 
 

@@ -7,6 +7,8 @@ every loop runs as written).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
 import threading
 import time
@@ -62,8 +64,6 @@ class Session:
     _boundary_t: dict[str, tuple[float, float]] = field(default_factory=dict)  # wall, CPU
     background: float = 0.0  # the writer's estimated seconds for the latest checkpoint
     _no_boundary: set[str] = field(default_factory=set)
-    #: a block instance of the current main-loop iteration was recorded without a checkpoint
-    _unsaved_block: bool = False
     #: seconds flortrain's own code held the training thread: block entries and exits (staging
     #: checkpoints included), iteration boundaries, the wait for the writer at the end
     held: float = 0.0
@@ -238,12 +238,7 @@ class Session:
         """Checkpoint the boundary when Eq. 4 allows, the iteration being the unit of compute.
         The first boundary (the loop's entry state) is never needed: a replay is there anyway."""
         now = time.perf_counter()
-        # A boundary right after its iteration's blocks were checkpointed holds little that is
-        # new (their tensors are written already): cheap, and it lets a replay start there. One
-        # after a block left unsaved holds all that block changed, as costly as the block's own
-        # checkpoint, which serves an outer probe better: the budget is left to the block.
-        unsaved, self._unsaved_block = self._unsaved_block, False
-        if i == 0 or unsaved or main_id in self._no_boundary or not self.adaptive.should_materialize(main_id):
+        if i == 0 or main_id in self._no_boundary or not self.adaptive.should_materialize(main_id):
             return None
         assert self.main is not None
         b = Boundary(self, main_id, values)
@@ -484,8 +479,6 @@ class Session:
         self, block: SkipBlock, state: str, digests: dict[str, str] | None = None, **costs: Any
     ) -> None:
         self.counts[state] = self.counts.get(state, 0) + 1
-        if state == "recorded":
-            self._unsaved_block = True
         assert self.main is not None
         m, entry, it = self.main
         occ = int(block.key.rsplit("#", 1)[1])
@@ -569,11 +562,27 @@ class Session:
             self._warned.add(tag)
             self.warn(msg)
 
-    def flush(self) -> None:
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Time flortrain's own code on the training thread (:attr:`held`), with garbage
+        collection deferred until it returns. A full collection is the cost of the script's heap,
+        plain or recorded (0.2 s each in a nanoGPT-shaped script); one that fell into a
+        checkpoint would be charged to it as M, and Eq. 4 and the run's budget would then refuse
+        checkpoints for the rest of the run. It runs at the script's next allocation instead."""
+        collecting = gc.isenabled()
+        gc.disable()
         t0 = time.perf_counter()
-        if self.materializer is not None:
-            self.materializer.flush()
-        self.held += time.perf_counter() - t0
+        try:
+            yield
+        finally:
+            self.held += time.perf_counter() - t0
+            if collecting:
+                gc.enable()
+
+    def flush(self) -> None:
+        with self.holding():
+            if self.materializer is not None:
+                self.materializer.flush()
         if self.tee is not None:
             self.tee.close_capture()
         self.store.put_iterations(self.run_id, self._iterations)

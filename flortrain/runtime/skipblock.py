@@ -281,11 +281,8 @@ class SkipBlock(Checkpointable):
         self.pyframe = None
         if s is None or self.aborted:
             return False
-        t0 = time.perf_counter()
-        try:
+        with s.holding():
             return self._end(s, objects, names)
-        finally:
-            s.held += time.perf_counter() - t0
 
     def _end(self, s: Session, objects: Getters, names: Getters) -> bool:
         if s.frames and s.frames[-1] is self:
