@@ -19,9 +19,11 @@ iteration's compute contains the block's), so two blocks each within ε could to
 measured on an LSTM, the batch loop's checkpoint took 6.3% of an epoch and the boundary's 1.8%.
 So a checkpoint Eq. 4 allows is also held to the run's budget: the M spent so far on every block,
 plus this block's mean M, must stay within ε of the training time so far. Training time is the
-compute of the outermost units (main-loop iterations; blocks outside any main loop), less the M
-spent inside them, so nothing is counted twice. Checkpoints of a block and of the boundary after
-it then alternate as the budget allows, in the order training reaches them.
+compute of the outermost units (main-loop iterations; blocks outside any main loop), less the
+time checkpoints nested in them blocked it, so nothing is counted twice. Checkpoints of a block
+and of the boundary after it then share the budget in the order training reaches them. A
+boundary is also priced before it is staged (:meth:`AdaptivePeriod.affords`): its size varies
+the most of any checkpoint.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class AdaptivePeriod:
 
     def materialized(self, block_id: str, blocked_s: float, background_s: float = 0.0) -> float:
         """Account a checkpoint; returns its M: the time training was blocked plus the writer's
-        CPU time as far as it competes with training."""
+        time for it as far as training leaves the writer no idle core."""
         c = self.costs.setdefault(block_id, BlockCosts())
         c.k += 1
         m = blocked_s + c.contention * background_s
