@@ -19,7 +19,7 @@ iteration's compute contains the block's), so two blocks each within ε could to
 measured on an LSTM, the batch loop's checkpoint took 6.3% of an epoch and the boundary's 1.8%.
 So a checkpoint Eq. 4 allows is also held to the run's budget: the M spent so far on every block,
 plus this block's mean M, must stay within ε of the training time so far. Training time is the
-compute of the outermost units (main-loop iterations; blocks outside any main loop), less the
+compute of the outermost units (main-loop iterations, which recorded blocks run inside), less the
 time checkpoints nested in them blocked it, so nothing is counted twice. Checkpoints of a block
 and of the boundary after it then share the budget in the order training reaches them. A
 boundary is also priced before it is staged (:meth:`AdaptivePeriod.affords`): its size varies
@@ -68,7 +68,7 @@ class AdaptivePeriod:
 
     def executed(self, block_id: str, compute_s: float, cpu_s: float | None = None, outer: bool = True) -> None:
         """Account an instance of a block. ``outer``: no other accounted unit encloses it (a
-        main-loop iteration, a block outside any main loop), so its compute is the run's."""
+        main-loop iteration; not a block, which runs inside one), so its compute is the run's."""
         c = self.costs.setdefault(block_id, BlockCosts())
         c.n += 1
         c.compute += compute_s
@@ -89,7 +89,7 @@ class AdaptivePeriod:
         if cc <= 0:
             return False
         bound = c.n / (c.k + 1) * min(1.0 / (1.0 + self.restore_ratio), self.epsilon)
-        return m / cc < bound and self.spent + m <= self.epsilon * (self.training + ongoing)
+        return m / cc < bound and self._fits(m, ongoing)
 
     def affords(self, block_id: str, blocked_s: float, background_s: float) -> bool:
         """Whether a checkpoint of these estimated costs (before it is staged) fits the run's
@@ -99,7 +99,12 @@ class AdaptivePeriod:
         if self.every:
             return True
         c = self.costs.setdefault(block_id, BlockCosts())
-        return self.spent + blocked_s + c.contention * background_s <= self.epsilon * self.training
+        return self._fits(blocked_s + c.contention * background_s)
+
+    def _fits(self, m: float, ongoing: float = 0.0) -> bool:
+        """The run's budget: everything spent, plus a checkpoint costing ``m``, within ε of the
+        training time so far (``ongoing``: of the outer unit in progress, not accounted yet)."""
+        return self.spent + m <= self.epsilon * (self.training + ongoing)
 
     def materialized(self, block_id: str, blocked_s: float, background_s: float = 0.0) -> float:
         """Account a checkpoint; returns its M: the time training was blocked plus the writer's

@@ -80,7 +80,7 @@ class Declined(Exception):
 
 
 def writer_speed(blobs: Path) -> WriterSpeed:
-    """What a checkpoint will cost, timed before the script starts (about 5 ms). It is what the
+    """What a checkpoint will cost, timed before the script starts (10 to 20 ms). It is what the
     run waits for where training leaves the writer no CPU: its backlog is then written after
     training ends, on idle cores, through the page cache (``writer.serve``), so a byte costs its
     sha256 and one copy into fresh pages, spread over the writer's threads; the disk is not

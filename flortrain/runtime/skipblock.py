@@ -313,14 +313,15 @@ class SkipBlock(Checkpointable):
     # -- record ----------------------------------------------------------------------------------
     def _record(self, s: Session, objects: Getters, names: Getters) -> None:
         compute = time.perf_counter() - self.t0
-        outer = s.main is None and not s.frames  # else its time is part of an enclosing unit's
-        s.adaptive.executed(self.id, compute, time.process_time() - self.cpu0, outer)
+        # a recorded block runs inside a main-loop iteration (else it is PASSTHROUGH), whose time
+        # is the run's: the block's own is part of it
+        s.adaptive.executed(self.id, compute, time.process_time() - self.cpu0, outer=False)
         if self.watch is not None:
             try:
                 self._learn_aliases(s, objects)
             except Exception as e:
                 s.warn_once(f"{self.id}.watch", f"block {self.id}: alias watch unavailable: {e}")
-        if not s.adaptive.should_materialize(self.id, 0.0 if outer else s.iteration_elapsed()):
+        if not s.adaptive.should_materialize(self.id, s.iteration_elapsed()):
             s.block_done(self, "recorded", compute_s=compute)
             return
         # M_i of Eq. 4 is all the time training is held up: capturing the state and staging it

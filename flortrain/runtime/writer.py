@@ -102,11 +102,11 @@ class Objects:
         """(sha256, bytes written) of each ``(view, aligned)``: each view becomes
         ``objects/ab/<sha256>`` unless that exists; an ``aligned`` one (its bytes start at a
         :data:`direct.ALIGN` boundary of memory) goes around the page cache."""
-        if len(views) <= 1 or self.threads <= 1:
-            return [self._one(v) for v in views]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="flortrain-ckpt")
         try:
+            if len(views) <= 1 or self.threads <= 1:
+                return [self._one(v) for v in views]
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="flortrain-ckpt")
             return list(self._pool.map(self._one, views))
         finally:
             self._claimed.clear()
