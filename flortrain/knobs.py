@@ -48,6 +48,12 @@ MATERIALIZERS = ("background", "sync")
 BUFFER_ENV = "FLORTRAIN_BUFFER_MB"
 DEFAULT_BUFFER_MB = 2048
 
+#: The backlog, in MB staged and not yet written, at which the writer stops waiting for idle CPU
+#: and competes with training (at a low priority) until it has written all it holds
+#: (``writer.Pace``). At most half the staging buffer.
+WRITER_BACKLOG_ENV = "FLORTRAIN_WRITER_BACKLOG_MB"
+DEFAULT_WRITER_BACKLOG_MB = 256
+
 #: How long a finished run waits for the writer to write what it holds, in seconds.
 FLUSH_TIMEOUT_ENV = "FLORTRAIN_FLUSH_TIMEOUT"
 DEFAULT_FLUSH_TIMEOUT_S = 600.0
@@ -107,6 +113,11 @@ def materializer() -> str:
 
 def buffer_bytes() -> int:
     return int(_number(BUFFER_ENV, DEFAULT_BUFFER_MB, lambda v: v >= 0, "a number of MB >= 0 (default 2048)") * 2**20)
+
+
+def writer_backlog() -> int:
+    mb = _number(WRITER_BACKLOG_ENV, DEFAULT_WRITER_BACKLOG_MB, lambda v: v >= 0, "a number of MB >= 0 (default 256)")
+    return int(min(mb * 2**20, buffer_bytes() / 2))
 
 
 def flush_timeout() -> float:

@@ -414,3 +414,90 @@ def test_record_reports_how_long_it_held_training_up(tmp_path: Path) -> None:
     assert "complete" in last and "flortrain held training up " in last, last
     held = float(last.split("held training up ")[1].split("s (")[0])
     assert 0 < held < 60, last
+
+
+def test_the_writer_competes_for_the_cpu_once_its_backlog_reaches_the_threshold() -> None:
+    """``Pace``: idle CPU only while the backlog is small; at the threshold, busy until nothing
+    is left (hysteresis: the staging buffer then drains and its pages are reused); busy when
+    training is over, whatever it holds."""
+    from flortrain.runtime.writer import Pace
+
+    pace = Pace(threshold=100)
+    assert not pace.update(60, stopping=False)
+    assert pace.update(100, stopping=False)
+    assert pace.update(40, stopping=False), "a busy writer stays busy until its backlog is written"
+    assert not pace.update(0, stopping=False)
+    assert not pace.update(40, stopping=False)
+    assert pace.update(1, stopping=True)
+
+
+def test_the_idle_lane_runs_under_sched_idle_and_the_busy_lane_does_not(tmp_path: Path) -> None:
+    from flortrain.runtime.writer import Objects
+
+    objects = Objects(tmp_path / "blobs", threads=2)
+    try:
+        idle_item = objects.call(os.sched_getscheduler, 0)
+        idle_objects = objects.pool().submit(os.sched_getscheduler, 0).result()
+        objects.busy = True
+        busy_item = objects.call(os.sched_getscheduler, 0)
+        busy_objects = objects.pool().submit(os.sched_getscheduler, 0).result()
+    finally:
+        objects.close()
+    assert idle_item == idle_objects == os.SCHED_IDLE
+    assert busy_item == busy_objects == os.sched_getscheduler(0) != os.SCHED_IDLE
+
+
+PACED = """\
+import os, sys, torch
+torch.manual_seed(0)
+model = torch.nn.Linear(512, 512)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+x = torch.randn(32, 512)
+for epoch in range(4):
+    for step in range(3):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    #PROBE
+    print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
+    if epoch == 1 and os.environ.get("PACE_WAIT"):
+        sys.stdin.readline()   # the test looks at the writer's threads here
+"""
+
+
+def _writer_thread_policies(pid: int, deadline: float) -> set[int]:
+    """Scheduling policies of the recording process's writer's threads (a thread inherits the
+    process's comm, ``flortrain-ckpt``), once it has more than one."""
+    while time.monotonic() < deadline:
+        for c in _children(pid):
+            if Path(f"/proc/{c}/comm").read_text().strip() == "flortrain-ckpt":
+                tasks = [t for t in Path(f"/proc/{c}/task").iterdir() if t.name != str(c)]
+                if tasks:  # field 41 of stat, counted after the ")" that ends the comm
+                    return {int((t / "stat").read_text().rsplit(")", 1)[1].split()[38]) for t in tasks}
+        time.sleep(0.05)
+    raise AssertionError("no writer thread found")
+
+
+@pytest.mark.parametrize("backlog_mb, busy", [("0", True), ("1024", False)])
+def test_a_recorded_run_writes_on_the_lane_its_backlog_calls_for(tmp_path: Path, backlog_mb: str, busy: bool) -> None:
+    """Real record: with a threshold of 0 every checkpoint is written by normal-policy threads
+    (niced), with a large one by SCHED_IDLE threads only; either way the replay is exact."""
+    script = tmp_path / "train.py"
+    script.write_text(PACED)
+    env = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_WRITER_BACKLOG_MB": backlog_mb}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "flortrain", "record", "train.py"], cwd=tmp_path, env={**os.environ, **env, "PACE_WAIT": "1"},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert p.stdin is not None and p.stdout is not None
+    try:
+        p.stdout.readline()
+        p.stdout.readline()  # epoch 1 printed: its checkpoints staged, the script waits
+        time.sleep(0.5)
+        policies = _writer_thread_policies(p.pid, time.monotonic() + 30)
+    finally:
+        _, err = p.communicate("\n", timeout=300)
+    assert p.returncode == 0, err
+    assert policies == ({os.SCHED_OTHER} if busy else {os.SCHED_IDLE}), policies
+    replay_matches_plain(tmp_path, PACED, 'print(f"PROBE {model.weight.sum().item():.6f}")', env)

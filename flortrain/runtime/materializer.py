@@ -307,6 +307,7 @@ class BackgroundMaterializer:
         self.size = knobs.buffer_bytes()
         self.flush_timeout = knobs.flush_timeout()
         self.delay = knobs.injected("writer-delay")
+        self.backlog = knobs.writer_backlog()
         self.tracker = ChangeTracker(track_versions)
         self.sync = SyncMaterializer(store, run_id, callbacks)
         self.inflight: deque[_Flight] = deque()
@@ -327,7 +328,7 @@ class BackgroundMaterializer:
         pid = os.fork()
         if pid == 0:  # the writer
             parent_sock.close()
-            run_child(child_sock, self.view, self.store.blobs, parent, self.delay)
+            run_child(child_sock, self.view, self.store.blobs, parent, self.delay, self.backlog)
         child_sock.close()
         self.pid = pid
         self.ch = Channel(parent_sock)
@@ -500,6 +501,7 @@ class BackgroundMaterializer:
         """Hand an item to the writer; the seconds it will take there (:func:`writer_speed`)."""
         assert self.ch is not None
         self.inflight.append(_Flight(key, start, end, staged))
+        item["staged"] = staged  # the writer's pace follows its backlog in bytes
         try:
             self.ch.send(("item", item))
         except OSError:
