@@ -24,7 +24,7 @@ from flortrain.runtime.materializer import (
     digests,
 )
 from flortrain.store.db import Store
-from tests.protocol import flortrain, plain, replay_matches_plain
+from tests.protocol import flortrain, plain, probe_lines, replay_matches_plain, run
 
 
 class _Results:
@@ -134,15 +134,40 @@ for epoch in range(6):
 """
 
 
-def test_a_frozen_table_is_written_once_per_run_and_replays_exactly(tmp_path: Path) -> None:
+def test_a_frozen_table_is_named_not_written_and_replays_exactly(tmp_path: Path) -> None:
+    """A module tensor unchanged since the main loop's entry is named by its sha256 in every
+    checkpoint, never staged or written: a jump over iterations restores it from the replay's
+    own prologue, verified against that name."""
     env = {"FLORTRAIN_PERIOD": "every"}
-    replay_matches_plain(tmp_path, FROZEN, 'print(f"PROBE {head.weight.sum().item():.6f}")', env)
+    probe = 'if epoch == 4: print(f"PROBE {table.weight.sum().item():.4f} {head.weight.sum().item():.6f}")'
+    rep = replay_matches_plain(tmp_path, FROZEN, probe, env)
+    assert "4 main-loop iterations jumped over" in rep.err, rep.err
     table_bytes = 4096 * 128 * 4
-    objects = [p for p in _objects(tmp_path / ".flortrain") if p.stat().st_size == table_bytes]
-    assert len(objects) == 1, objects  # 6 blocks and 5 boundaries checkpointed, one copy on disk
+    assert not [p for p in _objects(tmp_path / ".flortrain") if p.stat().st_size == table_bytes]
+    assert sum(p.stat().st_size for p in (tmp_path / ".flortrain" / "blobs").rglob("*") if p.is_file()) < table_bytes
     db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
     (n,) = db.execute("SELECT COUNT(*) FROM checkpoints WHERE run_id=1").fetchone()
-    assert n >= 6
+    assert n >= 6  # 6 blocks and 5 boundaries checkpointed, and not one copy of the table
+
+
+def test_a_tensor_the_replay_made_differently_is_not_restored(tmp_path: Path) -> None:
+    """The replay's prologue makes a different table (seeded from the environment here, an
+    unseeded initialization in life): the boundaries that name the record's table cannot be
+    used, the replay says why and runs the iterations instead of restoring the rest of the state
+    around the wrong table."""
+    text = FROZEN.replace("torch.manual_seed(0)\n", 'import os\ntorch.manual_seed(int(os.environ.get("TABLE_SEED", "0")))\n', 1)
+    text = text.replace("head = torch.nn.Linear", "torch.manual_seed(0)\nhead = torch.nn.Linear")
+    script = tmp_path / "train.py"
+    script.write_text(text)
+    env = {"FLORTRAIN_PERIOD": "every"}
+    assert flortrain(tmp_path, "record", "train.py", env=env).code == 0
+    script.write_text(text.replace("    #PROBE", '    if epoch == 4: print(f"PROBE {table.weight.sum().item():.4f}")'))
+    own = probe_lines(run([sys.executable, "train.py"], tmp_path, {"TABLE_SEED": "1"}).out)
+    rep = flortrain(tmp_path, "replay", "train.py", env={**env, "TABLE_SEED": "1"})
+    assert rep.code == 0, rep.err
+    assert "that no live module tensor matches: the code before the loop made it differently" in rep.err, rep.err
+    assert "iterations jumped over" not in rep.err, rep.err
+    assert probe_lines(rep.out) == own and own != probe_lines(plain(script).out)
 
 
 DATA_WRITES = """\

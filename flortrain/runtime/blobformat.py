@@ -208,7 +208,8 @@ def tensor_bytes(t: Any, torch: Any) -> memoryview:
 def header(parts: bytes, metas: list[tuple[str, tuple[int, ...], int]], table: list[tuple[str, Any]]) -> bytes:
     """The head of a blob: MAGIC, the header's length, the header. ``table[g]`` places tensor g:
     ``("i", offset)`` in the blob's own bytes after the header, ``("x", sha256)`` in the store's
-    content-addressed objects."""
+    content-addressed objects, ``("k", sha256)`` nowhere: a module tensor unchanged since the
+    main loop's entry, which a replay's own prologue makes again (``ChangeTracker.enter``)."""
     h = pickle.dumps((parts, metas, table), protocol=5)
     return MAGIC + len(h).to_bytes(8, "little") + h
 
@@ -246,9 +247,16 @@ def digests(payload: dict[str, Any], torch: Any) -> dict[str, str]:
     return part_digests(st.skeletons, st.metas, shas)
 
 
-def loads(data: bytes, torch: Any, objects: Callable[[str], bytes | None] | None = None) -> dict[str, Any]:
+def loads(
+    data: bytes,
+    torch: Any,
+    objects: Callable[[str], bytes | None] | None = None,
+    live: Callable[[str, int], bytes | None] | None = None,
+) -> dict[str, Any]:
     """The payload of a blob. ``objects(sha)`` reads a content-addressed tensor, verified against
-    its sha256 (None when it is missing or does not verify: :class:`MissingObject` is raised)."""
+    its sha256 (None when it is missing or does not verify: :class:`MissingObject` is raised).
+    ``live(sha, nbytes)`` is asked for one the store does not have: a tensor the checkpoint only
+    named, because it was unchanged since the main loop's entry (``ChangeTracker.enter``)."""
     n = int.from_bytes(data[1:9], "little")
     parts_bytes, metas, table = pickle.loads(data[9 : 9 + n])
     parts = pickle.loads(parts_bytes)
@@ -259,6 +267,15 @@ def loads(data: bytes, torch: Any, objects: Callable[[str], bytes | None] | None
             raw = torch.empty(0, dtype=torch.uint8)
         elif where == "i":
             raw = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=arg)
+        elif where == "k":
+            obj = live(arg, nbytes) if live is not None else None
+            if obj is None or len(obj) != nbytes:
+                raise MissingObject(
+                    f"it names a {nbytes}-byte module tensor unchanged since the main loop's entry"
+                    f" (sha256 {arg[:12]}) that no live module tensor matches: the code before the"
+                    " loop made it differently this time (an unseeded initialization?)"
+                )
+            raw = torch.frombuffer(bytearray(obj), dtype=torch.uint8)
         else:
             obj = objects(arg) if objects is not None else None
             if obj is None or len(obj) != nbytes:

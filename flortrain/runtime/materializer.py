@@ -70,6 +70,8 @@ class WriterSpeed:
     per_object: float
     per_byte: float
     stage_per_byte: float = 1e-9
+    #: sha256 on one thread: what naming a tensor kept from the loop's entry costs (``kept``)
+    hash_per_byte: float = 1e-9
 
     def seconds(self, staged: int, objects: int = 0) -> float:
         return self.per_item + self.per_object * objects + self.per_byte * staged
@@ -105,7 +107,7 @@ def writer_speed(blobs: Path) -> WriterSpeed:
         t0 = time.perf_counter()
         write_durably(scratch / "blob", [bytes(4096)])
         t1 = time.perf_counter()
-        objects.store([(memoryview(os.urandom(64)), False)])
+        objects._one((memoryview(os.urandom(64)), False))  # its work, not a lane's thread start
         t2 = time.perf_counter()
         per_item, per_object = t1 - t0, t2 - t1
     except OSError:  # a store we cannot write to fails later, where it is reported
@@ -113,7 +115,7 @@ def writer_speed(blobs: Path) -> WriterSpeed:
     finally:
         objects.close()
         shutil.rmtree(scratch, ignore_errors=True)
-    return WriterSpeed(per_item, per_object, (hashing + stage) / objects.threads, stage)
+    return WriterSpeed(per_item, per_object, (hashing + stage) / objects.threads, stage, hashing)
 
 
 _ALIGN = 64
@@ -135,6 +137,9 @@ class Materializer(Protocol):
 
     def poll(self) -> None:
         """Commit what the writer has finished (cheap: called at every main-loop iteration)."""
+
+    def loop_entered(self, tensors: list[Any]) -> None:
+        """The main loop begins with these module tensors (:meth:`ChangeTracker.enter`)."""
 
     def flush(self) -> None:
         """Wait for everything submitted, commit it, and stop."""
@@ -178,15 +183,20 @@ def _torch_save(payload: dict[str, Any], torch: Any) -> bytes:
     return b"T" + buf.getvalue()
 
 
-def deserialize(data: bytes, objects: Callable[[str], bytes | None] | None = None) -> dict[str, Any]:
-    """A payload back from its blob; ``objects`` reads the content-addressed tensors it refers to."""
+def deserialize(
+    data: bytes,
+    objects: Callable[[str], bytes | None] | None = None,
+    live: Callable[[str, int], bytes | None] | None = None,
+) -> dict[str, Any]:
+    """A payload back from its blob; ``objects`` reads the content-addressed tensors it refers to,
+    ``live`` those the store does not have (``blobformat.loads``)."""
     if data[:1] == b"P":
         out: dict[str, Any] = pickle.loads(data[1:])
         return out
     import torch
 
     if data[:1] == blobformat.MAGIC:
-        loaded: dict[str, Any] = blobformat.loads(data, torch, objects)
+        loaded: dict[str, Any] = blobformat.loads(data, torch, objects, live)
         return loaded
     # torch.save's format: tensors and plain containers load without running pickled code; a
     # payload holding other objects (the rare fallback) needs the full unpickler, and comes only
@@ -224,6 +234,9 @@ class SyncMaterializer:
     def poll(self) -> None:
         return None
 
+    def loop_entered(self, tensors: list[Any]) -> None:
+        pass  # every checkpoint holds all its bytes
+
     def flush(self) -> None:
         return None
 
@@ -244,6 +257,8 @@ class ChangeTracker:
         self.seen: dict[tuple[Any, ...], tuple[Any, int, int, int]] = {}  # where -> (t, version, token, when)
         self.next_token = 0
         self.checkpoints = 0
+        #: module tensors at the main loop's entry: where -> (t, version, its sha256 once named)
+        self.entry: dict[tuple[Any, ...], tuple[Any, int, str | None]] = {}
 
     @staticmethod
     def _where(t: Any) -> tuple[Any, ...]:
@@ -264,6 +279,40 @@ class ChangeTracker:
     def token(self) -> int:
         self.next_token += 1
         return self.next_token
+
+    def enter(self, tensors: list[Any]) -> None:
+        """The main loop begins with these module tensors: one still unchanged at a checkpoint
+        is the prologue's, which every replay and resume executes again before it restores
+        anything, so the checkpoint names it by its sha256 (:meth:`kept`) instead of holding
+        its bytes, and a restore verifies the live tensor against that name. A frozen
+        embedding table is then never copied or written, only hashed once. The tensors are
+        kept referenced so that their memory cannot pass to a new tensor that would look the
+        same."""
+        self.entry = {}
+        if not self.enabled:
+            return
+        for t in tensors:
+            with contextlib.suppress(RuntimeError):  # an inference tensor has no version counter
+                self.entry[self._where(t)] = (t, t._version, None)
+
+    def since_entry(self, t: Any) -> bool:
+        """Whether this tensor's bytes cannot have changed since the main loop's entry."""
+        if not self.enabled:
+            return False
+        hit = self.entry.get(self._where(t))
+        try:
+            return hit is not None and t._version == hit[1]
+        except RuntimeError:
+            return False
+
+    def kept(self, t: Any, torch: Any) -> str:
+        """The sha256 of a tensor :meth:`since_entry`, hashed on first use."""
+        where = self._where(t)
+        ref, version, sha = self.entry[where]
+        if sha is None:
+            sha = hashlib.sha256(blobformat.tensor_bytes(t, torch)).hexdigest()
+            self.entry[where] = (ref, version, sha)
+        return sha
 
     def update(self, staged: list[tuple[Any, int]]) -> list[int]:
         """Note the large tensors of a checkpoint just staged (or referred to); returns the tokens
@@ -287,6 +336,9 @@ class ChangeTracker:
 
     def clear(self) -> None:
         self.seen.clear()
+
+    def unhashed(self, t: Any) -> bool:
+        return self.entry[self._where(t)][2] is None
 
 
 @dataclass
@@ -396,6 +448,9 @@ class BackgroundMaterializer:
         while self.ch is not None and self.inflight and self._take(0):
             pass
 
+    def loop_entered(self, tensors: list[Any]) -> None:
+        self.tracker.enter([t for t in tensors if t.nbytes >= EXTERNAL_MIN])
+
     # -- staging -----------------------------------------------------------------------------------
     def _alloc(self, n: int) -> int:
         """A region of ``n`` bytes in the arena, waiting for the writer to free space."""
@@ -430,6 +485,7 @@ class BackgroundMaterializer:
         places: list[Any] = [None] * len(st.tensors)
         seen: list[tuple[Any, int]] = []
         layout: list[tuple[int, int]] = []  # (tensor, offset within the region) to copy
+        kept: list[int] = []  # unchanged since the main loop's entry: named, not staged
         n = _up(len(st.parts))
         for g, t in enumerate(st.tensors):
             nbytes = st.metas[g][2]
@@ -439,6 +495,9 @@ class BackgroundMaterializer:
                 if tok is not None:
                     places[g] = ("t", tok)
                     seen.append((t, tok))
+                    continue
+                if self.tracker.since_entry(t):
+                    kept.append(g)
                     continue
                 tok = self.tracker.token()
                 seen.append((t, tok))
@@ -459,8 +518,12 @@ class BackgroundMaterializer:
             return self.sync.submit(key, block_id, payload)
         staged = sum(st.metas[g][2] for g, _ in layout)
         objects = sum(1 for g, _ in layout if places[g][2])
-        if afford is not None and not afford(self.speed.stage_per_byte * staged, self.speed.seconds(staged, objects)):
-            raise Declined(f"{staged} bytes to stage and write")
+        hashed = sum(st.metas[g][2] for g in kept if self.tracker.unhashed(st.tensors[g]))
+        blocked = self.speed.stage_per_byte * staged + self.speed.hash_per_byte * hashed
+        if afford is not None and not afford(blocked, self.speed.seconds(staged, objects)):
+            raise Declined(f"{staged} bytes to stage and write, {hashed} to hash")
+        for g in kept:
+            places[g] = ("k", self.tracker.kept(st.tensors[g], torch))
         start = self._alloc(n)
         if self.ch is None:  # the writer died while we waited: start afresh
             self._start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import sys
 import threading
 import time
@@ -21,6 +22,7 @@ from flortrain import knobs
 from flortrain.runtime import materializer as _materializer
 from flortrain.runtime import rng
 from flortrain.runtime.adaptive import AdaptivePeriod
+from flortrain.runtime.blobformat import tensor_bytes
 from flortrain.runtime.capture import Tee
 from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
 from flortrain.runtime.registry import Registry
@@ -68,6 +70,8 @@ class Session:
     #: checkpoints included), iteration boundaries, the wait for the writer at the end
     held: float = 0.0
     _initial_digests: dict[str, str] = field(default_factory=dict)
+    #: id -> (tensor, version, sha256): live module tensors hashed by :meth:`live_object`
+    _live_shas: dict[int, tuple[Any, int, str]] = field(default_factory=dict)
     _last_commit: float = 0.0
     commit_interval: float = field(default_factory=knobs.commit_interval)
     track_versions: bool = True  # False when the script writes tensors through `.data`
@@ -104,6 +108,8 @@ class Session:
         entry = self.main_entries.get(main_id, 0)
         self.main_entries[main_id] = entry + 1
         self.main = [main_id, entry, -1]
+        if self.materializer is not None and self.mode == "record":
+            self.materializer.loop_entered(self.module_tensors())
         seg = self._segment()
         if seg is not None and seg.owns(main_id, entry):
             self._mark("enter")
@@ -497,6 +503,33 @@ class Session:
         return self.main[0], self.main[1], self.main[2], self.region(), self.probe_depth > 0
 
     # -- library augmentation and the registry -----------------------------------------------------
+    def module_tensors(self) -> list[Any]:
+        """The parameters and buffers of every live module."""
+        return [t for _, m in self.registry.root_modules() for t in (*m.parameters(), *m.buffers())]
+
+    def live_object(self, sha: str, nbytes: int) -> bytes | None:
+        """A checkpoint's tensor that was unchanged since the main loop's entry when it was
+        taken is not in the store, only named by its sha256 (``ChangeTracker.enter``): the
+        replay's prologue made it again. Its bytes are those of the live module tensor of that
+        size that hashes to that name, or None (the checkpoint then cannot be used, and what it
+        would have restored runs again). A tensor is hashed once per version."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        for t in self.module_tensors():
+            if t.nbytes != nbytes:
+                continue
+            try:
+                version = t._version
+            except RuntimeError:
+                continue
+            known = self._live_shas.get(id(t))
+            if known is None or known[0] is not t or known[1] != version:
+                known = self._live_shas[id(t)] = (t, version, hashlib.sha256(tensor_bytes(t, torch)).hexdigest())
+            if known[2] == sha:
+                return bytes(tensor_bytes(t, torch))
+        return None
+
     def watchable(self) -> Iterator[tuple[int, Any]]:
         yield from self.registry.root_modules()
         yield from self.registry.optimizers()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from flortrain import knobs
 from flortrain.runtime import rng
+from flortrain.runtime.blobformat import MissingObject
 from flortrain.runtime.materializer import deserialize, digests
 from flortrain.runtime.state import (
     Unrestorable,
@@ -148,7 +149,9 @@ class Checkpointable:
     def load(self, session: Session, data: bytes) -> str | None:
         """Take a checkpoint for restoring; the reason it cannot be used, or None."""
         try:
-            self.payload = deserialize(data, session.store.read_object)
+            self.payload = deserialize(data, session.store.read_object, session.live_object)
+        except MissingObject as e:
+            return f"cannot be used: {e}"
         except Exception as e:
             return f"cannot be read ({type(e).__name__})"
         reg = self.payload["registry"]

@@ -276,6 +276,9 @@ def _write(item: dict[str, Any], arena: memoryview, objects: Objects, tokens: di
                 raise LookupError("it shares an unchanged tensor with a checkpoint that was lost")
             shas[g], table[g] = known, ("x", known)
             continue
+        if place[0] == "k":  # as at the main loop's entry: the replay's prologue makes its bytes
+            shas[g], table[g] = place[1], ("k", place[1])
+            continue
         _, start, is_external, _token = place
         if is_external:
             external.append(g)
