@@ -205,6 +205,11 @@ def tensor_bytes(t: Any, torch: Any) -> memoryview:
     return memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()).cast("B")
 
 
+def tensor_sha256(t: Any, torch: Any) -> str:
+    """The sha256 of a tensor's bytes (:func:`tensor_bytes`): the name of its object."""
+    return hashlib.sha256(tensor_bytes(t, torch)).hexdigest()
+
+
 def header(parts: bytes, metas: list[tuple[str, tuple[int, ...], int]], table: list[tuple[str, Any]]) -> bytes:
     """The head of a blob: MAGIC, the header's length, the header. ``table[g]`` places tensor g:
     ``("i", offset)`` in the blob's own bytes after the header, ``("x", sha256)`` in the store's
@@ -243,7 +248,7 @@ def dumps(payload: dict[str, Any], torch: Any) -> tuple[bytes, dict[str, str]]:
 def digests(payload: dict[str, Any], torch: Any) -> dict[str, str]:
     """The part digests :func:`dumps` would give, without building the blob."""
     st = stage(payload, torch)
-    shas = [hashlib.sha256(tensor_bytes(t, torch)).hexdigest() for t in st.tensors]
+    shas = [tensor_sha256(t, torch) for t in st.tensors]
     return part_digests(st.skeletons, st.metas, shas)
 
 
@@ -251,7 +256,7 @@ def loads(
     data: bytes,
     torch: Any,
     objects: Callable[[str], bytes | None] | None = None,
-    live: Callable[[str, int], bytes | None] | None = None,
+    live: Callable[[str, int], bytes | memoryview | None] | None = None,
 ) -> dict[str, Any]:
     """The payload of a blob. ``objects(sha)`` reads a content-addressed tensor, verified against
     its sha256 (None when it is missing or does not verify: :class:`MissingObject` is raised).

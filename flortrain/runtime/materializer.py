@@ -186,7 +186,7 @@ def _torch_save(payload: dict[str, Any], torch: Any) -> bytes:
 def deserialize(
     data: bytes,
     objects: Callable[[str], bytes | None] | None = None,
-    live: Callable[[str, int], bytes | None] | None = None,
+    live: Callable[[str, int], bytes | memoryview | None] | None = None,
 ) -> dict[str, Any]:
     """A payload back from its blob; ``objects`` reads the content-addressed tensors it refers to,
     ``live`` those the store does not have (``blobformat.loads``)."""
@@ -295,24 +295,28 @@ class ChangeTracker:
             with contextlib.suppress(RuntimeError):  # an inference tensor has no version counter
                 self.entry[self._where(t)] = (t, t._version, None)
 
-    def since_entry(self, t: Any) -> bool:
-        """Whether this tensor's bytes cannot have changed since the main loop's entry."""
+    def since_entry(self, t: Any) -> tuple[Any, ...] | None:
+        """Where this tensor is, if its bytes cannot have changed since the main loop's entry
+        (the key :meth:`kept` and :meth:`unhashed` take); else None."""
         if not self.enabled:
-            return False
-        hit = self.entry.get(self._where(t))
-        try:
-            return hit is not None and t._version == hit[1]
-        except RuntimeError:
-            return False
-
-    def kept(self, t: Any, torch: Any) -> str:
-        """The sha256 of a tensor :meth:`since_entry`, hashed on first use."""
+            return None
         where = self._where(t)
+        hit = self.entry.get(where)
+        try:
+            return where if hit is not None and t._version == hit[1] else None
+        except RuntimeError:
+            return None
+
+    def kept(self, where: tuple[Any, ...], torch: Any) -> str:
+        """The sha256 of the tensor :meth:`since_entry` found there, hashed on first use."""
         ref, version, sha = self.entry[where]
         if sha is None:
-            sha = hashlib.sha256(blobformat.tensor_bytes(t, torch)).hexdigest()
+            sha = blobformat.tensor_sha256(ref, torch)
             self.entry[where] = (ref, version, sha)
         return sha
+
+    def unhashed(self, where: tuple[Any, ...]) -> bool:
+        return self.entry[where][2] is None
 
     def update(self, staged: list[tuple[Any, int]]) -> list[int]:
         """Note the large tensors of a checkpoint just staged (or referred to); returns the tokens
@@ -336,9 +340,6 @@ class ChangeTracker:
 
     def clear(self) -> None:
         self.seen.clear()
-
-    def unhashed(self, t: Any) -> bool:
-        return self.entry[self._where(t)][2] is None
 
 
 @dataclass
@@ -485,7 +486,7 @@ class BackgroundMaterializer:
         places: list[Any] = [None] * len(st.tensors)
         seen: list[tuple[Any, int]] = []
         layout: list[tuple[int, int]] = []  # (tensor, offset within the region) to copy
-        kept: list[int] = []  # unchanged since the main loop's entry: named, not staged
+        kept: list[tuple[int, tuple[Any, ...]]] = []  # unchanged since the loop's entry: named, not staged
         n = _up(len(st.parts))
         for g, t in enumerate(st.tensors):
             nbytes = st.metas[g][2]
@@ -496,8 +497,9 @@ class BackgroundMaterializer:
                     places[g] = ("t", tok)
                     seen.append((t, tok))
                     continue
-                if self.tracker.since_entry(t):
-                    kept.append(g)
+                where = self.tracker.since_entry(t)
+                if where is not None:
+                    kept.append((g, where))
                     continue
                 tok = self.tracker.token()
                 seen.append((t, tok))
@@ -518,12 +520,12 @@ class BackgroundMaterializer:
             return self.sync.submit(key, block_id, payload)
         staged = sum(st.metas[g][2] for g, _ in layout)
         objects = sum(1 for g, _ in layout if places[g][2])
-        hashed = sum(st.metas[g][2] for g in kept if self.tracker.unhashed(st.tensors[g]))
+        hashed = sum(st.metas[g][2] for g, where in kept if self.tracker.unhashed(where))
         blocked = self.speed.stage_per_byte * staged + self.speed.hash_per_byte * hashed
         if afford is not None and not afford(blocked, self.speed.seconds(staged, objects)):
             raise Declined(f"{staged} bytes to stage and write, {hashed} to hash")
-        for g in kept:
-            places[g] = ("k", self.tracker.kept(st.tensors[g], torch))
+        for g, where in kept:
+            places[g] = ("k", self.tracker.kept(where, torch))
         start = self._alloc(n)
         if self.ch is None:  # the writer died while we waited: start afresh
             self._start()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import sys
 import threading
 import time
@@ -22,7 +21,7 @@ from flortrain import knobs
 from flortrain.runtime import materializer as _materializer
 from flortrain.runtime import rng
 from flortrain.runtime.adaptive import AdaptivePeriod
-from flortrain.runtime.blobformat import tensor_bytes
+from flortrain.runtime.blobformat import tensor_bytes, tensor_sha256
 from flortrain.runtime.capture import Tee
 from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
 from flortrain.runtime.registry import Registry
@@ -507,12 +506,13 @@ class Session:
         """The parameters and buffers of every live module."""
         return [t for _, m in self.registry.root_modules() for t in (*m.parameters(), *m.buffers())]
 
-    def live_object(self, sha: str, nbytes: int) -> bytes | None:
+    def live_object(self, sha: str, nbytes: int) -> memoryview | None:
         """A checkpoint's tensor that was unchanged since the main loop's entry when it was
         taken is not in the store, only named by its sha256 (``ChangeTracker.enter``): the
         replay's prologue made it again. Its bytes are those of the live module tensor of that
         size that hashes to that name, or None (the checkpoint then cannot be used, and what it
-        would have restored runs again). A tensor is hashed once per version."""
+        would have restored runs again). A tensor is hashed once per version. The view is of the
+        live tensor: the loader copies it at once."""
         torch = sys.modules.get("torch")
         if torch is None:
             return None
@@ -525,9 +525,9 @@ class Session:
                 continue
             known = self._live_shas.get(id(t))
             if known is None or known[0] is not t or known[1] != version:
-                known = self._live_shas[id(t)] = (t, version, hashlib.sha256(tensor_bytes(t, torch)).hexdigest())
+                known = self._live_shas[id(t)] = (t, version, tensor_sha256(t, torch))
             if known[2] == sha:
-                return bytes(tensor_bytes(t, torch))
+                return tensor_bytes(t, torch)
         return None
 
     def watchable(self) -> Iterator[tuple[int, Any]]:
