@@ -162,3 +162,42 @@ def test_background_writing_counts_in_m_only_under_contention() -> None:
     assert drive(cpu_per_wall=1.0) == list(range(20))  # one of 2 cores busy
     # M/C = 0.501: after the first, the next is due when n/(k+1) · ε exceeds it (n = 16)
     assert drive(cpu_per_wall=2.0) == [0, 15]
+
+
+def _boundaries(period: AdaptivePeriod, n: int, capture: float, priced: float) -> tuple[int, int]:
+    """``n`` one-second iterations whose boundary costs ``capture`` to capture and is priced at
+    ``priced`` (as ``Session._record_boundary`` drives it); returns (captures, checkpoints)."""
+    captures = taken = 0
+    for _ in range(n):
+        period.executed("M1", 1.0)
+        if not period.should_materialize("M1"):
+            continue
+        captures += 1
+        if period.affords("M1", priced, 0.0):
+            period.materialized("M1", capture + priced)
+            taken += 1
+        else:
+            period.declined("M1", capture)
+    return captures, taken
+
+
+def test_a_declined_boundary_charges_its_capture_and_waits_for_the_budget() -> None:
+    """A boundary priced beyond the budget is not captured again every iteration (it was, as
+    long as none had been taken: no M yet, so Eq. 4 said yes); what the captures cost is spent."""
+    eps = 1 / 15
+    period = AdaptivePeriod(epsilon=eps, every=False)
+    period.spent = 0.9  # the nested blocks used most of the budget of the first iterations
+    period.training = 10.0
+    captures, taken = _boundaries(period, 100, capture=0.002, priced=0.5)
+    assert captures < 15, captures  # it was 100: one capture per iteration
+    assert taken >= 1
+    assert period.spent == pytest.approx(0.9 + 0.002 * (captures - taken) + 0.502 * taken)
+    assert period.spent <= eps * period.training + 0.502  # within ε but for the last one
+
+
+def test_a_boundary_that_never_fits_costs_a_few_captures_not_one_per_iteration() -> None:
+    period = AdaptivePeriod(epsilon=1 / 15, every=False)
+    captures, taken = _boundaries(period, 200, capture=0.002, priced=1000.0)
+    assert taken == 0
+    assert captures <= 2, captures
+    assert period.spent == pytest.approx(0.002 * captures)

@@ -392,16 +392,22 @@ def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
         s.main_enter("M1")
         assert s.main_iteration("M1", getters, getters) is None  # iteration 0: never a boundary
         # iteration 1: Eq. 4 takes a block's first instance unseen, but the budget so far is ε of
-        # microseconds of training
+        # microseconds of training; the capture that priced it is spent all the same
         assert s.main_iteration("M1", getters, getters) is None
-        assert s.adaptive.costs["M1"].k == 0 and s.adaptive.spent == 0.0
+        costs = s.adaptive.costs["M1"]
+        assert costs.k == 0 and costs.priced > 0 and s.adaptive.spent > 0
+        assert costs.declined == pytest.approx(s.adaptive.spent + costs.priced)
+        # not captured again while the budget could not take it
+        spent = s.adaptive.spent
+        assert s.main_iteration("M1", getters, getters) is None
+        assert s.adaptive.spent == spent
         s.adaptive.training += 100.0  # as if 100 s of training had gone by
         assert s.main_iteration("M1", getters, getters) is not None
         s.main_exit("M1")
     finally:
         s.flush()
-    assert [k.split("@")[1] for k in store.checkpoints(run)] == ["M1.0.2#0"]
-    assert s.adaptive.costs["M1"].k == 1 and s.adaptive.spent > 0
+    assert [k.split("@")[1] for k in store.checkpoints(run)] == ["M1.0.3#0"]
+    assert s.adaptive.costs["M1"].k == 1 and s.adaptive.spent > spent
 
 
 def test_flortrains_hooks_defer_garbage_collection_and_are_timed(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from flortrain.runtime.materializer import Afford, Callbacks, Declined, Material
 from flortrain.runtime.registry import Registry
 from flortrain.runtime.skipblock import Getters, SkipBlock, State
 from flortrain.runtime.spans import Boundary, Segment, SegmentEnd, SpanReplay, scalars_json
-from flortrain.store.db import IterationRow, Store
+from flortrain.store.db import BlockRow, IterationRow, Store
 from flortrain.store.rows import RunSink
 
 
@@ -60,6 +60,7 @@ class Session:
     tee: Tee | None = None
     _warned: set[str] = field(default_factory=set)
     _iterations: list[IterationRow] = field(default_factory=list)
+    _blocks: list[BlockRow] = field(default_factory=list)  # block instances without a checkpoint
     _jump_pending: tuple[str, int, Boundary] | None = None  # a jump the main loop's generator decided
     _driven: set[str] = field(default_factory=set)  # main loops whose iterator the runtime wraps
     _boundary_t: dict[str, tuple[float, float]] = field(default_factory=dict)  # wall, CPU
@@ -187,7 +188,7 @@ class Session:
         key = (main_id, self.main[1], self.main[2])
         t = time.perf_counter() - self.started
         seq = self.tee.seq if self.tee is not None else None
-        self._iterations.append((*key, self._boundary_digests(state), rng.encode(state), scalars, t, seq))
+        self._iterations.append((*key, self._boundary_digests(state), None, scalars, t, seq))
         # Commit what was printed and the boundary states, at most once per commit interval: a
         # killed run loses at most that much, and a step-based main loop does not pay a
         # transaction per step.
@@ -196,9 +197,14 @@ class Session:
             self._last_commit = now
             if self.tee is not None:
                 self.tee.flush_entries()
-            self.store.put_iterations(self.run_id, self._iterations)
-            self._iterations = []
+            self._put_rows()
         return boundary
+
+    def _put_rows(self) -> None:
+        """Write the iteration and block rows held since the last commit."""
+        self.store.put_blocks(self.run_id, self._blocks)
+        self.store.put_iterations(self.run_id, self._iterations)
+        self._blocks, self._iterations = [], []
 
     def _resume_jump(self, main_id: str, i: int, objects: Getters) -> Boundary | None:
         """``record --resume``: at the resumed main loop's first iteration, restore the killed
@@ -254,6 +260,8 @@ class Session:
         try:
             outcome = self.checkpoint(b.key, main_id, lambda: b._payload(self, objects, names), afford)
         except Declined:
+            self.adaptive.declined(main_id, time.perf_counter() - now)
+            self._boundary_t[main_id] = (time.perf_counter(), time.process_time())  # not the next iteration's
             return None
         except Exception as e:  # the iterations still run and record; only jumping is lost
             self._no_boundary.add(main_id)
@@ -487,7 +495,9 @@ class Session:
         assert self.main is not None
         m, entry, it = self.main
         occ = int(block.key.rsplit("#", 1)[1])
-        self.store.put_block(self.run_id, block.key, block.id, m, entry, it, occ, state, state_sha=digests, **costs)
+        # written with the iterations, once per commit interval: the row describes the run, and
+        # no checkpoint hangs on it
+        self._blocks.append((block.key, block.id, m, entry, it, occ, state, {"state_sha": digests, **costs}))
 
     def region(self) -> str | None:
         for f in self.frames:
@@ -618,8 +628,7 @@ class Session:
                 self.materializer.flush()
         if self.tee is not None:
             self.tee.close_capture()
-        self.store.put_iterations(self.run_id, self._iterations)
-        self._iterations = []
+        self._put_rows()
 
 
 #: The active session of this process, set by the runner.

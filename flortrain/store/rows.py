@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from flortrain.store.blobs import BlobReader
-from flortrain.store.db import IterationRow, LogEntry
+from flortrain.store.db import BlockRow, IterationRow, LogEntry
 
-#: a block row as ``Store.put_block`` takes it, after the run id: key, block id, main id, entry,
-#: iteration, occurrence, state, and the keyword costs (compute_s, restore_s, note, state_sha...)
-BlockRow = tuple[str, str, str, int, int, int, str, dict[str, Any]]
 #: a jump: main id, entry, first iteration skipped, iteration resumed at
 JumpRow = tuple[str, int, int, int]
 
@@ -31,6 +28,8 @@ class RunSink(Protocol):
                   iteration: int, occurrence: int, state: str, compute_s: float | None = None,
                   materialize_s: float | None = None, restore_s: float | None = None,
                   note: str | None = None, state_sha: dict[str, str] | None = None) -> None: ...
+
+    def put_blocks(self, run_id: int, rows: Iterable[BlockRow]) -> None: ...
 
     def put_iterations(self, run_id: int, rows: Iterable[IterationRow]) -> None: ...
 
@@ -60,6 +59,9 @@ class WorkerRows:
         costs = {"compute_s": compute_s, "materialize_s": materialize_s, "restore_s": restore_s,
                  "note": note, "state_sha": state_sha}
         self.blocks.append((key, block_id, main_id, main_inst, iteration, occurrence, state, costs))
+
+    def put_blocks(self, run_id: int, rows: Iterable[BlockRow]) -> None:
+        self.blocks.extend(rows)
 
     def put_iterations(self, run_id: int, rows: Iterable[IterationRow]) -> None:
         self.iterations.extend(rows)
