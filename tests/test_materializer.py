@@ -10,7 +10,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -149,70 +148,6 @@ def test_a_frozen_table_is_named_not_written_and_replays_exactly(tmp_path: Path)
     db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
     (n,) = db.execute("SELECT COUNT(*) FROM checkpoints WHERE run_id=1").fetchone()
     assert n >= 6  # 6 blocks and 5 boundaries checkpointed, and not one copy of the table
-
-
-def _sha_calls(monkeypatch: pytest.MonkeyPatch, gate: threading.Event | None = None) -> list[str]:
-    """Record which thread hashes each tensor; ``gate`` holds the background hasher back."""
-    from flortrain.runtime import blobformat
-
-    calls: list[str] = []
-    original = blobformat.tensor_sha256
-
-    def counted(t: torch.Tensor, torch_: object) -> str:
-        name = threading.current_thread().name
-        calls.append(name)
-        if gate is not None and name == "flortrain-entry-hash":
-            assert gate.wait(30)
-        return original(t, torch_)
-
-    monkeypatch.setattr(blobformat, "tensor_sha256", counted)
-    return calls
-
-
-def test_entry_tensors_are_named_on_a_background_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The main loop's entry tensors are hashed off the training thread, at idle priority; a
-    checkpoint that names one takes that hash, and one changed in place is never named."""
-    from flortrain.runtime import blobformat
-    from flortrain.runtime.materializer import ChangeTracker
-
-    calls = _sha_calls(monkeypatch)
-    frozen, trained = torch.randn(1 << 16), torch.randn(1 << 16)
-    tracker = ChangeTracker(enabled=True)
-    tracker.enter([frozen, trained])
-    trained.add_(1.0)  # training changes it in place (before or after the hasher reads it)
-    assert tracker.hasher is not None
-    tracker.hasher.join(30)
-    assert set(calls) <= {"flortrain-entry-hash"}
-    assert tracker.since_entry(trained) is None  # never named: its bytes are the checkpoint's
-    where = tracker.since_entry(frozen)
-    assert where is not None and not tracker.unhashed(where)
-    want = hashlib.sha256(frozen.numpy().tobytes()).hexdigest()
-    assert tracker.kept(where, torch) == want == blobformat.tensor_sha256(frozen, torch)
-    assert calls.count("MainThread") == 1  # the line above; kept() did not hash again
-
-
-def test_a_checkpoint_waits_for_the_hash_in_progress_rather_than_hashing_twice(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flortrain.runtime.materializer import ChangeTracker
-
-    gate = threading.Event()
-    calls = _sha_calls(monkeypatch, gate)
-    frozen = torch.randn(1 << 16)
-    tracker = ChangeTracker(enabled=True)
-    tracker.enter([frozen])
-    deadline = time.monotonic() + 30
-    while tracker._hashing is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    where = tracker.since_entry(frozen)
-    assert where is not None and tracker._hashing is not None and tracker._hashing[0] == where
-    got: list[str] = []
-    checkpoint = threading.Thread(target=lambda: got.append(tracker.kept(where, torch)))
-    checkpoint.start()
-    checkpoint.join(0.3)
-    assert checkpoint.is_alive() and got == []  # waiting on the hasher, not hashing itself
-    gate.set()
-    checkpoint.join(30)
-    assert got == [hashlib.sha256(frozen.numpy().tobytes()).hexdigest()]
-    assert calls == ["flortrain-entry-hash"]
 
 
 def test_a_tensor_the_replay_made_differently_is_not_restored(tmp_path: Path) -> None:

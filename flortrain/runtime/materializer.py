@@ -40,7 +40,6 @@ import pickle
 import shutil
 import socket
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -51,7 +50,7 @@ from typing import Any, Protocol
 from flortrain import knobs
 from flortrain.runtime import blobformat
 from flortrain.runtime.digest import state_digests
-from flortrain.runtime.writer import Channel, Objects, idle_thread, run_child
+from flortrain.runtime.writer import Channel, Objects, run_child
 from flortrain.store import direct
 from flortrain.store.db import Store, write_durably
 
@@ -260,10 +259,6 @@ class ChangeTracker:
         self.checkpoints = 0
         #: module tensors at the main loop's entry: where -> (t, version, its sha256 once named)
         self.entry: dict[tuple[Any, ...], tuple[Any, int, str | None]] = {}
-        #: the entry tensor the background hasher is hashing, and the event set when it is done
-        self._hashing: tuple[tuple[Any, ...], threading.Event] | None = None
-        self._lock = threading.Lock()
-        self.hasher: threading.Thread | None = None
 
     @staticmethod
     def _where(t: Any) -> tuple[Any, ...]:
@@ -299,48 +294,6 @@ class ChangeTracker:
         for t in tensors:
             with contextlib.suppress(RuntimeError):  # an inference tensor has no version counter
                 self.entry[self._where(t)] = (t, t._version, None)
-        torch = sys.modules.get("torch")
-        if self.entry and torch is not None:
-            self.hasher = threading.Thread(
-                target=self._hash_entry, args=(self.entry, torch), name="flortrain-entry-hash", daemon=True
-            )
-            self.hasher.start()
-
-    def _hash_entry(self, entry: dict[tuple[Any, ...], tuple[Any, int, str | None]], torch: Any) -> None:
-        """Name the entry tensors ahead of the first checkpoint that needs them, on idle CPU: a
-        frozen 100 MB table took 70 ms of the training thread at the fine-tuning shape's first
-        checkpoint, and a real fine-tuning run's table is ten times that. sha256 releases the
-        GIL, and the thread runs at SCHED_IDLE, so a training that keeps every core busy does
-        not feel it; a checkpoint that comes first hashes on its own thread, as before. A
-        tensor changed in place since the entry is skipped (its version moved on: it will
-        never be named), as a CNN's every parameter is after its first step. The hash is of
-        bytes read after the entry, kept only if the version still matches the entry's once
-        it is done: a checkpoint names a tensor only at that same version, so no tracked write
-        can have fallen between the entry and the bytes hashed."""
-        idle_thread()
-        for where in list(entry):
-            ref, version, sha = entry[where]
-            try:
-                if sha is not None or ref._version != version or self.entry is not entry:
-                    continue
-            except RuntimeError:
-                continue
-            done = threading.Event()
-            with self._lock:
-                if entry[where][2] is not None:
-                    continue
-                self._hashing = (where, done)
-            try:
-                sha = blobformat.tensor_sha256(ref, torch)
-                with self._lock:
-                    if entry[where][2] is None and ref._version == version:
-                        entry[where] = (ref, version, sha)
-            except Exception:  # a tensor it cannot read is hashed by the checkpoint that names it
-                pass
-            finally:
-                with self._lock:
-                    self._hashing = None
-                done.set()
 
     def since_entry(self, t: Any) -> tuple[Any, ...] | None:
         """Where this tensor is, if its bytes cannot have changed since the main loop's entry
@@ -355,23 +308,15 @@ class ChangeTracker:
             return None
 
     def kept(self, where: tuple[Any, ...], torch: Any) -> str:
-        """The sha256 of the tensor :meth:`since_entry` found there: the background hasher's
-        (waited for if it is hashing this very tensor), or hashed here."""
-        with self._lock:
-            busy = self._hashing
-        if busy is not None and busy[0] == where:
-            busy[1].wait()
-        with self._lock:
-            ref, version, sha = self.entry[where]
+        """The sha256 of the tensor :meth:`since_entry` found there, hashed on first use."""
+        ref, version, sha = self.entry[where]
         if sha is None:
             sha = blobformat.tensor_sha256(ref, torch)
-            with self._lock:
-                self.entry[where] = (ref, version, sha)
+            self.entry[where] = (ref, version, sha)
         return sha
 
     def unhashed(self, where: tuple[Any, ...]) -> bool:
-        with self._lock:
-            return self.entry[where][2] is None
+        return self.entry[where][2] is None
 
     def update(self, staged: list[tuple[Any, int]]) -> list[int]:
         """Note the large tensors of a checkpoint just staged (or referred to); returns the tokens

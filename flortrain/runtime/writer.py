@@ -87,10 +87,9 @@ class Channel:
             self.buf += chunk
 
 
-def idle_thread() -> None:
+def _idle_thread() -> None:
     """Make the calling thread run only on CPU time no normal thread wants (Linux: SCHED_IDLE;
-    elsewhere, or where refused, it keeps the priority it had: the writer's low one, or, for the
-    training process's entry hasher, the script's). Per thread, and one way:
+    elsewhere, or where refused, it keeps the writer's low priority). Per thread, and one way:
     an unprivileged thread cannot leave SCHED_IDLE again, so the busy lane is other threads."""
     with contextlib.suppress(AttributeError, OSError):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
@@ -100,7 +99,7 @@ class Objects:
     """Content-addressed objects hashed and written on a few threads. sha256 and ``write`` both
     release the GIL, so the hashing of one object overlaps the disk writing another, and objects
     are hashed side by side on whatever cores are free. Two lanes of threads: idle ones
-    (SCHED_IDLE, :func:`idle_thread`) for a small backlog, and busy ones at the writer's low
+    (SCHED_IDLE, :func:`_idle_thread`) for a small backlog, and busy ones at the writer's low
     priority for a large one (:class:`Pace`). Threads start on first use (in the forked writer,
     never in the parent before the fork)."""
 
@@ -140,7 +139,7 @@ class Objects:
         pool = pools.get(self.busy)
         if pool is None:
             pool = pools[self.busy] = ThreadPoolExecutor(
-                threads, thread_name_prefix="flortrain-ckpt", initializer=None if self.busy else idle_thread
+                threads, thread_name_prefix="flortrain-ckpt", initializer=None if self.busy else _idle_thread
             )
         return pool
 
