@@ -275,9 +275,9 @@ def _merge(p: Prepared, run: int, plan: SegmentPlan, outcomes: dict[int, Outcome
         store.put_iterations(run, _rows(seg, r.iterations, lambda row: (row[0], row[1], row[2]), outer))
         blocks.update((row[0], row) for row in _rows(seg, r.blocks, lambda row: (row[2], row[3], row[4]), outer))
         jumps.update(((m, e, first), resumed) for m, e, first, resumed in _rows(seg, r.jumps, lambda row: (row[0], row[1], row[2]), outer))
-    for key, block_id, m, e, it, occ, state, costs in blocks.values():
-        store.put_block(run, key, block_id, m, e, it, occ, state, **costs)
-        counts[state] = counts.get(state, 0) + 1
+    store.put_blocks(run, blocks.values())
+    for row in blocks.values():
+        counts[row[6]] = counts.get(row[6], 0) + 1
     for (m, e, first), resumed in jumps.items():
         store.put_jump(run, m, e, first, resumed)
         counts["jumped"] = counts.get("jumped", 0) + resumed - first

@@ -156,8 +156,9 @@ class Run:
         return "running" if self.live else "incomplete"
 
 
-#: One main-loop iteration's row: main id, entry, iteration, RNG digests, encoded RNG state,
-#: carried scalars (JSON), start time in seconds since the session began, captured lines before it.
+#: One main-loop iteration's row: main id, entry, iteration, RNG digests, encoded RNG state (None:
+#: no longer written), carried scalars (JSON), start time in seconds since the session began,
+#: captured lines before it.
 IterationRow = tuple[str, int, int, str, bytes | None, str | None, float | None, int | None]
 #: a block row as :meth:`Store.put_block` takes it, after the run id: key, block id, main id,
 #: entry, iteration, occurrence, state, and the keyword costs (compute_s, restore_s, note...)
@@ -396,11 +397,9 @@ class Store:
                   iteration: int, occurrence: int, state: str, compute_s: float | None = None,
                   materialize_s: float | None = None, restore_s: float | None = None,
                   note: str | None = None, state_sha: dict[str, str] | None = None) -> None:
-        self.db.execute(
-            "INSERT OR REPLACE INTO blocks VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (run_id, key, block_id, main_id, main_inst, iteration, occurrence, state, compute_s,
-             materialize_s, restore_s, note, None if state_sha is None else json.dumps(state_sha)),
-        )
+        costs = {"compute_s": compute_s, "materialize_s": materialize_s, "restore_s": restore_s,
+                 "note": note, "state_sha": state_sha}
+        self.put_blocks(run_id, [(key, block_id, main_id, main_inst, iteration, occurrence, state, costs)])
 
     @_writer
     def put_blocks(self, run_id: int, rows: Iterable[BlockRow]) -> None:
