@@ -124,6 +124,7 @@ def record(
     for r in plan.refused:
         print(f"flortrain: {script}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
     store.guarded = True  # from here on the store failing must not break training
+    store.hold_claims()  # written once per commit interval, not three transactions a checkpoint
     session = Session("record", store, run_id)
     if resume is not None:
         m, entry, k = point

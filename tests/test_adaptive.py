@@ -65,13 +65,15 @@ def test_each_block_has_its_own_first_checkpoint() -> None:
     assert period.should_materialize("L2") is True
 
 
-def _iterations(period: AdaptivePeriod, n: int, block_m: float, boundary_m: float) -> tuple[int, int]:
-    """A main loop of ``n`` 1-second iterations, each a nested block (all of the iteration's
-    compute) then the next iteration's boundary; (block checkpoints, boundary checkpoints)."""
+def _iterations(
+    period: AdaptivePeriod, n: int, block_m: float, boundary_m: float, block_c: float = 1.0
+) -> tuple[int, int]:
+    """A main loop of ``n`` 1-second iterations, each a nested block of ``block_c`` seconds then
+    the next iteration's boundary; (block checkpoints, boundary checkpoints)."""
     blocks = boundaries = 0
     for _ in range(n):
-        period.executed("L2", 1.0, outer=False)  # nested: its second is the iteration's
-        if period.should_materialize("L2", ongoing=1.0):
+        period.executed("L2", block_c, outer=False)  # nested: its seconds are the iteration's
+        if period.should_materialize("L2", ongoing=block_c):
             period.materialized("L2", block_m)
             blocks += 1
         period.executed("M1", 1.0)  # the iteration, accounted at the next boundary
@@ -82,13 +84,13 @@ def _iterations(period: AdaptivePeriod, n: int, block_m: float, boundary_m: floa
 
 
 def test_a_nested_block_and_its_boundary_share_one_budget() -> None:
-    """Each costs 5% of an iteration: Eq. 4 alone takes both every time (10% > ε); the run's
-    budget holds their sum to ε."""
+    """A block of half the iteration and the boundary after it each cost 5% of an iteration:
+    Eq. 4 alone would take both every time (10% > ε); the run's budget holds their sum to ε."""
     eps, n = 1 / 15, 300
-    alone = _iterations(AdaptivePeriod(epsilon=eps, every=False), 1, 0.05, 0.05)
+    alone = _iterations(AdaptivePeriod(epsilon=eps, every=False), 1, 0.05, 0.05, block_c=0.5)
     assert alone == (1, 1)
     period = AdaptivePeriod(epsilon=eps, every=False)
-    blocks, boundaries = _iterations(period, n, 0.05, 0.05)
+    blocks, boundaries = _iterations(period, n, 0.05, 0.05, block_c=0.5)
     spent = 0.05 * (blocks + boundaries)
     assert spent == pytest.approx(period.spent)
     # training: n seconds less the block checkpoints' blocked time inside them
@@ -96,6 +98,26 @@ def test_a_nested_block_and_its_boundary_share_one_budget() -> None:
     assert spent <= eps * period.training + 0.1  # within ε; the two forced first ones aside
     assert spent >= eps * period.training - 0.1  # and not needlessly sparse
     assert blocks > n / 4 and boundaries > n / 4  # neither starves the other
+
+
+def test_a_boundary_after_a_checkpointed_block_is_worth_only_what_the_block_leaves() -> None:
+    """The block is the whole iteration and cheap to checkpoint, so it is checkpointed every
+    time, and a replay restores it (c · M) instead of computing it: a boundary after it spares
+    almost nothing, and Eq. 4 does not take it, however much of the run's budget is free. Where
+    the block is too dear to checkpoint often, its iterations stay uncovered, and boundaries
+    are taken."""
+    eps, n = 1 / 15, 200
+    period = AdaptivePeriod(epsilon=eps, every=False)
+    blocks, boundaries = _iterations(period, n, block_m=0.001, boundary_m=0.01)
+    assert blocks == n
+    assert boundaries == 1  # the forced first: its M was unknown
+    assert period.spent < eps * period.training / 10  # the budget was there
+    assert period.training == pytest.approx(n - 0.001 * n)  # training is still every second
+    # the same boundary in a loop whose block is dear to checkpoint (M/C = 0.5: about 1 in 10)
+    period = AdaptivePeriod(epsilon=eps, every=False)
+    blocks, boundaries = _iterations(period, n, block_m=0.5, boundary_m=0.01)
+    assert blocks < n / 5
+    assert boundaries > n * 3 / 4
 
 
 def test_time_a_nested_checkpoint_blocked_is_not_training_time() -> None:

@@ -82,6 +82,33 @@ def test_unchanged_large_tensors_are_written_once_and_changed_ones_again(tmp_pat
     assert results.committed == want
 
 
+def test_held_claims_are_written_in_order_at_the_commit_and_before_the_run_completes(tmp_path: Path) -> None:
+    """A record holds its block rows and checkpoint claims for one transaction per commit
+    interval: another connection sees none of them before, all of them after, the row's update
+    applied after its insert; finishing the run writes what is still held."""
+    store = Store(tmp_path / "s")
+    run = store.begin_run("record", "x.py", [], "", None, None, {})
+    store.hold_claims()
+    other = sqlite3.connect(tmp_path / "s" / "flortrain.db")
+    try:
+        store.put_block(run, "L1@M.0.1#0", "L1", "M", 0, 1, 0, "recorded", note="checkpoint pending")
+        store.commit_checkpoint(run, "L1@M.0.1#0", "blobs/x", "ab" * 32, 10)
+        store.mark_checkpointed(run, "L1@M.0.1#0", {"objects:m": "f1"})
+        assert other.execute("SELECT COUNT(*) FROM blocks").fetchone() == (0,)
+        assert other.execute("SELECT COUNT(*) FROM checkpoints").fetchone() == (0,)
+        store.write_held()
+        assert other.execute("SELECT state, note FROM blocks").fetchall() == [("checkpointed", None)]
+        assert other.execute("SELECT key FROM checkpoints").fetchall() == [("L1@M.0.1#0",)]
+        store.put_block(run, "L1@M.0.2#0", "L1", "M", 0, 2, 0, "recorded", note="checkpoint pending")
+        store.commit_checkpoint(run, "L1@M.0.2#0", "blobs/y", "cd" * 32, 10)
+        store.finish_run(run, "complete", 0)
+        assert other.execute("SELECT COUNT(*) FROM checkpoints").fetchone() == (2,)
+        assert other.execute("SELECT status FROM runs").fetchone() == ("complete",)
+    finally:
+        other.close()
+        store.close()
+
+
 def test_a_reallocated_tensor_at_the_same_address_is_not_mistaken_for_the_old_one(tmp_path: Path) -> None:
     """A gradient freed and re-allocated every step often lands at the same address with the same
     version: the tracker keeps the old one alive, so the new one cannot look unchanged."""
@@ -401,7 +428,10 @@ def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
         spent = s.adaptive.spent
         assert s.main_iteration("M1", getters, getters) is None
         assert s.adaptive.spent == spent
-        s.adaptive.training += 100.0  # as if 100 s of training had gone by
+        # as if 100 s of training had gone by in this loop's iterations (no block inside: Eq. 4
+        # weighs the boundary against all of it)
+        s.adaptive.training += 100.0
+        s.adaptive.costs["M1"].compute += 100.0
         assert s.main_iteration("M1", getters, getters) is not None
         s.main_exit("M1")
     finally:

@@ -205,6 +205,8 @@ class Session:
         self.store.put_blocks(self.run_id, self._blocks)
         self.store.put_iterations(self.run_id, self._iterations)
         self._blocks, self._iterations = [], []
+        if isinstance(self.store, Store):
+            self.store.write_held()  # the checkpoints' rows and claims (`Store.hold_claims`)
 
     def _resume_jump(self, main_id: str, i: int, objects: Getters) -> Boundary | None:
         """``record --resume``: at the resumed main loop's first iteration, restore the killed

@@ -232,6 +232,8 @@ class Store:
         self.guarded = False
         #: why the store stopped taking writes, once it has
         self.failed: str | None = None
+        #: block rows and checkpoint claims held for one transaction (:meth:`hold_claims`)
+        self._held: list[tuple[str, list[tuple[Any, ...]]]] | None = None
         db_path = root / "flortrain.db"
         try:
             if (root / MANIFEST).exists() or db_path.exists():
@@ -314,6 +316,7 @@ class Store:
 
     def close(self) -> None:
         if self.owned():
+            self.write_held()
             self.db.close()
             if self.lock is not None:
                 self.lock.release()
@@ -359,6 +362,7 @@ class Store:
 
     @_writer
     def finish_run(self, run_id: int, status: str, exit_code: int) -> None:
+        self.write_held()  # a run never reads as complete with claims still held
         self.db.execute(
             "UPDATE runs SET finished=?, status=?, exit_code=? WHERE id=?",
             (time.time(), status, exit_code, run_id),
@@ -411,16 +415,43 @@ class Store:
              c.get("restore_s"), c.get("note"), None if c.get("state_sha") is None else json.dumps(c["state_sha"]))
             for key, block_id, m, entry, it, occ, state, c in rows
         ]
-        self._transaction("INSERT OR REPLACE INTO blocks VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", values)
+        self._claim("INSERT OR REPLACE INTO blocks VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", values)
 
-    def _transaction(self, sql: str, values: list[tuple[Any, ...]]) -> None:
-        """``executemany`` as one transaction (the connection is in autocommit mode, where each
-        row would be its own)."""
-        if not values:
+    def hold_claims(self) -> None:
+        """From now on, hold block rows and checkpoint claims (:meth:`commit_checkpoint`,
+        :meth:`mark_checkpointed`, :meth:`note_block`) until :meth:`write_held`, which writes them
+        in order in one transaction. A record's session calls it once per commit interval: each
+        checkpoint was three transactions on the training thread (its row, its claim when the
+        writer reported it, the row's update), 0.3 ms of a 0.1 s epoch. A killed record then lacks
+        up to a commit interval of claims, whose blobs are on disk unclaimed: nothing is trusted
+        that was not claimed, so those instances re-execute on replay, as their iteration rows
+        and output of that interval are lost too."""
+        if self._held is None:
+            self._held = []
+
+    def _claim(self, sql: str, values: list[tuple[Any, ...]]) -> None:
+        if self._held is not None:
+            if values:
+                self._held.append((sql, values))
+            return
+        self._transaction([(sql, values)])
+
+    @_writer
+    def write_held(self) -> None:
+        """Write what :meth:`hold_claims` held, in one transaction."""
+        if self._held:
+            held, self._held = self._held, []
+            self._transaction(held)
+
+    def _transaction(self, statements: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
+        """``executemany`` of each statement, in order, as one transaction (the connection is in
+        autocommit mode, where each row would be its own)."""
+        if not any(values for _, values in statements):
             return
         self.db.execute("BEGIN")
         try:
-            self.db.executemany(sql, values)
+            for sql, values in statements:
+                self.db.executemany(sql, values)
         except BaseException:
             self.db.execute("ROLLBACK")  # leave the connection usable, not inside a transaction
             raise
@@ -460,20 +491,20 @@ class Store:
     def commit_checkpoint(self, run_id: int, key: str, rel: str, sha: str, nbytes: int) -> None:
         """The commit marker: a checkpoint exists only once this row does. Written only after its
         blob (and every tensor object it refers to) is on disk and verified."""
-        self.db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?)", (run_id, key, rel, sha, nbytes))
+        self._claim("INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?)", [(run_id, key, rel, sha, nbytes)])
 
     @_writer
     def mark_checkpointed(self, run_id: int, key: str, digests: dict[str, str]) -> None:
         """A block instance's checkpoint committed (a main-loop boundary stays ``boundary``)."""
-        self.db.execute(
+        self._claim(
             "UPDATE blocks SET state=CASE WHEN state='boundary' THEN state ELSE 'checkpointed' END,"
             " state_sha=?, note=NULL WHERE run_id=? AND key=?",
-            (json.dumps(digests), run_id, key),
+            [(json.dumps(digests), run_id, key)],
         )
 
     @_writer
     def note_block(self, run_id: int, key: str, note: str) -> None:
-        self.db.execute("UPDATE blocks SET note=? WHERE run_id=? AND key=?", (note, run_id, key))
+        self._claim("UPDATE blocks SET note=? WHERE run_id=? AND key=?", [(note, run_id, key)])
 
     def checkpoints(self, run_id: int) -> dict[str, tuple[str, str, int]]:
         return {
@@ -494,7 +525,7 @@ class Store:
     # -- iterations ------------------------------------------------------------------------------
     @_writer
     def put_iterations(self, run_id: int, rows: Iterable[IterationRow]) -> None:
-        self._transaction("INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?,?,?,?)", [(run_id, *r) for r in rows])
+        self._transaction([("INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?,?,?,?)", [(run_id, *r) for r in rows])])
 
     def iteration_times(self, run_id: int) -> dict[tuple[str, int], list[tuple[int, float]]]:
         """Per main-loop entry, (iteration, seconds since the session began at its start), in
@@ -604,7 +635,7 @@ class Store:
              None if e.segments is None else json.dumps(e.segments))
             for e in entries
         ]
-        self._transaction("INSERT OR REPLACE INTO logs VALUES (?,?,?,?,?,?,?,?,?)", rows)
+        self._transaction([("INSERT OR REPLACE INTO logs VALUES (?,?,?,?,?,?,?,?,?)", rows)])
 
     def logs(self, run_id: int) -> Iterator[LogEntry]:
         for seq, text, m, mi, it, region, probe, segs in self.db.execute(
