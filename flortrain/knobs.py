@@ -36,6 +36,10 @@ DEFAULT_COMMIT_INTERVAL_S = 1.0
 
 #: "adaptive" (Flor's Eq. 4, the default) or "every" (checkpoint every block instance).
 PERIOD_ENV = "FLORTRAIN_PERIOD"
+#: seconds of training after which a main loop takes a boundary checkpoint even where Eq. 4
+#: would not (its blocks' checkpoints cover the iterations), so ``record --resume`` has one
+BOUNDARY_INTERVAL_ENV = "FLORTRAIN_BOUNDARY_INTERVAL"
+DEFAULT_BOUNDARY_INTERVAL_S = 60.0
 PERIODS = ("adaptive", "every")
 
 
@@ -168,11 +172,18 @@ def commit_interval() -> float:
     )
 
 
+def boundary_interval() -> float:
+    return _number(
+        BOUNDARY_INTERVAL_ENV, DEFAULT_BOUNDARY_INTERVAL_S, lambda v: v > 0, "a number of seconds > 0 (default 60)"
+    )
+
+
 def validate() -> None:
     """Check every environment knob before a run starts, so a typo fails in one line up front."""
     epsilon()
     period()
     commit_interval()
+    boundary_interval()
     materializer()
     buffer_bytes()
     flush_timeout()

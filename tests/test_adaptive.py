@@ -107,7 +107,7 @@ def test_a_boundary_after_a_checkpointed_block_is_worth_only_what_the_block_leav
     the block is too dear to checkpoint often, its iterations stay uncovered, and boundaries
     are taken."""
     eps, n = 1 / 15, 200
-    period = AdaptivePeriod(epsilon=eps, every=False)
+    period = AdaptivePeriod(epsilon=eps, every=False, boundary_interval=1000.0)
     blocks, boundaries = _iterations(period, n, block_m=0.001, boundary_m=0.01)
     assert blocks == n
     assert boundaries == 1  # the forced first: its M was unknown
@@ -118,6 +118,21 @@ def test_a_boundary_after_a_checkpointed_block_is_worth_only_what_the_block_leav
     blocks, boundaries = _iterations(period, n, block_m=0.5, boundary_m=0.01)
     assert blocks < n / 5
     assert boundaries > n * 3 / 4
+
+
+def test_a_main_loop_takes_a_boundary_every_interval_for_resume_within_the_budget() -> None:
+    """Where Eq. 4 values boundaries at nothing (the block covers each iteration), a record
+    still takes one per ``boundary_interval`` seconds of training, so ``record --resume`` has a
+    recent one; never beyond the run's budget."""
+    period = AdaptivePeriod(epsilon=1 / 15, every=False, boundary_interval=60.0)
+    blocks, boundaries = _iterations(period, 200, block_m=0.001, boundary_m=0.01)
+    assert (blocks, boundaries) == (200, 4)  # the first, then at 60, 120 and 180 s
+    # a 4.5 s boundary a minute is more than ε of the minute: the budget, not the interval,
+    # decides (the first, unpriced, then one once training has earned it: 2 of 4)
+    period = AdaptivePeriod(epsilon=1 / 15, every=False, boundary_interval=60.0)
+    _, boundaries = _iterations(period, 200, block_m=0.001, boundary_m=4.5)
+    assert boundaries == 2
+    assert period.spent <= period.epsilon * period.training + 4.5
 
 
 def test_time_a_nested_checkpoint_blocked_is_not_training_time() -> None:

@@ -121,3 +121,61 @@ def test_what_cannot_be_resumed_is_refused(tmp_path: Path) -> None:
     assert flortrain(tmp_path, "record", "train.py").code == 0
     _refused(flortrain(tmp_path, "record", "--resume", "2", "train.py"), "FT040", "is complete")
     _refused(flortrain(tmp_path, "record", "--resume", "9", "train.py"), "FT012", "no run 9")
+
+
+COVERED = textwrap.dedent(
+    """\
+    import os, signal, torch
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 4)
+    opt = torch.optim.SGD(head.parameters(), lr=0.05)
+    x = torch.randn(256, 256, 32)
+    y = torch.randint(0, 4, (256, 256))
+    for epoch in range(8):
+        for i in range(256):
+            loss = torch.nn.functional.cross_entropy(head(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
+        if epoch == 5 and os.path.exists("KILL"):
+            os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def _boundaries(tmp: Path) -> int:
+    db = sqlite3.connect(tmp / ".flortrain" / "flortrain.db")
+    try:
+        return int(db.execute("SELECT COUNT(*) FROM blocks WHERE run_id=1 AND state='boundary'").fetchone()[0])
+    finally:
+        db.close()
+
+
+def test_a_loop_its_blocks_cover_still_gets_boundaries_to_resume_from(tmp_path: Path) -> None:
+    """With the adaptive period, a boundary after a checkpointed batch loop that is the whole
+    epoch is worth little to Eq. 4 (a replay restores the block instead), so such a loop gets
+    few boundaries from it, and a killed record resumes only from a boundary.
+    ``FLORTRAIN_BOUNDARY_INTERVAL`` gives it one per that many seconds of training (here a small
+    one, so the 6 epochs before the kill have some, the budget allowing), and the resumed record
+    prints the rest of python's output. The rule itself is tested in test_adaptive.py."""
+    env = {"FLORTRAIN_COMMIT_INTERVAL": "0"}
+    script = tmp_path / "train.py"
+    script.write_text(COVERED)
+    truth = plain(script).out
+    (tmp_path / "KILL").touch()
+    rec = flortrain(tmp_path, "record", "train.py", env={**env, "FLORTRAIN_BOUNDARY_INTERVAL": "0.001"})
+    assert rec.code == -9 and truth.startswith(rec.out), rec.err
+    (tmp_path / "KILL").unlink()
+    db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
+    try:
+        (n,) = db.execute("SELECT COUNT(*) FROM blocks WHERE run_id=1 AND state='boundary'").fetchone()
+    finally:
+        db.close()
+    assert n >= 2, n
+    res = flortrain(tmp_path, "record", "--resume", "1", "train.py", env=env)
+    assert res.code == 0, res.err
+    k = int(res.err.split("resumes at main loop ")[1].split(" iteration ")[1].split()[0].rstrip(":,."))
+    assert 1 <= k <= 6
+    assert res.out == truth[truth.index(f"epoch {k} loss"):]
+    assert _log(tmp_path, 1) == truth.splitlines()

@@ -45,6 +45,11 @@ about 3 ms per epoch and cost 1.8 ms (its first, 70 ms: hashing the frozen table
 taken whenever the run's budget had room, half the epochs. With its own C_i it is not taken, and
 the budget it held is not spent. A loop with no memoized block inside (nanoGPT's ``while
 True``) is unchanged: its iterations are all uncovered.
+
+**A boundary at least every minute of training.** ``record --resume`` restarts a killed record
+from a boundary checkpoint only; block checkpoints do not serve it. So a main loop whose latest
+boundary is ``FLORTRAIN_BOUNDARY_INTERVAL`` seconds of training old (60 by default) takes one
+even where Eq. 4 would not, within the run's budget: a few milliseconds a minute.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ class BlockCosts:
     #: total C: for a main loop, of its iterations' compute outside nested checkpointed blocks
     compute: float = 0.0
     last: float = 0.0  # C of the latest instance
+    since: float = 0.0  # training seconds of an outer unit since its latest checkpoint
     materialize: float = 0.0  # total M over the k checkpoints
     contention: float = 0.0  # of the latest instance (see `contention`)
     outer: bool = True  # its compute is training time of its own, not part of an enclosing unit's
@@ -86,6 +92,7 @@ class AdaptivePeriod:
     epsilon: float = field(default_factory=knobs.epsilon)
     restore_ratio: float = knobs.DEFAULT_RESTORE_RATIO
     every: bool = field(default_factory=lambda: knobs.period() == "every")
+    boundary_interval: float = field(default_factory=knobs.boundary_interval)
     costs: dict[str, BlockCosts] = field(default_factory=dict)
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
     #: the run's budget: M spent on every checkpoint; training time of the outermost units (their
@@ -108,6 +115,7 @@ class AdaptivePeriod:
             # Eq. 4's C for a boundary: what a replay would compute without it
             c.compute += max(compute_s - self.covered, 0.0)
             self.covered = 0.0
+            c.since += compute_s
         else:
             c.compute += compute_s
         if cpu_s is not None:
@@ -119,12 +127,17 @@ class AdaptivePeriod:
         c = self.costs.setdefault(block_id, BlockCosts())
         if self.every:
             return True
-        if c.declined and not (self._eq4(c, c.declined) and self._fits(c.declined, ongoing)):
+        if c.declined and not (self._due(c, c.declined) and self._fits(c.declined, ongoing)):
             return False
         if c.k == 0:
             return True
         m = c.materialize / c.k
-        return self._eq4(c, m) and self._fits(m, ongoing)
+        return self._due(c, m) and self._fits(m, ongoing)
+
+    def _due(self, c: BlockCosts, m: float) -> bool:
+        """Eq. 4 for one more checkpoint of mean cost ``m``; for a main loop, also its latest
+        boundary being ``boundary_interval`` seconds of training old (``record --resume``)."""
+        return self._eq4(c, m) or (c.outer and c.since >= self.boundary_interval)
 
     def _eq4(self, c: BlockCosts, m: float) -> bool:
         """Eq. 4 for one more checkpoint of mean cost ``m``."""
@@ -142,7 +155,7 @@ class AdaptivePeriod:
             return True
         c = self.costs.setdefault(block_id, BlockCosts())
         c.priced = blocked_s + c.contention * background_s
-        return self._eq4(c, c.priced) and self._fits(c.priced)
+        return self._due(c, c.priced) and self._fits(c.priced)
 
     def declined(self, block_id: str, capture_s: float) -> None:
         """Account a checkpoint :meth:`affords` turned down after ``capture_s`` seconds spent
@@ -163,6 +176,7 @@ class AdaptivePeriod:
         c = self.costs.setdefault(block_id, BlockCosts())
         c.k += 1
         c.declined = 0.0
+        c.since = 0.0
         m = blocked_s + c.contention * background_s
         c.materialize += m
         self.spent += m

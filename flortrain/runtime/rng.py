@@ -23,7 +23,7 @@ def capture() -> dict[str, Any]:
     torch = sys.modules.get("torch")
     if torch is not None:
         state["torch"] = torch.get_rng_state()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_initialized() and torch.cuda.is_available():  # the cheap test first
             state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
