@@ -158,8 +158,11 @@ def test_a_loop_its_blocks_cover_still_gets_boundaries_to_resume_from(tmp_path: 
     few boundaries from it, and a killed record resumes only from a boundary.
     ``FLORTRAIN_BOUNDARY_INTERVAL`` gives it one per that many seconds of training (here a small
     one, so the 6 epochs before the kill have some, the budget allowing), and the resumed record
-    prints the rest of python's output. The rule itself is tested in test_adaptive.py."""
-    env = {"FLORTRAIN_COMMIT_INTERVAL": "0"}
+    prints the rest of python's output. The rule itself is tested in test_adaptive.py. The
+    writer is the synchronous one, so that a boundary is committed before training goes on (a
+    background writer at idle priority under a loaded machine may not have reported any when
+    the kill comes)."""
+    env = {"FLORTRAIN_COMMIT_INTERVAL": "0", "FLORTRAIN_MATERIALIZER": "sync"}
     script = tmp_path / "train.py"
     script.write_text(COVERED)
     truth = plain(script).out
