@@ -109,6 +109,27 @@ def test_held_claims_are_written_in_order_at_the_commit_and_before_the_run_compl
         store.close()
 
 
+def test_a_run_whose_held_claims_fail_to_write_is_not_marked_complete(tmp_path: Path) -> None:
+    """The store fails while writing the held claims at the end (a full disk, here a statement
+    that cannot run): the run stays ``running``, so it reads as incomplete, not complete with
+    claims missing."""
+    store = Store(tmp_path / "s")
+    run = store.begin_run("record", "x.py", [], "", None, None, {})
+    store.guarded = True
+    store.hold_claims()
+    store.commit_checkpoint(run, "k", "blobs/x", "ab" * 32, 10)
+    store._held.append(("INSERT INTO no_such_table VALUES (?)", [(1,)]))  # type: ignore[union-attr]
+    store.finish_run(run, "complete", 0)
+    assert store.failed is not None and "no_such_table" in store.failed
+    store.close()
+    db = sqlite3.connect(tmp_path / "s" / "flortrain.db")
+    try:
+        assert db.execute("SELECT status FROM runs WHERE id=?", (run,)).fetchone() == ("running",)
+        assert db.execute("SELECT COUNT(*) FROM checkpoints").fetchone() == (0,)  # rolled back together
+    finally:
+        db.close()
+
+
 def test_a_reallocated_tensor_at_the_same_address_is_not_mistaken_for_the_old_one(tmp_path: Path) -> None:
     """A gradient freed and re-allocated every step often lands at the same address with the same
     version: the tracker keeps the old one alive, so the new one cannot look unchanged."""

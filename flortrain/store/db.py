@@ -363,6 +363,8 @@ class Store:
     @_writer
     def finish_run(self, run_id: int, status: str, exit_code: int) -> None:
         self.write_held()  # a run never reads as complete with claims still held
+        if self.failed is not None:
+            return  # they could not be written: the run stays `running`, so reads as incomplete
         self.db.execute(
             "UPDATE runs SET finished=?, status=?, exit_code=? WHERE id=?",
             (time.time(), status, exit_code, run_id),
@@ -420,9 +422,10 @@ class Store:
     def hold_claims(self) -> None:
         """From now on, hold block rows and checkpoint claims (:meth:`commit_checkpoint`,
         :meth:`mark_checkpointed`, :meth:`note_block`) until :meth:`write_held`, which writes them
-        in order in one transaction. A record's session calls it once per commit interval: each
-        checkpoint was three transactions on the training thread (its row, its claim when the
-        writer reported it, the row's update), 0.3 ms of a 0.1 s epoch. A killed record then lacks
+        in order in one transaction. A record holds them from the start, and its session writes
+        them once per commit interval: each checkpoint was three transactions on the training
+        thread (its row, its claim when the writer reported it, the row's update), 0.3 ms of a
+        0.1 s epoch. A killed record then lacks
         up to a commit interval of claims, whose blobs are on disk unclaimed: nothing is trusted
         that was not claimed, so those instances re-execute on replay, as their iteration rows
         and output of that interval are lost too."""
