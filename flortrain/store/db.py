@@ -425,10 +425,9 @@ class Store:
         in order in one transaction. A record holds them from the start, and its session writes
         them once per commit interval: each checkpoint was three transactions on the training
         thread (its row, its claim when the writer reported it, the row's update), 0.3 ms of a
-        0.1 s epoch. A killed record then lacks
-        up to a commit interval of claims, whose blobs are on disk unclaimed: nothing is trusted
-        that was not claimed, so those instances re-execute on replay, as their iteration rows
-        and output of that interval are lost too."""
+        0.1 s epoch. A killed record then lacks up to a commit interval of claims, whose blobs
+        are on disk unclaimed: nothing is trusted that was not claimed, so those instances
+        re-execute on replay, as their iteration rows and output of that interval are lost too."""
         if self._held is None:
             self._held = []
 
