@@ -8,6 +8,13 @@ from flortrain.errors import FlortrainError
 from flortrain.runtime.adaptive import AdaptivePeriod, contention
 
 
+def _checkpoint(period: AdaptivePeriod, block_id: str, blocked: float, background: float = 0.0) -> float:
+    """A checkpoint as the session accounts it: it held training ``blocked`` seconds (measured
+    around the hook, ``Session.holding``), and the writer will take ``background``."""
+    period.hold(blocked)
+    return period.materialized(block_id, blocked, background)
+
+
 def _run(period: AdaptivePeriod, instances: int, compute: float, materialize: float) -> list[bool]:
     """Drive one block through ``instances`` executions; return which were materialized."""
     decisions = []
@@ -16,7 +23,7 @@ def _run(period: AdaptivePeriod, instances: int, compute: float, materialize: fl
         take = period.should_materialize("L1")
         decisions.append(take)
         if take:
-            period.materialized("L1", materialize)
+            _checkpoint(period, "L1", materialize)
     return decisions
 
 
@@ -68,17 +75,20 @@ def test_each_block_has_its_own_first_checkpoint() -> None:
 def _iterations(
     period: AdaptivePeriod, n: int, block_m: float, boundary_m: float, block_c: float = 1.0
 ) -> tuple[int, int]:
-    """A main loop of ``n`` 1-second iterations, each a nested block of ``block_c`` seconds then
-    the next iteration's boundary; (block checkpoints, boundary checkpoints)."""
+    """A main loop of ``n`` iterations of 1 second of wall time, each a nested block of
+    ``block_c`` seconds then the next iteration's boundary; (block checkpoints, boundary
+    checkpoints)."""
     blocks = boundaries = 0
     for _ in range(n):
+        held = 0.0
         period.executed("L2", block_c, outer=False)  # nested: its seconds are the iteration's
         if period.should_materialize("L2", ongoing=block_c):
-            period.materialized("L2", block_m)
+            held = block_m
+            _checkpoint(period, "L2", block_m)
             blocks += 1
-        period.executed("M1", 1.0)  # the iteration, accounted at the next boundary
+        period.executed("M1", 1.0 - held)  # the iteration, net of what flortrain held in it
         if period.should_materialize("M1"):
-            period.materialized("M1", boundary_m)
+            _checkpoint(period, "M1", boundary_m)
             boundaries += 1
     return blocks, boundaries
 
@@ -135,21 +145,29 @@ def test_a_main_loop_takes_a_boundary_every_interval_for_resume_within_the_budge
     assert period.spent <= period.epsilon * period.training + 4.5
 
 
-def test_time_a_nested_checkpoint_blocked_is_not_training_time() -> None:
-    period = AdaptivePeriod(epsilon=1 / 15, every=False)
-    period.executed("L2", 1.0, outer=False)
-    period.materialized("L2", 0.25)
-    period.executed("M1", 1.25)  # the iteration's wall time holds the 0.25 s checkpoint
-    assert period.training == pytest.approx(1.0)
-    assert period.spent == pytest.approx(0.25)
+def test_the_budget_is_charged_what_flortrain_held_not_only_its_checkpoints() -> None:
+    """Bookkeeping no checkpoint pays (block entries, RNG digests, declined captures) is held
+    time too: a run whose hooks alone took ε of training has no budget left for a checkpoint
+    that Eq. 4 would take."""
+    period = AdaptivePeriod(epsilon=0.05, every=False, boundary_interval=1000.0)
+    period.executed("M1", 10.0)
+    _checkpoint(period, "M1", 0.1)  # its first: 1% of training
+    period.executed("M1", 10.0)
+    assert period.should_materialize("M1")  # Eq. 4 and the budget (0.2 of 1.0 spent)
+    period.hold(0.85)  # hooks outside any checkpoint
+    assert period.spent == pytest.approx(0.95)
+    assert not period.should_materialize("M1")  # 0.95 + 0.1 > 0.05 · 20
+    period.executed("M1", 10.0)
+    assert period.should_materialize("M1")  # training earned it: 1.05 <= 1.5
 
 
 def test_background_time_counts_in_the_budget_under_contention_only() -> None:
     period = AdaptivePeriod(epsilon=1 / 15, every=False, cores=2)
     period.executed("L1", 1.0, cpu_s=2.0)  # both cores busy
-    assert period.materialized("L1", 0.01, background_s=0.04) == pytest.approx(0.05)
+    assert _checkpoint(period, "L1", 0.01, background=0.04) == pytest.approx(0.05)
     period.executed("L1", 1.0, cpu_s=1.0)  # a core left idle
-    assert period.materialized("L1", 0.01, background_s=0.04) == pytest.approx(0.01)
+    assert _checkpoint(period, "L1", 0.01, background=0.04) == pytest.approx(0.01)
+    assert period.writer == pytest.approx(0.04)
     assert period.spent == pytest.approx(0.06)
 
 
@@ -161,7 +179,7 @@ def test_ongoing_iteration_time_opens_the_budget() -> None:
         period.executed("L2", 1.0, outer=False)
         if period.costs["L2"].k == 0:
             assert period.should_materialize("L2")
-            period.materialized("L2", 0.01)
+            _checkpoint(period, "L2", 0.01)
     assert not period.should_materialize("L2")  # no training time accounted yet
     assert period.should_materialize("L2", ongoing=3.0)
 
@@ -193,7 +211,7 @@ def test_background_writing_counts_in_m_only_under_contention() -> None:
             p.executed("L1", 1.0, cpu_per_wall)
             if p.should_materialize("L1"):
                 out.append(i)
-                p.materialized("L1", 0.001, background_s=0.5)
+                _checkpoint(p, "L1", 0.001, background=0.5)
         return out
 
     assert drive(cpu_per_wall=1.0) == list(range(20))  # one of 2 cores busy
@@ -211,9 +229,10 @@ def _boundaries(period: AdaptivePeriod, n: int, capture: float, priced: float) -
             continue
         captures += 1
         if period.affords("M1", priced, 0.0):
-            period.materialized("M1", capture + priced)
+            _checkpoint(period, "M1", capture + priced)
             taken += 1
         else:
+            period.hold(capture)  # the capture held training all the same
             period.declined("M1", capture)
     return captures, taken
 
@@ -223,7 +242,7 @@ def test_a_declined_boundary_charges_its_capture_and_waits_for_the_budget() -> N
     long as none had been taken: no M yet, so Eq. 4 said yes); what the captures cost is spent."""
     eps = 1 / 15
     period = AdaptivePeriod(epsilon=eps, every=False)
-    period.spent = 0.9  # the nested blocks used most of the budget of the first iterations
+    period.held = 0.9  # the nested blocks used most of the budget of the first iterations
     period.training = 10.0
     captures, taken = _boundaries(period, 100, capture=0.002, priced=0.5)
     assert captures < 15, captures  # it was 100: one capture per iteration

@@ -17,13 +17,21 @@ not bound the overhead.
 in a main loop and the loop's iteration boundary share the same seconds of training (the
 iteration's compute contains the block's), so two blocks each within ε could together cost 2ε:
 measured on an LSTM, the batch loop's checkpoint took 6.3% of an epoch and the boundary's 1.8%.
-So a checkpoint Eq. 4 allows is also held to the run's budget: the M spent so far on every block,
-plus this block's mean M, must stay within ε of the training time so far. Training time is the
-compute of the outermost units (main-loop iterations, which recorded blocks run inside), less the
-time checkpoints nested in them blocked it, so nothing is counted twice. Checkpoints of a block
-and of the boundary after it then share the budget in the order training reaches them. A
-boundary is also priced before it is staged (:meth:`AdaptivePeriod.affords`): its size varies
-the most of any checkpoint.
+So a checkpoint Eq. 4 allows is also held to the run's budget: what flortrain has cost
+training so far, plus this block's mean M, must stay within ε of the training time so far.
+Checkpoints of a block and of the boundary after it then share the budget in the order training
+reaches them. A boundary is also priced before it is staged (:meth:`AdaptivePeriod.affords`):
+its size varies the most of any checkpoint.
+
+**The budget is charged what was measured, not what was estimated.** What flortrain has cost is
+the time its code held the training thread, measured around every hook (``Session.holding``),
+plus the writer's estimated share of each checkpoint (its time under contention: the one part
+not seen on the training thread until the wait at exit). Charging each checkpoint its own
+estimate instead left out what no checkpoint pays: block entries, the alias watch's first
+instances, the RNG digests at every iteration, declined captures. On the LSTM benchmark that
+let one repetition in six hold training 7% (ε 6.67%). Training time is the compute of the
+outermost units (main-loop iterations, which recorded blocks run inside), net of what flortrain
+held during them, so nothing is counted twice and Eq. 4's C for a boundary is the script's own.
 
 **A declined checkpoint is not free.** Pricing a boundary needs its state captured first, and
 the capture held training up. A boundary turned down for its price charges the capture to the
@@ -95,17 +103,27 @@ class AdaptivePeriod:
     boundary_interval: float = field(default_factory=knobs.boundary_interval)
     costs: dict[str, BlockCosts] = field(default_factory=dict)
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
-    #: the run's budget: M spent on every checkpoint; training time of the outermost units (their
-    #: compute, which includes the M of the checkpoints nested in them, less that M)
-    spent: float = 0.0
+    #: the run's budget (:attr:`spent` within ε of :attr:`training`): seconds flortrain's code
+    #: held the training thread, measured (``Session.holding``); the writer's estimated seconds
+    #: that came out of training (its time under contention, summed over checkpoints); training time
+    #: of the outermost units, net of what flortrain held inside them
+    held: float = 0.0
+    writer: float = 0.0
     training: float = 0.0
     #: compute of the outer unit in progress that nested checkpoints already memoize (the
     #: blocks' compute and checkpoint time, less the estimated time to restore them)
     covered: float = 0.0
 
+    @property
+    def spent(self) -> float:
+        """What flortrain has cost training so far: all it held the training thread (checkpoints,
+        declined captures, bookkeeping no checkpoint pays) and the writer's share."""
+        return self.held + self.writer
+
     def executed(self, block_id: str, compute_s: float, cpu_s: float | None = None, outer: bool = True) -> None:
         """Account an instance of a block. ``outer``: no other accounted unit encloses it (a
-        main-loop iteration; not a block, which runs inside one), so its compute is the run's."""
+        main-loop iteration; not a block, which runs inside one), so its compute is the run's;
+        it is given net of the time flortrain held training during it."""
         c = self.costs.setdefault(block_id, BlockCosts())
         c.n += 1
         c.outer = outer
@@ -159,10 +177,9 @@ class AdaptivePeriod:
 
     def declined(self, block_id: str, capture_s: float) -> None:
         """Account a checkpoint :meth:`affords` turned down after ``capture_s`` seconds spent
-        capturing it: training was held that long, so the run's budget pays it, and the block is
-        not tried again until the budget could pay the capture and the checkpoint."""
+        capturing it (training was held that long: :attr:`held` has it): the block is not tried
+        again until the budget could pay the capture and the checkpoint."""
         c = self.costs.setdefault(block_id, BlockCosts())
-        self.spent += capture_s
         c.declined = capture_s + c.priced
 
     def _fits(self, m: float, ongoing: float = 0.0) -> bool:
@@ -172,16 +189,20 @@ class AdaptivePeriod:
 
     def materialized(self, block_id: str, blocked_s: float, background_s: float = 0.0) -> float:
         """Account a checkpoint; returns its M: the time training was blocked plus the writer's
-        time for it as far as training leaves the writer no idle core."""
+        time for it as far as training leaves the writer no idle core. The blocked time reaches
+        the run's budget through :attr:`held`, the writer's share here."""
         c = self.costs.setdefault(block_id, BlockCosts())
         c.k += 1
         c.declined = 0.0
         c.since = 0.0
-        m = blocked_s + c.contention * background_s
+        share = c.contention * background_s
+        m = blocked_s + share
         c.materialize += m
-        self.spent += m
-        if not c.outer:  # it ran inside an outer unit's compute, which it did not belong to
-            self.training -= blocked_s
-            # a replay restores this instance rather than computing it
-            self.covered += max(c.last + blocked_s - self.restore_ratio * m, 0.0)
+        self.writer += share
+        if not c.outer:  # a replay restores this instance rather than computing it
+            self.covered += max(c.last - self.restore_ratio * m, 0.0)
         return m
+
+    def hold(self, seconds: float) -> None:
+        """Account time flortrain's code held the training thread (``Session.holding``)."""
+        self.held += seconds

@@ -63,12 +63,11 @@ class Session:
     _blocks: list[BlockRow] = field(default_factory=list)  # block instances without a checkpoint
     _jump_pending: tuple[str, int, Boundary] | None = None  # a jump the main loop's generator decided
     _driven: set[str] = field(default_factory=set)  # main loops whose iterator the runtime wraps
-    _boundary_t: dict[str, tuple[float, float]] = field(default_factory=dict)  # wall, CPU
+    #: when the current iteration of each main loop began: wall, CPU, and :attr:`held` then
+    _boundary_t: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    _hold_t0: float | None = None  # when the hook in progress began (:meth:`holding`)
     background: float = 0.0  # the writer's estimated seconds for the latest checkpoint
     _no_boundary: set[str] = field(default_factory=set)
-    #: seconds flortrain's own code held the training thread: block entries and exits (staging
-    #: checkpoints included), iteration boundaries, the wait for the writer at the end
-    held: float = 0.0
     _initial_digests: dict[str, str] = field(default_factory=dict)
     #: id -> (tensor, version, sha256): live module tensors hashed by :meth:`live_object`
     _live_shas: dict[int, tuple[Any, int, str]] = field(default_factory=dict)
@@ -230,20 +229,39 @@ class Session:
             self.tee.muted = False
         return b
 
+    @property
+    def held(self) -> float:
+        """Seconds flortrain's own code held the training thread: block entries and exits (staging
+        checkpoints included), iteration boundaries, the wait for the writer at the end."""
+        return self.adaptive.held
+
     def iteration_elapsed(self) -> float:
-        """Seconds since the current main-loop iteration began (0 outside one)."""
+        """Seconds of training since the current main-loop iteration began, net of what flortrain
+        held (0 outside one)."""
         t = self._boundary_t.get(self.main[0]) if self.main is not None else None
-        return time.perf_counter() - t[0] if t is not None else 0.0
+        if t is None:
+            return 0.0
+        now = time.perf_counter()
+        return now - t[0] - (self._held_at(now) - t[2])
+
+    def _held_at(self, now: float) -> float:
+        """:attr:`held` at ``now``, the hook in progress included."""
+        return self.adaptive.held + (now - self._hold_t0 if self._hold_t0 is not None else 0.0)
+
+    def _iteration_begins(self, main_id: str) -> None:
+        now = time.perf_counter()
+        self._boundary_t[main_id] = (now, time.process_time(), self._held_at(now))
 
     def _time_iteration(self, main_id: str, last_one: bool = False) -> None:
         """Account the main-loop iteration that just ended with the adaptive period: it is the
-        unit of the boundary's Eq. 4 and the run's training time (``adaptive``'s budget)."""
+        unit of the boundary's Eq. 4 and the run's training time (``adaptive``'s budget), net of
+        what flortrain held during it."""
         now, cpu = time.perf_counter(), time.process_time()
         last = self._boundary_t.pop(main_id, None) if last_one else self._boundary_t.get(main_id)
         if last is not None:
-            self.adaptive.executed(main_id, now - last[0], cpu - last[1])
+            self.adaptive.executed(main_id, now - last[0] - (self._held_at(now) - last[2]), cpu - last[1])
         if not last_one:
-            self._boundary_t[main_id] = (now, cpu)
+            self._boundary_t[main_id] = (now, cpu, self._held_at(now))
 
     def _record_boundary(
         self, main_id: str, i: int, objects: Getters, names: Getters, values: tuple[str, ...]
@@ -263,7 +281,7 @@ class Session:
             outcome = self.checkpoint(b.key, main_id, lambda: b._payload(self, objects, names), afford)
         except Declined:
             self.adaptive.declined(main_id, time.perf_counter() - now)
-            self._boundary_t[main_id] = (time.perf_counter(), time.process_time())  # not the next iteration's
+            self._iteration_begins(main_id)  # the capture is not the next iteration's
             return None
         except Exception as e:  # the iterations still run and record; only jumping is lost
             self._no_boundary.add(main_id)
@@ -271,7 +289,7 @@ class Session:
             return None
         m = self.adaptive.materialized(main_id, time.perf_counter() - now, self.background)
         self.put_checkpointed(b.key, main_id, i, 0, "boundary", outcome, materialize_s=m)
-        self._boundary_t[main_id] = (time.perf_counter(), time.process_time())  # not the next iteration's
+        self._iteration_begins(main_id)  # the checkpoint is not the next iteration's
         return b
 
     # -- checkpoints -------------------------------------------------------------------------------
@@ -614,13 +632,17 @@ class Session:
         plain or recorded (0.2 s each in a nanoGPT-shaped script); one that fell into a
         checkpoint would be charged to it as M, and Eq. 4 and the run's budget would then refuse
         checkpoints for the rest of the run. It runs at the script's next allocation instead."""
+        if self._hold_t0 is not None:  # within a hook already: its time is counted there
+            yield
+            return
         collecting = gc.isenabled()
         gc.disable()
-        t0 = time.perf_counter()
+        self._hold_t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.held += time.perf_counter() - t0
+            self.adaptive.hold(time.perf_counter() - self._hold_t0)
+            self._hold_t0 = None
             if collecting:
                 gc.enable()
 
