@@ -26,7 +26,12 @@ at every block instance and iteration boundary). Two figures per run:
 Overhead is the median over repetitions of each recorded/plain pair's ratio, with the spread.
 For the CNN, an outer probe's replay is timed against a plain run of the probed script.
 
-    python benchmarks/record_overhead.py [--quick]
+``--against COMMIT`` adds a fourth mode to every repetition: ``flortrain record`` as of that
+commit (checked out in a temporary git worktree, put first on ``PYTHONPATH``), against the same
+plain runs. Two versions compared this way differ by less than the noise between repetitions
+on a shared VM would hide in separate runs; results go to ``record_overhead-against.json``.
+
+    python benchmarks/record_overhead.py [--quick] [--reps N] [--only NAME...] [--against COMMIT]
 
 Writes benchmarks/results/record_overhead.json and .png.
 """
@@ -34,6 +39,7 @@ Writes benchmarks/results/record_overhead.json and .png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -45,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,19 +206,22 @@ def _checkpointed(store: Path) -> tuple[int, int]:
     return rows.get("checkpointed", 0), sum(rows.values())
 
 
-def bench(name: str, reps: int, quick: bool) -> dict[str, object]:
+def bench(name: str, reps: int, quick: bool, against: Path | None = None) -> dict[str, object]:
     py = sys.executable
-    times: dict[str, list[tuple[float, float, float, float, float]]] = {m: [] for m in (*MODES, "plain-probed", "replay")}
+    modes = (*MODES, "record-against") if against is not None else MODES
+    times: dict[str, list[tuple[float, float, float, float, float]]] = {m: [] for m in (*modes, "plain-probed", "replay")}
     checkpointed: dict[str, tuple[int, int]] = {}
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         script = work / "train.py"
         for rep in range(reps):
-            for mode in MODES:
+            for mode in modes:
                 script.write_text(source(name, quick))
                 env = {"FLORTRAIN_STORE": str(work / mode)}
                 if mode == "record-every":
                     env["FLORTRAIN_PERIOD"] = "every"
+                if mode == "record-against":
+                    env["PYTHONPATH"] = str(against)
                 cmd = [py, "train.py"] if mode == "plain" else [py, "-m", "flortrain", "record", "train.py"]
                 times[mode].append(_run(cmd, work, env))
                 if mode != "plain":
@@ -226,7 +236,7 @@ def bench(name: str, reps: int, quick: bool) -> dict[str, object]:
         return [a[i] / b[i] for a, b in zip(times[mode], times[base], strict=True)]
 
     out: dict[str, object] = {"times": times, "checkpointed": checkpointed}
-    for mode in ("record", "record-every"):
+    for mode in modes[1:]:
         for i, what in ((2, "loop"), (0, "training"), (1, "end_to_end"), (3, "cpu")):
             r = ratios(mode, "plain", i)
             out[f"{mode}_{what}_overhead"] = statistics.median(r) - 1
@@ -245,12 +255,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="half the epochs, one repetition")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--against", metavar="COMMIT", help="also record with flortrain as of COMMIT, interleaved")
     args = ap.parse_args()
     reps = 1 if args.quick else args.reps
-    results = {name: bench(name, reps, args.quick) for name in args.only}
+    with _worktree(args.against) as against:
+        results = {name: bench(name, reps, args.quick, against) for name in args.only}
     doc = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "reps": reps, "quick": args.quick, "epsilon": 1 / 15, "results": results,
+        "reps": reps, "quick": args.quick, "epsilon": 1 / 15, "against": args.against, "results": results,
     }
     if len(args.only) == len(WORKLOADS):
         for what in ("training", "loop", "cpu", "held"):
@@ -258,7 +270,7 @@ def main() -> None:
                 r[f"record_{what}_overhead"] for r in results.values()  # type: ignore[misc]
             )
     OUT.mkdir(parents=True, exist_ok=True)
-    name = "record_overhead-quick" if args.quick else "record_overhead"
+    name = "record_overhead" + ("-against" if args.against else "") + ("-quick" if args.quick else "")
     (OUT / f"{name}.json").write_text(json.dumps(doc, indent=2))
     _plot(results, OUT / f"{name}.png")
     print(f"{'workload':10} {'loop':>8} {'record':>8} {'every':>8} {'e2e rec':>8} {'cpu rec':>8} {'held':>8} {'held ev':>8} {'ckpt (adaptive)':>16} {'ckpt (every)':>13} {'replay':>7}")
@@ -269,10 +281,34 @@ def main() -> None:
               f" {r['record_end_to_end_overhead']:8.1%} {r['record_cpu_overhead']:8.1%}"  # type: ignore[index]
               f" {r['record_held_overhead']:8.1%} {r['record-every_held_overhead']:8.1%} {adaptive:>16} {every:>13}"  # type: ignore[index]
               f" {r['replay_fraction']:7.2f}")
+    for n, r in results.items():
+        if args.against:
+            print(f"{n:10} as of {args.against}: to exit {r['record-against_training_overhead']:.1%}"  # type: ignore[index]
+                  f" (this tree {r['record_training_overhead']:.1%}), held {r['record-against_held_overhead']:.1%}"  # type: ignore[index]
+                  f" (this tree {r['record_held_overhead']:.1%}), checkpointed {'{}/{}'.format(*r['checkpointed']['record-against'])}")  # type: ignore[index]
     if "median_record_training_overhead" in doc:
         print(f"median record overhead (training, to exit): {doc['median_record_training_overhead']:.1%};"
               f" loop only: {doc['median_record_loop_overhead']:.1%}; CPU: {doc['median_record_cpu_overhead']:.1%};"
               f" held (reported by record): {doc['median_record_held_overhead']:.1%}")
+
+
+@contextlib.contextmanager
+def _worktree(commit: str | None) -> Iterator[Path | None]:
+    """A temporary git worktree of ``commit`` (None: no comparison), removed afterwards."""
+    if commit is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as d:
+        tree = Path(d) / "tree"
+        try:
+            subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT,
+                           check=True, capture_output=True, text=True)
+        except subprocess.CalledProcessError as e:
+            raise SystemExit(f"--against {commit}: {e.stderr.strip()}") from None
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False, capture_output=True)
 
 
 def _plot(results: dict[str, dict[str, object]], path: Path) -> None:
