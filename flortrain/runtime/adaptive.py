@@ -34,9 +34,9 @@ iterations, which recorded blocks run inside), net of what flortrain held during
 nothing is counted twice and Eq. 4's C for a boundary is the script's own.
 
 **A declined checkpoint is not free.** Pricing a boundary needs its state captured first, and
-the capture held training up. A boundary turned down for its price charges the capture to the
-run's budget (:meth:`AdaptivePeriod.declined`), and is not captured again until the budget could
-take that capture and the checkpoint it priced. Before this, a loop whose boundaries never fit
+the capture held training up (the run's budget has it through :attr:`AdaptivePeriod.held`). A
+boundary turned down for its price is not captured again until the budget could take that
+capture and the checkpoint it priced (:meth:`AdaptivePeriod.declined`). Before this, a loop whose boundaries never fit
 (no boundary yet, so Eq. 4 said yes every time) paid a capture per iteration for nothing: 1.4 ms
 of a 0.1 s epoch in the fine-tuning benchmark, outside every bound.
 
