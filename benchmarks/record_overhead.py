@@ -272,7 +272,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     name = "record_overhead" + ("-against" if args.against else "") + ("-quick" if args.quick else "")
     (OUT / f"{name}.json").write_text(json.dumps(doc, indent=2))
-    _plot(results, OUT / f"{name}.png")
+    _plot(results, OUT / f"{name}.png", args.against)
     print(f"{'workload':10} {'loop':>8} {'record':>8} {'every':>8} {'e2e rec':>8} {'cpu rec':>8} {'held':>8} {'held ev':>8} {'ckpt (adaptive)':>16} {'ckpt (every)':>13} {'replay':>7}")
     for n, r in results.items():
         ck = r["checkpointed"]
@@ -311,7 +311,7 @@ def _worktree(commit: str | None) -> Iterator[Path | None]:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False, capture_output=True)
 
 
-def _plot(results: dict[str, dict[str, object]], path: Path) -> None:
+def _plot(results: dict[str, dict[str, object]], path: Path, against: str | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -320,11 +320,13 @@ def _plot(results: dict[str, dict[str, object]], path: Path) -> None:
     names = list(results)
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     xs = list(range(len(names)))
-    bars = (("record", "training", "adaptive, to exit (wall vs plain)"), ("record", "held", "adaptive, held (reported)"),
-            ("record-every", "training", "every instance, to exit (wall)"), ("record-every", "held", "every instance, held"))
-    w = 0.2
+    bars = [("record", "training", "adaptive, to exit (wall vs plain)"), ("record", "held", "adaptive, held (reported)"),
+            ("record-every", "training", "every instance, to exit (wall)"), ("record-every", "held", "every instance, held")]
+    if against is not None:
+        bars += [("record-against", "training", f"as of {against}, to exit (wall)"), ("record-against", "held", f"as of {against}, held")]
+    w = 0.8 / len(bars)
     for k, (mode, what, label) in enumerate(bars):
-        a.bar([x + (k - 1.5) * w for x in xs], [100 * results[n][f"{mode}_{what}_overhead"] for n in names], w, label=label)  # type: ignore[operator]
+        a.bar([x + (k - (len(bars) - 1) / 2) * w for x in xs], [100 * results[n][f"{mode}_{what}_overhead"] for n in names], w, label=label)  # type: ignore[operator]
     a.axhline(100 / 15, color="red", linestyle="--", label="ε = 1/15")
     a.set_xticks(xs, names)
     a.set_ylabel("record overhead, % of training time")
