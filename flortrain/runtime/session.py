@@ -69,6 +69,7 @@ class Session:
     background: float = 0.0  # the writer's estimated seconds for the latest checkpoint
     _no_boundary: set[str] = field(default_factory=set)
     _initial_digests: dict[str, str] = field(default_factory=dict)
+    _digest_memo: dict[str, tuple[Any, str]] = field(default_factory=dict)  # ``rng.digest_map``'s
     #: id -> (tensor, version, sha256): live module tensors hashed by :meth:`live_object`
     _live_shas: dict[int, tuple[Any, int, str]] = field(default_factory=dict)
     _last_commit: float = 0.0
@@ -441,7 +442,7 @@ class Session:
         any two processes, so it is not evidence of anything (``diff`` does not compare it). A
         stream first seen here (imported during the run) counts its first state as initial."""
         out = {}
-        for stream, digest in rng.digest_map(state).items():
+        for stream, digest in rng.digest_map(state, self._digest_memo).items():
             initial = self._initial_digests.setdefault(stream, digest)
             out[stream] = rng.UNTOUCHED if digest == initial else digest
         return rng.dumps_digests(out)
