@@ -143,8 +143,8 @@ def test_nanogpt_shape_with_a_guarded_outer_probe(tmp_path: Path) -> None:
     detached: read only through `.item()`), ddp-guarded attribute absent, at the adaptive period.
     ε is 0.5, not the default: this run lasts 3 seconds, and how many boundaries its budget
     affords swings with the machine's load. At ε = 1/15 it went from 10 to 41 jumped iterations
-    with two other trainings beside it. At 0.2, once the budget was charged with all the time
-    flortrain held training (stop 22: per-step bookkeeping included), one full suite jumped 16.
+    with two other trainings beside it. At 0.2, while the budget was charged with all the time
+    flortrain held training (stop 22, dropped since), one full suite jumped 16.
     At 0.5 Eq. 4 decides, not the budget: 48 and 49 with two others beside it. The test is about
     jumping at the adaptive period, not about the budget."""
     src = (REALCODE / "nanogpt.py").read_text()
