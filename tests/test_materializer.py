@@ -443,11 +443,12 @@ def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
         # microseconds of training; the capture that priced it is spent all the same
         assert s.main_iteration("M1", getters, getters) is None
         costs = s.adaptive.costs["M1"]
-        assert costs.k == 0 and costs.priced > 0 and costs.declined > costs.priced
+        assert costs.k == 0 and costs.priced > 0 and s.adaptive.spent > 0
+        assert costs.declined == pytest.approx(s.adaptive.spent + costs.priced)
         # not captured again while the budget could not take it
-        declined = costs.declined
+        spent, declined = s.adaptive.spent, costs.declined
         assert s.main_iteration("M1", getters, getters) is None
-        assert costs.declined == declined
+        assert s.adaptive.spent == spent and costs.declined == declined
         # as if 100 s of training had gone by in this loop's iterations (no block inside: Eq. 4
         # weighs the boundary against all of it)
         s.adaptive.training += 100.0
@@ -457,7 +458,7 @@ def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
     finally:
         s.flush()
     assert [k.split("@")[1] for k in store.checkpoints(run)] == ["M1.0.3#0"]
-    assert s.adaptive.costs["M1"].k == 1 and s.adaptive.costs["M1"].materialize > 0
+    assert s.adaptive.costs["M1"].k == 1 and s.adaptive.costs["M1"].materialize > 0 and s.adaptive.spent > spent
 
 
 def test_flortrains_hooks_defer_garbage_collection_and_are_timed(tmp_path: Path) -> None:

@@ -259,10 +259,11 @@ class Session:
         what flortrain held during it."""
         now, cpu = time.perf_counter(), time.process_time()
         last = self._boundary_t.pop(main_id, None) if last_one else self._boundary_t.get(main_id)
+        held = self._held_at(now)
         if last is not None:
-            self.adaptive.executed(main_id, now - last[0] - (self._held_at(now) - last[2]), cpu - last[1])
+            self.adaptive.executed(main_id, now - last[0] - (held - last[2]), cpu - last[1])
         if not last_one:
-            self._boundary_t[main_id] = (now, cpu, self._held_at(now))
+            self._boundary_t[main_id] = (now, cpu, held)
 
     def _record_boundary(
         self, main_id: str, i: int, objects: Getters, names: Getters, values: tuple[str, ...]
