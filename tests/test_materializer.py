@@ -82,6 +82,28 @@ def test_unchanged_large_tensors_are_written_once_and_changed_ones_again(tmp_pat
     assert results.committed == want
 
 
+def test_the_writer_is_reaped_by_pid_after_its_goodbye_and_the_scripts_children_are_left_alone(tmp_path: Path) -> None:
+    """``flush`` returns once the writer said goodbye (all it wrote committed) and reaps it in the
+    background: no zombie is left behind in a process that lives on, and a child the script
+    started keeps its exit status for the script (never ``waitpid(-1)``)."""
+    store = Store(tmp_path / "s")
+    run = store.begin_run("record", "x.py", [], "", None, None, {})
+    results = _Results()
+    m = BackgroundMaterializer(store, run, results.callbacks())
+    writer = m.pid
+    assert writer is not None
+    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5); raise SystemExit(3)"])
+    m.submit("k0", "B", {"objects": {"t": {"kind": "tensor", "value": torch.randn(EXTERNAL_MIN)}}})
+    m.flush()
+    assert list(results.committed) == ["k0"] and results.warnings == []
+    assert store.checkpoints(run).keys() == {"k0"}
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{writer}").exists():  # a zombie keeps its /proc entry until reaped
+        assert time.monotonic() < deadline, Path(f"/proc/{writer}/status").read_text()
+        time.sleep(0.02)
+    assert sibling.wait(timeout=30) == 3
+
+
 def test_held_claims_are_written_in_order_at_the_commit_and_before_the_run_completes(tmp_path: Path) -> None:
     """A record holds its block rows and checkpoint claims for one transaction per commit
     interval: another connection sees none of them before, all of them after, the row's update

@@ -112,10 +112,13 @@ class _Splitter:
         self.index: dict[tuple[Any, ...], int] = {}
         self.metas: list[tuple[str, tuple[int, ...], int]] = []
 
-    def part(self, value: Any) -> tuple[Any, list[int], str]:
-        """A part's skeleton, its local-to-global tensor map, and its skeleton's digest."""
+    def part(self, value: Any, digested: bool = True) -> tuple[Any, list[int], str]:
+        """A part's skeleton, its local-to-global tensor map, and its skeleton's digest (empty
+        for a part ``diff`` does not compare: not pickled twice for nothing)."""
         local: list[int] = []
         skeleton = self._split(value, local)
+        if not digested:
+            return skeleton, local, ""
         buf = io.BytesIO()
         p = pickle.Pickler(buf, protocol=5)
         p.fast = True  # no memo: the bytes depend on values, not on which objects were shared
@@ -127,9 +130,13 @@ class _Splitter:
 
     def _split(self, v: Any, local: list[int]) -> Any:
         t = type(v)
-        if t is dict or t is OrderedDict:  # a state_dict is an OrderedDict
-            return t((k, self._split(x, local)) for k, x in v.items())
-        if (t is list or t is tuple) and all(type(x) in _ATOMS for x in v):
+        if t in _ATOMS:  # most leaves (hyperparameters, flags): before the slower tests below
+            return v
+        if t is dict:
+            return {k: self._split(x, local) for k, x in v.items()}
+        if t is OrderedDict:  # a state_dict
+            return OrderedDict([(k, self._split(x, local)) for k, x in v.items()])
+        if (t is list or t is tuple) and set(map(type, v)) <= _ATOMS:
             # Python's RNG state is 625 ints: splitting it item by item cost more than the rest
             # of a small checkpoint. The skeleton may share an immutable tuple; a list is copied
             # (the snapshot must not change with the live object).
@@ -137,7 +144,7 @@ class _Splitter:
         if t is list:
             return [self._split(x, local) for x in v]
         if t is tuple:
-            return tuple(self._split(x, local) for x in v)
+            return tuple([self._split(x, local) for x in v])
         if t is set or t is frozenset:
             return _Set(t is frozenset, sorted((self._split(x, local) for x in v), key=repr))
         torch = self.torch
@@ -172,7 +179,7 @@ def stage(payload: dict[str, Any], torch: Any) -> Staged:
             skeleton, local, digest = s.part(value)
             parts.append(((section, key), skeleton, local))
             skeletons.append((f"{section}:{key}", digest, local))
-    skeleton, local, digest = s.part(rest)
+    skeleton, local, digest = s.part(rest, digested=False)  # RNG states, registry: not compared
     parts.append(((), skeleton, local))
     skeletons.append((None, digest, local))
     try:

@@ -40,6 +40,7 @@ import pickle
 import shutil
 import socket
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -614,7 +615,32 @@ class BackgroundMaterializer:
         if self.ch is not None:
             self.ch.sock.close()
             self.ch = None
-        self._reap(block=True)
+        if self._bye:
+            self._reap_in_background()
+        else:
+            self._reap(block=True)
+
+    def _reap_in_background(self) -> None:
+        """Reap a writer that said goodbye without waiting for it to exit. Everything it wrote
+        is committed by then, and what is left of it is the kernel tearing down its address
+        space, a copy of the training process's page tables: 10 to 70 ms measured here, time the
+        run would spend waiting at exit for nothing. A daemon thread waits for that pid alone
+        (never ``-1``: the script's own children are not ours to reap); if the interpreter exits
+        first, init reaps it."""
+        pid, self.pid = self.pid, None
+        if pid is None:
+            return
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        threading.Thread(target=_wait_for, args=(pid,), name="flortrain-reap", daemon=True).start()
+
+
+def _wait_for(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def _up(n: int) -> int:
