@@ -29,7 +29,8 @@ For the CNN, an outer probe's replay is timed against a plain run of the probed 
 ``--against COMMIT`` adds a fourth mode to every repetition: ``flortrain record`` as of that
 commit (checked out in a temporary git worktree, put first on ``PYTHONPATH``), against the same
 plain runs. Two versions compared this way differ by less than the noise between repetitions
-on a shared VM would hide in separate runs; results go to ``record_overhead-against.json``.
+on a shared VM would hide in separate runs; results go to ``record_overhead-against.json`` (and
+the tree's own, measured in the same runs, to ``record_overhead.json`` as well).
 
     python benchmarks/record_overhead.py [--quick] [--reps N] [--only NAME...] [--against COMMIT]
 
@@ -270,9 +271,13 @@ def main() -> None:
                 r[f"record_{what}_overhead"] for r in results.values()  # type: ignore[misc]
             )
     OUT.mkdir(parents=True, exist_ok=True)
-    name = "record_overhead" + ("-against" if args.against else "") + ("-quick" if args.quick else "")
-    (OUT / f"{name}.json").write_text(json.dumps(doc, indent=2))
-    _plot(results, OUT / f"{name}.png", args.against)
+    quick = "-quick" if args.quick else ""
+    # every mode of this tree ran as without --against: its figures are the tree's figures too
+    (OUT / f"record_overhead{quick}.json").write_text(json.dumps(doc, indent=2))
+    _plot(results, OUT / f"record_overhead{quick}.png")
+    if args.against:
+        (OUT / f"record_overhead-against{quick}.json").write_text(json.dumps(doc, indent=2))
+        _plot(results, OUT / f"record_overhead-against{quick}.png", args.against)
     print(f"{'workload':10} {'loop':>8} {'record':>8} {'every':>8} {'e2e rec':>8} {'cpu rec':>8} {'held':>8} {'held ev':>8} {'ckpt (adaptive)':>16} {'ckpt (every)':>13} {'replay':>7}")
     for n, r in results.items():
         ck = r["checkpointed"]
