@@ -85,12 +85,15 @@ class Declined(Exception):
 def writer_speed(blobs: Path) -> WriterSpeed:
     """What a checkpoint will cost, timed before the script starts (10 to 20 ms). It is what the
     run waits for where training leaves the writer no CPU: its backlog is then written after
-    training ends, on idle cores, through the page cache (``writer.serve``), so a byte costs its
-    sha256 and one copy into fresh pages, spread over the writer's threads; the disk is not
-    waited for. Both are timed here on 2 MB, as is staging's own copy into fresh arena pages,
-    and a file's creation in a scratch directory beside the store's objects. Not learned from
-    the writer's replies: on such a machine they come after training, and where they come
-    sooner the writer ran on idle CPU and cost nothing (``adaptive.contention``)."""
+    training ends, on idle cores, so a byte costs its sha256 and its write, spread over the
+    writer's threads. The write goes around the page cache (``store.direct``), and a copy into
+    fresh pages stands in for it: on this project's VM an ``O_DIRECT`` write took 1.0 to 2.1 ns
+    a byte and a fresh-page copy 2.0, while single 2 MB direct writes are too noisy to time
+    (1.1 to 1.7 ns a byte in five tries). Both are timed here on 2 MB, as is staging's own copy
+    into fresh arena pages, and a file's creation in a scratch directory beside the store's
+    objects. Not learned from the writer's replies: on such a machine they come after training,
+    and where they come sooner the writer ran on idle CPU and cost nothing
+    (``adaptive.contention``)."""
     size = 2 << 20
     src = bytes(size)
     stage = hashing = float("inf")

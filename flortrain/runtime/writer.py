@@ -106,8 +106,6 @@ class Objects:
     def __init__(self, blobs: Path, threads: int | None = None) -> None:
         self.blobs = blobs
         self.threads = threads or min(4, os.cpu_count() or 1)
-        #: aligned objects bypass the page cache (see :func:`serve`)
-        self.direct = True
         #: which lane writes: busy (low priority) or idle (SCHED_IDLE) threads
         self.busy = False
         self._pools: dict[bool, ThreadPoolExecutor] = {}
@@ -157,7 +155,7 @@ class Objects:
                 return sha, 0
             self._claimed.add(sha)
         try:
-            direct.write_object(path, view, aligned and self.direct)
+            direct.write_object(path, view, aligned)
         except BaseException:
             with self._lock:
                 self._claimed.discard(sha)
@@ -182,14 +180,13 @@ class Pace:
     stalls the whole op: with a small backlog it writes only on idle CPU (SCHED_IDLE). But where
     training saturates the cores, such a writer is starved: each checkpoint is then staged on
     fresh pages of the buffer (page faults cost more than the copy), everything is written after
-    training ends, through the page cache, while the run waits, and in a run long enough to
-    fill the buffer the training thread ends up waiting for the writer at every checkpoint.
-    So once the backlog (bytes staged, not yet written) reaches ``threshold``, the writer
-    competes at nice :data:`NICE` until it has written everything it holds; the next checkpoint
-    is then staged at the buffer's start, on pages already faulted in, and written around the
-    page cache. Measured on the CNN benchmark (77 MB per 2.6 s epoch, 2 cores): +4.3% to exit
-    with the writer always idle, +0.1% always niced; on the LSTM one (20 MB per 0.55 s) the
-    other way round, +7.9% against +12.6% (docs/materializer.md)."""
+    training ends while the run waits, and in a run long enough to fill the buffer the training
+    thread ends up waiting for the writer at every checkpoint. So once the backlog (bytes
+    staged, not yet written) reaches ``threshold``, the writer competes at nice :data:`NICE`
+    until it has written everything it holds; the next checkpoint is then staged at the
+    buffer's start, on pages already faulted in. Measured on the CNN benchmark (77 MB per 2.6 s
+    epoch, 2 cores): +4.3% to exit with the writer always idle, +0.1% always niced; on the LSTM
+    one (20 MB per 0.55 s) the other way round, +7.9% against +12.6% (docs/materializer.md)."""
 
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold
@@ -225,11 +222,7 @@ def serve(sock: socket.socket, arena: memoryview, blobs: Path, parent: int, dela
                 queue.append(more)
         except EOFError:
             return
-        # Once the parent waits for the backlog (training is over), the disk's speed is the
-        # run's time: write through the page cache on the idle cores. Until then, around it:
-        # a copy into the page cache is CPU that training would lose.
         stopping = any(m[0] == "stop" for m in queue)
-        objects.direct = not stopping
         if msg is None:
             if os.getppid() != parent:
                 return  # the recording process died: nothing can commit what is written now
