@@ -304,6 +304,17 @@ def loads(
     return payload
 
 
+def object_refs(data: bytes) -> list[str]:
+    """The sha256 of each content-addressed object a blob refers to, from its header alone: what
+    a replay's read-ahead (``store.blobs``) reads before the blob is loaded. A blob of another
+    format (pickled, or ``torch.save``'s) refers to none."""
+    if data[:1] != MAGIC:
+        return []
+    n = int.from_bytes(data[1:9], "little")
+    _, _, table = pickle.loads(data[9 : 9 + n])
+    return [arg for where, arg in table if where == "x"]
+
+
 class MissingObject(Exception):
     """A content-addressed tensor a blob refers to is missing or does not verify."""
 

@@ -21,7 +21,7 @@ from flortrain import knobs
 from flortrain.runtime import materializer as _materializer
 from flortrain.runtime import rng
 from flortrain.runtime.adaptive import AdaptivePeriod
-from flortrain.runtime.blobformat import tensor_bytes, tensor_sha256
+from flortrain.runtime.blobformat import object_refs, tensor_bytes, tensor_sha256
 from flortrain.runtime.capture import Tee
 from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
 from flortrain.runtime.registry import Registry
@@ -89,6 +89,14 @@ class Session:
     def __post_init__(self) -> None:
         if self.replay is not None and self.replay.spans is not None:
             self.replay.spans.warn = lambda msg: self.warn_once(msg, msg)
+        if self.mode == "replay" and self.replay is not None:
+            # the checkpoints of blocks it does not re-execute, read ahead of their restores
+            # (a boundary's key begins with its main loop's id, never among them)
+            execute = self.replay.execute
+            self.store.read_ahead(
+                [ck for key, ck in self.replay.checkpoints.items() if key.partition("@")[0] not in execute],
+                object_refs,
+            )
 
     def start_materializer(self) -> Materializer:
         """The materializer, started now: ``record`` starts it before the script runs, so the

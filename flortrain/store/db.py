@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
-from flortrain.store.blobs import BlobReader, object_rel
+from flortrain.store.blobs import BlobReader, Checkpoint, object_rel
 from flortrain.store.trust import (
     DIR_MODE,
     MANIFEST,
@@ -509,10 +509,12 @@ class Store:
         self._claim("UPDATE blocks SET note=? WHERE run_id=? AND key=?", [(note, run_id, key)])
 
     def checkpoints(self, run_id: int) -> dict[str, tuple[str, str, int]]:
+        """key -> (blob path, sha256, bytes), in the order the record committed them: the order a
+        replay restores them in, which its read-ahead follows."""
         return {
             k: (p, s, n)
             for k, p, s, n in self.db.execute(
-                "SELECT key, path, sha256, nbytes FROM checkpoints WHERE run_id=?", (run_id,)
+                "SELECT key, path, sha256, nbytes FROM checkpoints WHERE run_id=? ORDER BY rowid", (run_id,)
             )
         }
 
@@ -523,6 +525,10 @@ class Store:
     def read_object(self, sha: str) -> bytes | None:
         """A content-addressed tensor (see :mod:`flortrain.runtime.materializer`), verified."""
         return self.reader.read_object(sha)
+
+    def read_ahead(self, order: list[Checkpoint], refs: Callable[[bytes], list[str]]) -> None:
+        """Read ``order``'s checkpoints ahead of a replay (:class:`~flortrain.store.blobs.ReadAhead`)."""
+        self.reader.read_ahead(order, refs)
 
     # -- iterations ------------------------------------------------------------------------------
     @_writer

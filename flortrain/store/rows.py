@@ -10,11 +10,11 @@ which keeps the rows of the iterations each worker owns and writes them as one r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from flortrain.store.blobs import BlobReader
+from flortrain.store.blobs import BlobReader, Checkpoint
 from flortrain.store.db import BlockRow, IterationRow, LogEntry
 
 #: a jump: main id, entry, first iteration skipped, iteration resumed at
@@ -40,6 +40,8 @@ class RunSink(Protocol):
     def read_blob(self, rel: str, sha: str) -> bytes | None: ...
 
     def read_object(self, sha: str) -> bytes | None: ...
+
+    def read_ahead(self, order: list[Checkpoint], refs: Callable[[bytes], list[str]]) -> None: ...
 
 
 @dataclass
@@ -77,6 +79,9 @@ class WorkerRows:
 
     def read_object(self, sha: str) -> bytes | None:
         return self.reader.read_object(sha)
+
+    def read_ahead(self, order: list[Checkpoint], refs: Callable[[bytes], list[str]]) -> None:
+        self.reader.read_ahead(order, refs)
 
 
 __all__ = ["BlockRow", "JumpRow", "RunSink", "WorkerRows"]
