@@ -25,7 +25,6 @@ Writes benchmarks/results/paired_overhead.json and .png.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_overhead import _HELD, OUT, WORKLOADS, source
+from record_overhead import _HELD, OUT, WORKLOADS, median_spread, source, workload_args
 
 #: one training thread per run, so that each has its core and only its core
 _ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -124,21 +123,13 @@ def bench(name: str, reps: int, quick: bool) -> dict[str, Any]:
                       file=sys.stderr, flush=True)
     summary: dict[str, Any] = {"pairs": out}
     for kind in ("ab", "aa"):
-        r = [p["ratio"] for p in out[kind]]
-        summary[f"{kind}_overhead"] = statistics.median(r) - 1
-        summary[f"{kind}_spread"] = [min(r) - 1, max(r) - 1]
-    held = [p["held"] for p in out["ab"]]
-    summary["held"] = statistics.median(held)
-    summary["held_spread"] = [min(held), max(held)]
+        summary[f"{kind}_overhead"], summary[f"{kind}_spread"] = median_spread([p["ratio"] for p in out[kind]], 1)
+    summary["held"], summary["held_spread"] = median_spread([p["held"] for p in out["ab"]])
     return summary
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="half the epochs, one repetition")
-    ap.add_argument("--reps", type=int, default=4)
-    ap.add_argument("--only", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
-    args = ap.parse_args()
+    args = workload_args(__doc__ or "", 4).parse_args()
     reps = 1 if args.quick else args.reps
     results = {name: bench(name, reps, args.quick) for name in args.only}
     doc: dict[str, Any] = {

@@ -239,23 +239,29 @@ def bench(name: str, reps: int, quick: bool, against: Path | None = None) -> dic
     out: dict[str, object] = {"times": times, "checkpointed": checkpointed}
     for mode in modes[1:]:
         for i, what in ((2, "loop"), (0, "training"), (1, "end_to_end"), (3, "cpu")):
-            r = ratios(mode, "plain", i)
-            out[f"{mode}_{what}_overhead"] = statistics.median(r) - 1
-            out[f"{mode}_{what}_spread"] = [min(r) - 1, max(r) - 1]
-        held = [t[4] for t in times[mode]]
-        out[f"{mode}_held_overhead"] = statistics.median(held)
-        out[f"{mode}_held_spread"] = [min(held), max(held)]
-    r = ratios("replay", "plain-probed", 1)
-    out["replay_fraction"] = statistics.median(r)
-    out["replay_spread"] = [min(r), max(r)]
+            out[f"{mode}_{what}_overhead"], out[f"{mode}_{what}_spread"] = median_spread(ratios(mode, "plain", i), 1)
+        out[f"{mode}_held_overhead"], out[f"{mode}_held_spread"] = median_spread([t[4] for t in times[mode]])
+    out["replay_fraction"], out["replay_spread"] = median_spread(ratios("replay", "plain-probed", 1))
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def median_spread(values: list[float], less: float = 0.0) -> tuple[float, list[float]]:
+    """The median of ``values`` and their [min, max], each less ``less`` (1 turns ratios into
+    overheads)."""
+    return statistics.median(values) - less, [min(values) - less, max(values) - less]
+
+
+def workload_args(description: str, reps: int) -> argparse.ArgumentParser:
+    """The options every benchmark of these workloads takes."""
+    ap = argparse.ArgumentParser(description=description.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="half the epochs, one repetition")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=reps)
     ap.add_argument("--only", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
+    return ap
+
+
+def main() -> None:
+    ap = workload_args(__doc__ or "", 3)
     ap.add_argument("--against", metavar="COMMIT", help="also record with flortrain as of COMMIT, interleaved")
     args = ap.parse_args()
     reps = 1 if args.quick else args.reps
