@@ -269,10 +269,9 @@ def loads(
     its sha256 (None when it is missing or does not verify: :class:`MissingObject` is raised).
     ``live(sha, nbytes)`` is asked for one the store does not have: a tensor the checkpoint only
     named, because it was unchanged since the main loop's entry (``ChangeTracker.enter``)."""
-    n = int.from_bytes(data[1:9], "little")
-    parts_bytes, metas, table = pickle.loads(data[9 : 9 + n])
+    (parts_bytes, metas, table), body = _read_header(data)
     parts = pickle.loads(parts_bytes)
-    buf = bytearray(data[9 + n :])  # one copy, writable: tensors view it in place
+    buf = bytearray(data[body:])  # one copy, writable: tensors view it in place
     tensors = []
     for (dtype, shape, nbytes), (where, arg) in zip(metas, table, strict=True):
         if not nbytes:
@@ -310,9 +309,14 @@ def object_refs(data: bytes) -> list[str]:
     format (pickled, or ``torch.save``'s) refers to none."""
     if data[:1] != MAGIC:
         return []
-    n = int.from_bytes(data[1:9], "little")
-    _, _, table = pickle.loads(data[9 : 9 + n])
+    (_, _, table), _ = _read_header(data)
     return [arg for where, arg in table if where == "x"]
+
+
+def _read_header(data: bytes) -> tuple[Any, int]:
+    """A blob's unpickled header (skeleton parts, metas, table) and where its inline bytes start."""
+    n = int.from_bytes(data[1:9], "little")
+    return pickle.loads(data[9 : 9 + n]), 9 + n
 
 
 class MissingObject(Exception):

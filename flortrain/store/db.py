@@ -508,7 +508,7 @@ class Store:
     def note_block(self, run_id: int, key: str, note: str) -> None:
         self._claim("UPDATE blocks SET note=? WHERE run_id=? AND key=?", [(note, run_id, key)])
 
-    def checkpoints(self, run_id: int) -> dict[str, tuple[str, str, int]]:
+    def checkpoints(self, run_id: int) -> dict[str, Checkpoint]:
         """key -> (blob path, sha256, bytes), in the order the record committed them: the order a
         replay restores them in, which its read-ahead follows."""
         return {
