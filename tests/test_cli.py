@@ -314,7 +314,7 @@ def test_usage_errors_are_one_line(work: Path, args: list[str]) -> None:
     assert line.startswith("flortrain: ") and "--help" in line
 
 
-@pytest.mark.parametrize(("var", "value"), [("FLORTRAIN_EPSILON", "abc"), ("FLORTRAIN_EPSILON", "-1"), ("FLORTRAIN_PERIOD", "often"), ("FLORTRAIN_COMMIT_INTERVAL", "-2")])
+@pytest.mark.parametrize(("var", "value"), [("FLORTRAIN_EPSILON", "abc"), ("FLORTRAIN_EPSILON", "-1"), ("FLORTRAIN_PERIOD", "often"), ("FLORTRAIN_COMMIT_INTERVAL", "-2"), ("FLORTRAIN_WRITER_BACKLOG_MB", "lots"), ("FLORTRAIN_ARENA_WARM_MB", "-5")])
 def test_bad_knobs_fail_before_running(work: Path, monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
     monkeypatch.setenv(var, value)
     assert "FT050" in one_line_error(invoke("record", "train.py"))

@@ -50,6 +50,7 @@ from typing import Any, Protocol
 
 from flortrain import knobs
 from flortrain.runtime import blobformat
+from flortrain.runtime.arena import Warmer, resident_budget
 from flortrain.runtime.digest import state_digests
 from flortrain.runtime.writer import Channel, Objects, run_child
 from flortrain.store import direct
@@ -65,7 +66,8 @@ EXTERNAL_MIN = 1 << 16
 class WriterSpeed:
     """What a checkpoint costs, measured (:func:`writer_speed`): the writer takes ``per_item +
     per_object * objects + per_byte * bytes``; staging takes ``stage_per_byte * bytes`` of the
-    training thread (a copy into arena pages touched for the first time: mostly page faults)."""
+    training thread into arena pages touched for the first time (mostly page faults), and
+    ``warm_stage_per_byte`` into pages already mapped (``runtime/arena.py``)."""
 
     per_item: float
     per_object: float
@@ -73,6 +75,7 @@ class WriterSpeed:
     stage_per_byte: float = 1e-9
     #: sha256 on one thread: what naming a tensor kept from the loop's entry costs (``kept``)
     hash_per_byte: float = 1e-9
+    warm_stage_per_byte: float = 1e-10
 
     def seconds(self, staged: int, objects: int = 0) -> float:
         return self.per_item + self.per_object * objects + self.per_byte * staged
@@ -85,26 +88,33 @@ class Declined(Exception):
 def writer_speed(blobs: Path) -> WriterSpeed:
     """What a checkpoint will cost, timed before the script starts (10 to 20 ms). It is what the
     run waits for where training leaves the writer no CPU: its backlog is then written after
-    training ends, on idle cores, so a byte costs its sha256 and its write, spread over the
-    writer's threads. The write goes around the page cache (``store.direct``), and a copy into
-    fresh pages stands in for it: on this project's VM an ``O_DIRECT`` write took 1.0 to 2.1 ns
-    a byte and a fresh-page copy 2.0, while single 2 MB direct writes are too noisy to time
-    (1.1 to 1.7 ns a byte in five tries). Both are timed here on 2 MB, as is staging's own copy
-    into fresh arena pages, and a file's creation in a scratch directory beside the store's
-    objects. Not learned from the writer's replies: on such a machine they come after training,
-    and where they come sooner the writer ran on idle CPU and cost nothing
-    (``adaptive.contention``)."""
+    training ends, on idle cores. A byte costs its sha256, spread over the writer's threads, and
+    its write, which goes around the page cache (``store.direct``) at the disk's pace, whatever
+    the threads: on this project's VM ``O_DIRECT`` wrote 1.0 ns a byte on 2, 4 or 8 threads, and
+    hashing alongside added little (1.1). So a byte costs the larger of the two. A copy into
+    fresh pages stands in for the disk: it took 1.0 to 2.1 ns a byte here, as did the writes
+    (single 2 MB direct writes are too noisy to time: 1.1 to 1.7 ns a byte in five tries), and
+    the LSTM benchmark's writer, starved until training ended, then wrote its 27 MB checkpoints
+    at 1.2 to 2.0 ns a byte. (Until stop 24 the copy was spread over the threads as the hash is,
+    which priced that wait at 0.8 to 1.4 ns a byte, and one run in four held 6.9 to 7.4%, over
+    ε.) Both are timed here on 2 MB, as are staging's copies into fresh and into warm arena
+    pages, and a file's creation in a scratch directory beside the store's objects. Not learned
+    from the writer's replies: on such a machine they come after training, and where they come
+    sooner the writer ran on idle CPU and cost nothing (``adaptive.contention``)."""
     size = 2 << 20
     src = bytes(size)
-    stage = hashing = float("inf")
+    stage = warm = hashing = float("inf")
     for _ in range(2):
         with mmap.mmap(-1, size) as arena:
             t0 = time.perf_counter()
-            arena[:] = src  # fresh pages, as most staging (and the page cache) meets them
+            arena[:] = src  # fresh pages, as staging beyond the warmed arena meets them
             t1 = time.perf_counter()
             hashlib.sha256(arena).digest()
             t2 = time.perf_counter()
+            arena[:] = src  # pages mapped already
+            t3 = time.perf_counter()
         stage, hashing = min(stage, (t1 - t0) / size), min(hashing, (t2 - t1) / size)
+        warm = min(warm, (t3 - t2) / size)
     scratch = blobs / f".calibrate-{os.getpid()}"
     objects = Objects(scratch)
     try:
@@ -119,7 +129,8 @@ def writer_speed(blobs: Path) -> WriterSpeed:
     finally:
         objects.close()
         shutil.rmtree(scratch, ignore_errors=True)
-    return WriterSpeed(per_item, per_object, (hashing + stage) / objects.threads, stage, hashing)
+    per_byte = max(hashing / objects.threads, stage)
+    return WriterSpeed(per_item, per_object, per_byte, stage, hashing, warm)
 
 
 _ALIGN = 64
@@ -375,8 +386,12 @@ class BackgroundMaterializer:
         self.ch: Channel | None = None
         self._too_big_warned = False
         self._bye = False
+        self._forks = 0
         self.speed = writer_speed(store.blobs)
+        #: the arena's first pages, mapped on a thread while the script imports (``arena``)
+        self.warmer = Warmer(self.arena, resident_budget(knobs.arena_warm(), self.size))
         self._start()
+        self.warmer.start()  # after the fork: the writer maps its own
 
     # -- the writer process ------------------------------------------------------------------------
     def _start(self) -> None:
@@ -385,7 +400,10 @@ class BackgroundMaterializer:
         pid = os.fork()
         if pid == 0:  # the writer
             parent_sock.close()
-            run_child(child_sock, self.view, self.store.blobs, parent, self.delay, self.backlog)
+            # a writer forked again mid-run (the first one died) does not compete to warm pages
+            warm = 0 if self._forks else self.warmer.nbytes
+            run_child(child_sock, self.view, self.store.blobs, parent, self.delay, self.backlog, warm)
+        self._forks += 1
         child_sock.close()
         self.pid = pid
         self.ch = Channel(parent_sock)
@@ -454,25 +472,32 @@ class BackgroundMaterializer:
             pass
 
     def loop_entered(self, tensors: list[Any]) -> None:
+        self.warmer.stop()  # training begins: no more competing with it
         self.tracker.enter([t for t in tensors if t.nbytes >= EXTERNAL_MIN])
 
     # -- staging -----------------------------------------------------------------------------------
+    def _fit(self, n: int) -> int | None:
+        """Where a region of ``n`` bytes fits in the arena now; None: not before the writer
+        frees space."""
+        if not self.inflight:
+            return 0
+        head, tail = self.inflight[0].start, self.inflight[-1].end
+        if tail >= head:
+            if tail + n <= self.size:
+                return tail
+            if n <= head:
+                return 0
+        elif tail + n <= head:
+            return tail
+        return None
+
     def _alloc(self, n: int) -> int:
         """A region of ``n`` bytes in the arena, waiting for the writer to free space."""
-        while True:
-            if not self.inflight:
-                return 0
-            head, tail = self.inflight[0].start, self.inflight[-1].end
-            if tail >= head:
-                if tail + n <= self.size:
-                    return tail
-                if n <= head:
-                    return 0
-            elif tail + n <= head:
-                return tail
+        while (start := self._fit(n)) is None:
             if self.ch is None:
                 return 0
             self._take(None)
+        return start
 
     def submit(
         self, key: str, block_id: str, payload: dict[str, Any], afford: Afford | None = None
@@ -525,7 +550,10 @@ class BackgroundMaterializer:
         staged = sum(st.metas[g][2] for g, _ in layout)
         objects = sum(1 for g, _ in layout if places[g][2])
         hashed = sum(st.metas[g][2] for g, where in kept if self.tracker.unhashed(where))
-        blocked = self.speed.stage_per_byte * staged + self.speed.hash_per_byte * hashed
+        start = self._fit(n)
+        warm = start is not None and self.warmer.covers(start + n)
+        per_byte = self.speed.warm_stage_per_byte if warm else self.speed.stage_per_byte
+        blocked = per_byte * staged + self.speed.hash_per_byte * hashed
         if afford is not None and not afford(blocked, self.speed.seconds(staged, objects)):
             raise Declined(f"{staged} bytes to stage and write, {hashed} to hash")
         for g, where in kept:

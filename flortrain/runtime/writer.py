@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flortrain.runtime import blobformat
+from flortrain.runtime.arena import MADV_POPULATE_READ, populate
 from flortrain.store import direct
 from flortrain.store.db import object_path, write_durably
 
@@ -202,19 +203,81 @@ class Pace:
         return self.busy
 
 
-def serve(sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int) -> None:
+class IdleCores:
+    """How many cores sat idle lately, from ``/proc/stat`` (idle and iowait time), counting the
+    writer's own CPU time as idle: it is what the writer would take. Before the writer starts
+    an item on idle CPU it looks: an item started while training keeps every core busy gets
+    none (``SCHED_IDLE``), and one was seen holding the head of the buffer for 11 s of a CNN
+    run, while the backlog grew past the threshold that should have made the writer compete
+    (the pace is decided when an item is taken) and staging went on into pages never touched.
+    Left queued, the item waits for the threshold, or for a core to come free. Where
+    ``/proc/stat`` cannot be read, every look says idle (the writer's way before stop 24)."""
+
+    def __init__(self, path: str = "/proc/stat") -> None:
+        self.path = path
+        self.cores = os.cpu_count() or 1
+        self._last = self._sample()
+
+    def _sample(self) -> tuple[float, float, float, float] | None:
+        """(when, idle seconds of all cores, all seconds of all cores, this process's CPU)."""
+        try:
+            with open(self.path) as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError, IndexError):
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+        own = os.times()
+        return time.monotonic(), sum(fields[3:5]) / tick, sum(fields[:8]) / tick, own.user + own.system
+
+    def idle(self, window: float) -> float:
+        """Cores idle on average since the previous look; 0 (look again) if that was more than
+        ``window`` seconds ago, as the average would reach back past what matters now."""
+        now, last = self._sample(), self._last
+        self._last = now
+        if now is None:
+            return float(self.cores)
+        if last is None or now[0] - last[0] > window or now[2] <= last[2]:
+            return 0.0
+        idle = now[1] - last[1] + now[3] - last[3]
+        return min(float(self.cores), self.cores * idle / (now[2] - last[2]))
+
+
+#: Idle cores that let the writer start an item on idle CPU (:class:`IdleCores`).
+IDLE_ENOUGH = 0.5
+#: Staged bytes of an item the writer starts on idle CPU however busy the cores are: what a
+#: ``SCHED_IDLE`` thread still gets on saturated cores (a few per mille) finishes it in a second
+#: or two. The fine-tuning benchmark's checkpoints (its small head) are such items; held back
+#: they left its run held 2.0% instead of 1.6-1.7% (two runs each).
+SMALL_ITEM = 4 << 20
+#: How often a writer holding items it has not started looks at the CPU again, in seconds.
+IDLE_LOOK = 0.2
+
+
+def may_start_idle(staged: int, cpu: IdleCores) -> bool:
+    """Whether an item of ``staged`` bytes may start on idle CPU now (:class:`IdleCores`)."""
+    return staged <= SMALL_ITEM or cpu.idle(2 * IDLE_LOOK) >= IDLE_ENOUGH
+
+
+def serve(
+    sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int, warm: int = 0
+) -> None:
     """The writer's loop, until the parent says stop (or is gone). Never returns normally: the
-    caller ``os._exit``s, so nothing the parent's interpreter registered runs here."""
+    caller ``os._exit``s, so nothing the parent's interpreter registered runs here. First it
+    maps the ``warm`` bytes of the arena the parent warms (``runtime/arena.py``): a page read
+    for the first time costs the writer a fault per 4 KB too, and it is idle until the script
+    has built a model to checkpoint."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it flushes
     with contextlib.suppress(OSError):
         os.nice(NICE)  # the lanes' threads inherit it; the idle lane's then leave for SCHED_IDLE
     with contextlib.suppress(OSError):
         Path("/proc/self/comm").write_text("flortrain-ckpt")
+    populate(arena, 0, warm, MADV_POPULATE_READ)
     ch = Channel(sock)
     objects = Objects(blobs)
     pace = Pace(threshold)
     tokens: dict[int, str] = {}
     queue: deque[Any] = deque()
+    cpu = IdleCores()
     while True:
         try:
             msg = queue.popleft() if queue else ch.recv(1.0)
@@ -232,6 +295,16 @@ def serve(sock: socket.socket, arena: memoryview, blobs: Path, parent: int, dela
             return
         item = msg[1]
         objects.busy = pace.update(item.get("staged", 0) + _holding(queue), stopping)
+        if not objects.busy and not may_start_idle(item.get("staged", 0), cpu):
+            queue.appendleft(msg)  # not started: no idle core to write it on
+            try:
+                if (more := ch.recv(IDLE_LOOK)) is not None:
+                    queue.append(more)
+            except EOFError:
+                return
+            if os.getppid() != parent:
+                return
+            continue
         for t in item.get("forget", ()):
             tokens.pop(t, None)
         if delay:
@@ -303,11 +376,13 @@ def _write(item: dict[str, Any], arena: memoryview, objects: Objects, tokens: di
     return rel, sha, nbytes, blobformat.part_digests(item["skeletons"], metas, shas)
 
 
-def run_child(sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int) -> None:
+def run_child(
+    sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int, warm: int = 0
+) -> None:
     """The forked child's whole life."""
     code = 0
     try:
-        serve(sock, arena, blobs, parent, delay, threshold)
+        serve(sock, arena, blobs, parent, delay, threshold, warm)
     except BaseException as e:
         with contextlib.suppress(Exception):
             os.write(2, f"flortrain: checkpoint writer failed: {type(e).__name__}: {e}\n".encode())
