@@ -131,9 +131,10 @@ def writer_backlog() -> int:
 
 
 def arena_warm() -> int:
-    mb = _number(
-        ARENA_WARM_ENV, DEFAULT_WRITER_BACKLOG_MB, lambda v: v >= 0, f"a number of MB >= 0 (default {DEFAULT_WRITER_BACKLOG_MB})"
-    )
+    """Bytes of the staging buffer to warm: by default as many as the writer's backlog threshold
+    (:func:`writer_backlog`), at most the buffer."""
+    default = writer_backlog() / 2**20
+    mb = _number(ARENA_WARM_ENV, default, lambda v: v >= 0, f"a number of MB >= 0 (default {default:g}, the writer's backlog)")
     return int(min(mb * 2**20, buffer_bytes()))
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import mmap
 import threading
 from collections.abc import Callable
@@ -38,7 +39,9 @@ MADV_POPULATE_WRITE = 23
 CHUNK = 16 << 20
 
 
+@functools.cache
 def _madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise``, looked up once (a warmer calls it once per :data:`CHUNK`)."""
     try:
         fn = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):

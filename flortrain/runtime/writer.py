@@ -216,6 +216,7 @@ class IdleCores:
     def __init__(self, path: str = "/proc/stat") -> None:
         self.path = path
         self.cores = os.cpu_count() or 1
+        self.tick = os.sysconf("SC_CLK_TCK")
         self._last = self._sample()
 
     def _sample(self) -> tuple[float, float, float, float] | None:
@@ -225,9 +226,8 @@ class IdleCores:
                 fields = [int(x) for x in f.readline().split()[1:]]
         except (OSError, ValueError, IndexError):
             return None
-        tick = os.sysconf("SC_CLK_TCK")
         own = os.times()
-        return time.monotonic(), sum(fields[3:5]) / tick, sum(fields[:8]) / tick, own.user + own.system
+        return time.monotonic(), sum(fields[3:5]) / self.tick, sum(fields[:8]) / self.tick, own.user + own.system
 
     def idle(self, window: float) -> float:
         """Cores idle on average since the previous look; 0 (look again) if that was more than
