@@ -126,3 +126,42 @@ def test_corrupt_bytes_read_ahead_are_never_served(tmp_path: Path) -> None:
     assert data is not None and reader.read_object(sha) is None
     with pytest.raises(blobformat.MissingObject):
         deserialize(data, reader.read_object)
+
+
+def test_objects_a_restore_used_up_leave_the_cache_and_a_shared_one_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each checkpoint holds a tensor of its own and one every checkpoint shares (a frozen
+    table): once the replay takes the next checkpoint, the previous one's own object is let go
+    (its memory is what later reads reuse), the shared one is kept, and every restore is exact."""
+    store = Store(tmp_path / "s")
+    run = store.begin_run("record", "x.py", [], "", None, None, {})
+    m = BackgroundMaterializer(store, run, Callbacks(lambda k, d: None, lambda k, r: None, lambda msg: None))
+    frozen = torch.arange(4 * EXTERNAL_MIN, dtype=torch.float32)
+    values = [torch.full((4 * EXTERNAL_MIN,), float(i)) for i in range(_N)]
+    for i, v in enumerate(values):
+        m.submit(f"L1@M1.0.{i}#0", "L1", {"objects": {
+            "t": {"kind": "tensor", "value": v}, "f": {"kind": "tensor", "value": frozen}}})
+    m.flush()
+    order = list(store.checkpoints(run).values())
+    monkeypatch.setattr(blobs, "READ_AHEAD_BYTES", int(2.5 * order[0][2]))
+    reader = BlobReader(store.blobs)
+    reader.read_ahead(order, blobformat.object_refs)
+    ahead = reader._ahead
+    assert ahead is not None
+
+    shared = blobformat.tensor_sha256(frozen, torch)
+    own: list[str] = []
+    for i in range(_N):
+        data = reader.read_blob(order[i][0], order[i][1])
+        assert data is not None
+        objects = deserialize(data, reader.read_object)["objects"]
+        assert torch.equal(objects["t"]["value"], values[i]) and torch.equal(objects["f"]["value"], frozen)
+        refs = set(blobformat.object_refs(data))
+        assert shared in refs and len(refs) == 2
+        own.extend(refs - {shared})
+        _settle(ahead)
+        assert shared in reader._objects  # the frozen table stays
+        if i >= 2:  # 0 was read by the replay itself; from 1 on they came from the read-ahead
+            assert own[i - 1] not in reader._objects
+        assert own[i] in reader._objects  # still the latest: a restore may be underway

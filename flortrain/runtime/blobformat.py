@@ -271,7 +271,7 @@ def loads(
     named, because it was unchanged since the main loop's entry (``ChangeTracker.enter``)."""
     (parts_bytes, metas, table), body = _read_header(data)
     parts = pickle.loads(parts_bytes)
-    buf = bytearray(data[body:])  # one copy, writable: tensors view it in place
+    buf = bytearray(memoryview(data)[body:])  # one copy, writable: tensors view it in place
     tensors = []
     for (dtype, shape, nbytes), (where, arg) in zip(metas, table, strict=True):
         if not nbytes:

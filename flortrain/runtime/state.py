@@ -232,7 +232,12 @@ def rebuild(state: dict[str, Any]) -> Any:
 
 def restore_into(live: Any, state: dict[str, Any]) -> Any:
     """Load ``state`` into ``live`` in place when its kind allows; return the object the slot
-    holding ``live`` should now hold (``live`` itself unless it had to be rebuilt)."""
+    holding ``live`` should now hold (``live`` itself unless it had to be rebuilt).
+
+    ``state`` is taken over: its tensors become the live gradients and optimizer state without a
+    copy. Every state restored is a payload ``deserialize`` has just built for this one restore
+    (fresh tensors no cache or other object holds); cloning them cost a replay of the CNN
+    benchmark two copies of every gradient per checkpoint, the module's and the optimizer's."""
     kind = state["kind"]
     if kind == "data_source":
         for path, st in state.get("rngs", {}).items():
@@ -250,8 +255,7 @@ def restore_into(live: Any, state: dict[str, Any]) -> Any:
                     buffers[n].copy_(b)
         for (n, p), rg in zip(live.named_parameters(), state["requires_grad"], strict=True):
             p.requires_grad_(rg)
-            g = state["grads"].get(n)
-            p.grad = None if g is None else g.clone()
+            p.grad = state["grads"].get(n)
         for m, training in zip(live.modules(), state["training"], strict=True):
             m.training = training
         subs = dict(live.named_modules())
@@ -277,7 +281,7 @@ def restore_into(live: Any, state: dict[str, Any]) -> Any:
             for group, values, grads in zip(live.param_groups, state["params"], state["grads"], strict=True):
                 for p, v, g in zip(group["params"], values, grads, strict=True):
                     p.copy_(v)
-                    p.grad = None if g is None else g.clone()
+                    p.grad = g
         if state.get("called") is not None:
             live._opt_called = state["called"]
         return live

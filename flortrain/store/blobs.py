@@ -116,6 +116,14 @@ class BlobReader:
                 del self._reading[sha]
             done.set()
 
+    def forget(self, shas: frozenset[str]) -> None:
+        """Drop these objects from the cache (see ``ReadAhead._used_up``)."""
+        with self._lock:
+            for sha in shas:
+                data = self._objects.pop(sha, None)
+                if data is not None:
+                    self._objects_bytes -= len(data)
+
     def _read_object(self, sha: str) -> bytes | None:
         data = self._read(object_rel(sha))
         if data is None or hashlib.sha256(data).hexdigest() != sha:
@@ -157,6 +165,8 @@ class ReadAhead:
         self.next = 0  # the next one the thread reads
         self.reading: str | None = None
         self.blobs: dict[str, bytes] = {}  # read ahead, verified, not yet taken
+        self.blob_refs: dict[str, frozenset[str]] = {}  # the objects each of those refers to
+        self.last_refs: frozenset[str] = frozenset()  # those of the latest checkpoint taken
         self.thread: threading.Thread | None = None
         self.objects: ThreadPoolExecutor | None = None
 
@@ -173,13 +183,34 @@ class ReadAhead:
             while self.reading == rel:
                 self.cond.wait()
             data = self.blobs.pop(rel, None)
+            refs = self.blob_refs.pop(rel, None)
             for stale in [r for r in self.blobs if self.index[r] <= self.taken]:
                 del self.blobs[stale]
+                del self.blob_refs[stale]
+            done = self._used_up(refs)
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="flortrain-read-ahead", daemon=True)
                 self.thread.start()
             self.cond.notify_all()
+        self.reader.forget(done)
         return data
+
+    def _used_up(self, refs: frozenset[str] | None) -> frozenset[str]:
+        """The objects of the previous checkpoint taken that neither the one taken now (``refs``)
+        nor one read ahead refers to: the replay restored them, and nothing it will restore soon
+        names them again. Called with the condition held.
+
+        Why: the object cache keeps what it read up to :data:`OBJECT_CACHE_BYTES`, so a replay
+        whose every tensor changes each epoch (the CNN benchmark's 0.9 GB) held all of it, and
+        every read and every restore's copy landed on fresh pages, a page fault per 4 KB. Let go
+        of, they are memory the next reads reuse. An object both checkpoints name (a frozen
+        table) stays; one dropped too eagerly is only read again, and verified again."""
+        if refs is None:  # read by the caller: its objects are unknown here, left to the budget
+            self.last_refs = frozenset()
+            return frozenset()
+        keep = refs.union(*self.blob_refs.values())
+        done, self.last_refs = self.last_refs - keep, refs
+        return done
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads that read and verify one checkpoint's objects side by side: one thread reads
@@ -206,15 +237,17 @@ class ReadAhead:
             data = None
             try:
                 data = self.reader._read_blob(rel, sha)
+                refs: frozenset[str] = frozenset()
                 if data is not None:
-                    list(self._pool().map(self.reader.read_object, self.refs(data)))
+                    refs = frozenset(self.refs(data))
+                    list(self._pool().map(self.reader.read_object, refs))
             except Exception:  # a blob it cannot parse is read again, and judged, when it is taken
                 data = None
             finally:
                 with self.cond:
                     self.reading = None
                     if data is not None and j >= self.taken:  # not passed over (it may be waited for)
-                        self.blobs[rel] = data
+                        self.blobs[rel], self.blob_refs[rel] = data, refs
                     self.cond.notify_all()
 
 
