@@ -20,22 +20,6 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-#: Modules whose tests take 35-105 s each (a local Ray cluster, real-code scripts, killed
-#: records, every fixture under the protocol), longest first. They are collected first, so the
-#: two workers start on them and end on the short ones: collected in name order, the Ray test
-#: and a real-code one could start last, and one worker then ran on alone for a minute or two
-#: while the other idled. The order of the tests within a module is kept.
-_LONG_FIRST = ("test_ray_backend", "test_realcode", "test_fault_injection", "test_protocol", "test_state_kinds",
-               "test_concurrency")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-        return _LONG_FIRST.index(module) if module in _LONG_FIRST else len(_LONG_FIRST)
-
-    items.sort(key=rank)  # stable: the rest keep their order
-
 
 # -- the fault-injection suite's figures (tests/test_fault_injection.py) ------------------------
 # Each of its tests adds the figures of its trials; they are summed and printed at the end of
