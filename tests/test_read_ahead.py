@@ -25,16 +25,21 @@ from flortrain.store.db import Store, object_path
 _N = 6
 
 
-def _record(tmp_path: Path) -> tuple[Store, list[tuple[str, str, int]], list[torch.Tensor]]:
-    """Six checkpoints, each holding a tensor of its own stored as an object; their rows in
-    commit order, and the tensors."""
+def _record(
+    tmp_path: Path, shared: torch.Tensor | None = None
+) -> tuple[Store, list[tuple[str, str, int]], list[torch.Tensor]]:
+    """Six checkpoints, each holding a tensor of its own stored as an object (and ``shared``, if
+    given, in every one of them, as ``f``); their rows in commit order, and their own tensors."""
     store = Store(tmp_path / "s")
     run = store.begin_run("record", "x.py", [], "", None, None, {})
     done: list[str] = []
     m = BackgroundMaterializer(store, run, Callbacks(lambda k, d: done.append(k), lambda k, r: None, lambda msg: None))
     values = [torch.full((4 * EXTERNAL_MIN,), float(i)) for i in range(_N)]  # 1 MB each: objects
     for i, v in enumerate(values):
-        m.submit(f"L1@M1.0.{i}#0", "L1", {"objects": {"t": {"kind": "tensor", "value": v}}})
+        objects = {"t": {"kind": "tensor", "value": v}}
+        if shared is not None:
+            objects["f"] = {"kind": "tensor", "value": shared}
+        m.submit(f"L1@M1.0.{i}#0", "L1", {"objects": objects})
     m.flush()
     assert done == [f"L1@M1.0.{i}#0" for i in range(_N)]
     checkpoints = store.checkpoints(run)
@@ -134,16 +139,8 @@ def test_objects_a_restore_used_up_leave_the_cache_and_a_shared_one_stays(
     """Each checkpoint holds a tensor of its own and one every checkpoint shares (a frozen
     table): once the replay takes the next checkpoint, the previous one's own object is let go
     (its memory is what later reads reuse), the shared one is kept, and every restore is exact."""
-    store = Store(tmp_path / "s")
-    run = store.begin_run("record", "x.py", [], "", None, None, {})
-    m = BackgroundMaterializer(store, run, Callbacks(lambda k, d: None, lambda k, r: None, lambda msg: None))
     frozen = torch.arange(4 * EXTERNAL_MIN, dtype=torch.float32)
-    values = [torch.full((4 * EXTERNAL_MIN,), float(i)) for i in range(_N)]
-    for i, v in enumerate(values):
-        m.submit(f"L1@M1.0.{i}#0", "L1", {"objects": {
-            "t": {"kind": "tensor", "value": v}, "f": {"kind": "tensor", "value": frozen}}})
-    m.flush()
-    order = list(store.checkpoints(run).values())
+    store, order, values = _record(tmp_path, frozen)
     monkeypatch.setattr(blobs, "READ_AHEAD_BYTES", int(2.5 * order[0][2]))
     reader = BlobReader(store.blobs)
     reader.read_ahead(order, blobformat.object_refs)
