@@ -16,6 +16,7 @@ from flortrain.runtime.arena import Warmer, populate, resident_budget
 from flortrain.runtime.materializer import BackgroundMaterializer
 from flortrain.runtime.writer import IDLE_LOOK, SMALL_ITEM, IdleCores, may_start_idle
 from flortrain.store.db import Store
+from tests.outcomes import Outcomes
 
 MB = 1 << 20
 PAGES = 16 * MB // mmap.PAGESIZE
@@ -119,11 +120,10 @@ def test_staging_lands_on_pages_the_materializer_warmed_before_training(
         pytest.skip("this kernel cannot populate page tables (MADV_POPULATE_WRITE, Linux 5.14)")
     import torch
     monkeypatch.setenv("FLORTRAIN_ARENA_WARM_MB", str(warm_mb))
-    from tests.test_materializer import _Results
 
     store = Store(tmp_path / "s")
     run = store.begin_run("record", "x.py", [], "", None, None, {})
-    results = _Results()
+    results = Outcomes()
     m = BackgroundMaterializer(store, run, results.callbacks())
     m.warmer.join()
     assert m.warmer.done == warm_mb * MB

@@ -19,24 +19,12 @@ import torch
 from flortrain.runtime.materializer import (
     EXTERNAL_MIN,
     BackgroundMaterializer,
-    Callbacks,
     deserialize,
     digests,
 )
 from flortrain.store.db import Store
+from tests.outcomes import Outcomes
 from tests.protocol import flortrain, plain, probe_lines, replay_matches_plain, run
-
-
-class _Results:
-    def __init__(self) -> None:
-        self.committed: dict[str, dict[str, str]] = {}
-        self.lost: dict[str, str] = {}
-        self.warnings: list[str] = []
-
-    def callbacks(self) -> Callbacks:
-        return Callbacks(
-            lambda k, d: self.committed.__setitem__(k, d), lambda k, r: self.lost.__setitem__(k, r), self.warnings.append
-        )
 
 
 def _objects(store: Path) -> list[Path]:
@@ -53,7 +41,7 @@ def _load(store: Store, key: str) -> dict[str, object]:
 def test_unchanged_large_tensors_are_written_once_and_changed_ones_again(tmp_path: Path) -> None:
     store = Store(tmp_path / "s")
     run = store.begin_run("record", "x.py", [], "", None, None, {})
-    results = _Results()
+    results = Outcomes()
     m = BackgroundMaterializer(store, run, results.callbacks())
     table = torch.randn(EXTERNAL_MIN // 4 * 2)  # twice the threshold: content-addressed
     head = torch.randn(10)  # small: inline
@@ -104,7 +92,7 @@ def test_objects_go_around_the_page_cache_whether_training_runs_or_the_run_waits
     monkeypatch.setattr(direct, "write_object", logged)
     store = Store(tmp_path / "s")
     run = store.begin_run("record", "x.py", [], "", None, None, {})
-    results = _Results()
+    results = Outcomes()
     m = BackgroundMaterializer(store, run, results.callbacks())
     writer = m.pid
     m.submit("k0", "B", {"objects": {"t": {"kind": "tensor", "value": torch.randn(EXTERNAL_MIN)}}})
@@ -129,7 +117,7 @@ def test_the_writer_is_reaped_by_pid_after_its_goodbye_and_the_scripts_children_
     started keeps its exit status for the script (never ``waitpid(-1)``)."""
     store = Store(tmp_path / "s")
     run = store.begin_run("record", "x.py", [], "", None, None, {})
-    results = _Results()
+    results = Outcomes()
     m = BackgroundMaterializer(store, run, results.callbacks())
     writer = m.pid
     assert writer is not None
@@ -198,7 +186,7 @@ def test_a_reallocated_tensor_at_the_same_address_is_not_mistaken_for_the_old_on
     version: the tracker keeps the old one alive, so the new one cannot look unchanged."""
     store = Store(tmp_path / "s")
     run = store.begin_run("record", "x.py", [], "", None, None, {})
-    results = _Results()
+    results = Outcomes()
     m = BackgroundMaterializer(store, run, results.callbacks())
     n = EXTERNAL_MIN // 4
     expect = []
@@ -216,7 +204,7 @@ def test_a_checkpoint_larger_than_the_buffer_is_written_on_the_training_thread(t
     monkeypatch.setenv("FLORTRAIN_BUFFER_MB", "1")
     store = Store(tmp_path / "s")
     run = store.begin_run("record", "x.py", [], "", None, None, {})
-    results = _Results()
+    results = Outcomes()
     m = BackgroundMaterializer(store, run, results.callbacks())
     big = torch.randn((2 << 20) // 4)  # 2 MB, twice the buffer
     m.submit("k0", "B", {"objects": {"t": {"kind": "tensor", "value": big}}})
@@ -619,12 +607,15 @@ def test_the_idle_lane_runs_under_sched_idle_and_the_busy_lane_does_not(tmp_path
     assert busy_item == busy_objects == os.sched_getscheduler(0) != os.SCHED_IDLE
 
 
+# A checkpoint of about 2 MB (weights, gradients, Adam's two moments): under the writer's
+# SMALL_ITEM, so it starts however busy the cores are (a larger one waits for an idle core, and
+# on cores kept busy by other work the lane would never be seen).
 PACED = """\
 import os, sys, torch
 torch.manual_seed(0)
-model = torch.nn.Linear(512, 512)
+model = torch.nn.Linear(360, 360)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-x = torch.randn(32, 512)
+x = torch.randn(32, 360)
 for epoch in range(4):
     for step in range(3):
         loss = model(x).pow(2).mean()

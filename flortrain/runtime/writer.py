@@ -278,32 +278,30 @@ def serve(
     tokens: dict[int, str] = {}
     queue: deque[Any] = deque()
     cpu = IdleCores()
+    deferred = False  # the queue's head is an item not started: no idle core to write it on
     while True:
         try:
+            if deferred and (more := ch.recv(IDLE_LOOK)) is not None:  # look again in a moment
+                queue.append(more)
             msg = queue.popleft() if queue else ch.recv(1.0)
             while (more := ch.recv(0)) is not None:  # all that is pending: is "stop" among it?
                 queue.append(more)
         except EOFError:
             return
-        stopping = any(m[0] == "stop" for m in queue)
+        if (msg is None or deferred) and os.getppid() != parent:
+            return  # the recording process died: nothing can commit what is written now
+        deferred = False
         if msg is None:
-            if os.getppid() != parent:
-                return  # the recording process died: nothing can commit what is written now
             continue
         if msg[0] == "stop":
             ch.send(("bye",))
             return
+        stopping = any(m[0] == "stop" for m in queue)
         item = msg[1]
         objects.busy = pace.update(item.get("staged", 0) + _holding(queue), stopping)
         if not objects.busy and not may_start_idle(item.get("staged", 0), cpu):
-            queue.appendleft(msg)  # not started: no idle core to write it on
-            try:
-                if (more := ch.recv(IDLE_LOOK)) is not None:
-                    queue.append(more)
-            except EOFError:
-                return
-            if os.getppid() != parent:
-                return
+            queue.appendleft(msg)
+            deferred = True
             continue
         for t in item.get("forget", ()):
             tokens.pop(t, None)
