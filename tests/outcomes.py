@@ -1,6 +1,6 @@
 """What a materializer reported, collected for tests that drive one directly (test_materializer,
-test_arena): checkpoints committed with their digests, checkpoints lost with the reason, and the
-warnings it printed."""
+test_arena, test_read_ahead): checkpoints committed with their digests, checkpoints lost with
+the reason, and the warnings it printed."""
 
 from __future__ import annotations
 

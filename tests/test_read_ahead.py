@@ -15,12 +15,12 @@ from flortrain.runtime import blobformat
 from flortrain.runtime.materializer import (
     EXTERNAL_MIN,
     BackgroundMaterializer,
-    Callbacks,
     deserialize,
 )
 from flortrain.store import blobs
 from flortrain.store.blobs import BlobReader
 from flortrain.store.db import Store, object_path
+from tests.outcomes import Outcomes
 
 _N = 6
 
@@ -32,8 +32,8 @@ def _record(
     given, in every one of them, as ``f``); their rows in commit order, and their own tensors."""
     store = Store(tmp_path / "s")
     run = store.begin_run("record", "x.py", [], "", None, None, {})
-    done: list[str] = []
-    m = BackgroundMaterializer(store, run, Callbacks(lambda k, d: done.append(k), lambda k, r: None, lambda msg: None))
+    results = Outcomes()
+    m = BackgroundMaterializer(store, run, results.callbacks())
     values = [torch.full((4 * EXTERNAL_MIN,), float(i)) for i in range(_N)]  # 1 MB each: objects
     for i, v in enumerate(values):
         objects = {"t": {"kind": "tensor", "value": v}}
@@ -41,9 +41,9 @@ def _record(
             objects["f"] = {"kind": "tensor", "value": shared}
         m.submit(f"L1@M1.0.{i}#0", "L1", {"objects": objects})
     m.flush()
-    assert done == [f"L1@M1.0.{i}#0" for i in range(_N)]
+    assert list(results.committed) == [f"L1@M1.0.{i}#0" for i in range(_N)]
     checkpoints = store.checkpoints(run)
-    assert list(checkpoints) == done  # the order they were committed in, not the keys' order
+    assert list(checkpoints) == list(results.committed)  # the order they were committed in, not the keys' order
     return store, list(checkpoints.values()), values
 
 
