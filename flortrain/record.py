@@ -153,10 +153,12 @@ def record(
     if store.failed:
         outcome = f"incomplete (the store failed: {store.failed}; the script's exit {status} is kept)"
     held = session.held
+    # a share of a run shorter than a second says nothing (0.01 s of a 0.01 s script is "100%")
+    share = f" ({held / (elapsed - held):.1%})" if elapsed - held >= 1.0 else ""
     print(
         f"flortrain: record run {run_id} {outcome}"
         f" in {elapsed:.2f}s: {c.get('checkpointed', 0)} of {n_blocks} block instances checkpointed;"
-        f" flortrain held training up {held:.2f}s ({held / max(elapsed - held, 1e-9):.1%})",
+        f" flortrain held training up {held:.2f}s{share}",
         file=sys.stderr,
     )
     store.close()

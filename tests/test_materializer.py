@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -572,8 +573,12 @@ def test_record_reports_how_long_it_held_training_up(tmp_path: Path) -> None:
     assert rec.code == 0, rec.err
     last = rec.err.strip().splitlines()[-1]
     assert "complete" in last and "flortrain held training up " in last, last
-    held = float(last.split("held training up ")[1].split("s (")[0])
-    assert 0 < held < 60, last
+    m = re.search(r"held training up ([0-9.]+)s( \(([0-9.]+)%\))?$", last)
+    assert m is not None, last
+    held, elapsed = float(m.group(1)), float(last.split(" in ")[1].split("s:")[0])
+    assert 0 < held < elapsed, last
+    # a share is given for a run of a second or more, and none for one shorter (it says nothing)
+    assert (m.group(3) is not None) == (elapsed - held >= 1.0), last
 
 
 def test_the_writer_competes_for_the_cpu_once_its_backlog_reaches_the_threshold() -> None:

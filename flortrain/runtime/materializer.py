@@ -618,6 +618,7 @@ class BackgroundMaterializer:
     # -- the end -----------------------------------------------------------------------------------
     def flush(self) -> None:
         """Wait for the writer to finish (``FLORTRAIN_FLUSH_TIMEOUT``), commit, and stop it."""
+        self.warmer.stop()  # a script with no main loop ends here: stop warming what nobody stages
         if self.ch is None:
             self._reap(block=True)
             return

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flortrain.runtime import blobformat
-from flortrain.runtime.arena import MADV_POPULATE_READ, populate
+from flortrain.runtime.arena import CHUNK, MADV_POPULATE_READ, populate
 from flortrain.store import direct
 from flortrain.store.db import object_path, write_durably
 
@@ -258,6 +258,20 @@ def may_start_idle(staged: int, cpu: IdleCores) -> bool:
     return staged <= SMALL_ITEM or cpu.idle(2 * IDLE_LOOK) >= IDLE_ENOUGH
 
 
+def map_until_asked(sock: socket.socket, arena: memoryview, warm: int) -> int:
+    """Map the arena's first ``warm`` bytes for reading, a :data:`~flortrain.runtime.arena.CHUNK`
+    at a time, until the parent sends something; how many bytes were mapped. A script that ends
+    before warming does (``print("hi")``) says stop at once, and used to wait for all 256 MB:
+    0.2 s added to its exit, while both processes faulted in the same pages."""
+    done = 0
+    while done < warm and not select.select([sock], [], [], 0)[0]:
+        end = min(done + CHUNK, warm)
+        if not populate(arena, done, end, MADV_POPULATE_READ):
+            break
+        done = end
+    return done
+
+
 def serve(
     sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int, warm: int = 0
 ) -> None:
@@ -265,13 +279,13 @@ def serve(
     caller ``os._exit``s, so nothing the parent's interpreter registered runs here. First it
     maps the ``warm`` bytes of the arena the parent warms (``runtime/arena.py``): a page read
     for the first time costs the writer a fault per 4 KB too, and it is idle until the script
-    has built a model to checkpoint."""
+    has built a model to checkpoint; it stops as soon as the parent sends something."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it flushes
     with contextlib.suppress(OSError):
         os.nice(NICE)  # the lanes' threads inherit it; the idle lane's then leave for SCHED_IDLE
     with contextlib.suppress(OSError):
         Path("/proc/self/comm").write_text("flortrain-ckpt")
-    populate(arena, 0, warm, MADV_POPULATE_READ)
+    map_until_asked(sock, arena, warm)
     ch = Channel(sock)
     objects = Objects(blobs)
     pace = Pace(threshold)
