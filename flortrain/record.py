@@ -12,7 +12,13 @@ from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
 from flortrain.instrument import compile_for, instrument_file
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
-from flortrain.runtime.launch import execute, intra_op_threads, pin_threads, project_uses_torch
+from flortrain.runtime.launch import (
+    execute,
+    intra_op_threads,
+    pin_threads,
+    project_uses_torch,
+    set_aside_static_objects,
+)
 from flortrain.runtime.session import ReplaySource, Session
 from flortrain.runtime.spans import Segment, SpanReplay
 from flortrain.static.plan import UNTRACKED, Plan
@@ -90,6 +96,7 @@ def record(
     text = read_text(script)
     inst = instrument_file(script, text)
     code = compile_for(os.path.abspath(script), inst.code_text, text)
+    set_aside_static_objects()  # before torch's import (intra_op_threads): see its docstring
     store = open_store(store_dir, create=resume is None, trust=trust)
     torch_script = project_uses_torch(script, text)
     threads = intra_op_threads(torch_script)

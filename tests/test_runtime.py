@@ -265,3 +265,44 @@ def test_a_probe_iterating_a_seeded_loader_does_not_shift_training(tmp_path: Pat
     assert len(probe_lines(rep.out)) == 12
     assert [ln for ln in rep.out.splitlines() if not ln.startswith("PROBE")] == truth.splitlines()
     assert flortrain(tmp_path, "diff").code == 0
+
+
+FINALIZED_AT_EXIT = textwrap.dedent(
+    """\
+    import gc
+    import torch
+
+    class Node:
+        # in a reference cycle: only the collector frees it, here at interpreter exit
+        def __init__(self, name):
+            self.name, self.me = name, self
+
+        def __del__(self):
+            print("finalized", self.name, flush=True)
+
+    keep = Node("module global")
+    for epoch in range(3):
+        w = torch.ones(2) * epoch
+        print("epoch", epoch, w.sum().item())
+        #PROBE
+    tracked = {id(o) for o in gc.get_objects()}
+    print("torch's objects collected as in a plain run:", id(vars(torch)) in tracked and id(vars(torch.nn)) in tracked)
+    """
+)
+
+
+def test_the_scripts_objects_are_collected_and_finalized_as_in_a_plain_run(tmp_path: Path) -> None:
+    """flortrain sets its own start-up objects aside from the collector (``gc.freeze``) before
+    torch and the script are imported (``launch.set_aside_static_objects``): a recorded
+    script's exit then costs what a plain run's does. What the script and torch make must still
+    be collected as in a plain run: a cycle with a finalizer, freed by the collections at
+    interpreter exit, prints the same line under record and replay."""
+    rep = replay_matches_plain(tmp_path, FINALIZED_AT_EXIT, 'print("PROBE", epoch, w.tolist())', EVERY)
+    assert rep.out.splitlines()[-1] == "finalized module global", rep.out
+    assert "torch's objects collected as in a plain run: True" in rep.out, rep.out
+    script = tmp_path / "set_aside.py"
+    script.write_text("import gc\nprint(gc.get_freeze_count() > 0)\n")
+    for cmd in (["record", script.name], ["replay", script.name]):
+        r = flortrain(tmp_path, *cmd)
+        assert r.code == 0 and r.out == "True\n", (cmd, r.out, r.err)
+    assert plain(script).out == "False\n"

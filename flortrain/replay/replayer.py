@@ -17,7 +17,13 @@ from flortrain.replay.diff import diff_runs
 from flortrain.replay.planner import ReplayPlan, plan_replay
 from flortrain.replay.probes import ProbeSet, add_cli_probe, find_probes
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
-from flortrain.runtime.launch import execute, pin_threads, project_uses_torch, uses_torch
+from flortrain.runtime.launch import (
+    execute,
+    pin_threads,
+    project_uses_torch,
+    set_aside_static_objects,
+    uses_torch,
+)
 from flortrain.runtime.session import ReplaySource, Session
 from flortrain.runtime.spans import SpanReplay, compile_guard
 from flortrain.static.analysis import analyse
@@ -250,6 +256,7 @@ def replay(
     warm = _warm_workers(script, jobs, backend)
     try:
         p = prepare(script, run_id, cli_probes, new_args, store_dir, trust)
+        set_aside_static_objects()
         if jobs == 1 and backend != "local":
             print("flortrain: --jobs 1: replaying serially, in this process", file=sys.stderr)
         if jobs > 1:

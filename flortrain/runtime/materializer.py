@@ -645,12 +645,27 @@ class BackgroundMaterializer:
             if self._bye:
                 break  # everything before "bye" was handled
         if self.ch is not None:
+            if self._bye:
+                self._unmap()  # while the writer lingers (``writer.linger``): its exit frees the pages
             self.ch.sock.close()
             self.ch = None
         if self._bye:
             self._reap_in_background()
         else:
             self._reap(block=True)
+
+    def _unmap(self) -> None:
+        """Unmap the arena from this process now that nothing will be staged: the writer still
+        maps it, so this only drops page-table entries (12-15 ms for 256 MB warmed), and the
+        pages are freed when the writer exits, in the background. Left mapped, the training
+        process's own exit freed them (70-78 ms). Anything still holding a view of the arena
+        (a warmer thread inside ``madvise``) leaves it mapped, as before."""
+        self.warmer.stop()
+        self.warmer.join(1.0)
+        self._tensor_view = None
+        with contextlib.suppress(BufferError, ValueError):
+            self.view.release()
+            self.arena.close()
 
     def _reap_in_background(self) -> None:
         """Reap a writer that said goodbye without waiting for it to exit. Everything it wrote

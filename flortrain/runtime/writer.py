@@ -272,6 +272,21 @@ def map_until_asked(sock: socket.socket, arena: memoryview, warm: int) -> int:
     return done
 
 
+#: how long a writer that said goodbye keeps the arena mapped for the parent to unmap it first
+LINGER = 5.0
+
+
+def linger(sock: socket.socket, timeout: float = LINGER) -> None:
+    """After ``bye``, wait for the parent to close its end, which it does once it has unmapped the
+    arena. Then this process, exiting in the background, holds the arena's last mapping and
+    frees its pages, instead of the training process's exit: 70-78 ms for 256 MB of warmed
+    pages, against 12-15 ms to unmap them while another process still maps them."""
+    sock.settimeout(timeout)
+    with contextlib.suppress(OSError):
+        while sock.recv(1 << 12):
+            pass
+
+
 def serve(
     sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int, warm: int = 0
 ) -> None:
@@ -309,6 +324,7 @@ def serve(
             continue
         if msg[0] == "stop":
             ch.send(("bye",))
+            linger(sock)
             return
         stopping = any(m[0] == "stop" for m in queue)
         item = msg[1]
