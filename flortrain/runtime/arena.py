@@ -30,7 +30,7 @@ import ctypes
 import functools
 import mmap
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 #: Linux's ``madvise`` advice values (``<linux/mman.h>``); ``mmap`` exposes them from 3.12 on.
 MADV_POPULATE_READ = 22
@@ -65,6 +65,20 @@ def populate(area: mmap.mmap | memoryview, start: int, end: int, advice: int = M
         del anchor
 
 
+def populate_chunks(
+    area: mmap.mmap | memoryview, nbytes: int, going: Callable[[], bool], advice: int = MADV_POPULATE_WRITE
+) -> Iterator[int]:
+    """:func:`populate` ``area[:nbytes]`` a :data:`CHUNK` at a time while ``going()`` says so,
+    yielding how far it has got after each chunk; it ends early where the kernel cannot."""
+    done = 0
+    while done < nbytes and going():
+        end = min(done + CHUNK, nbytes)
+        if not populate(area, done, end, advice):
+            return
+        done = end
+        yield done
+
+
 def resident_budget(requested: int, size: int, meminfo: str = "/proc/meminfo") -> int:
     """How much of an arena of ``size`` bytes to warm when ``requested``: no more than an eighth
     of the memory the system has available, in whole pages."""
@@ -95,11 +109,8 @@ class Warmer:
         self._thread.start()
 
     def _run(self) -> None:
-        while self.done < self.nbytes and not self._stop.is_set():
-            end = min(self.done + CHUNK, self.nbytes)
-            if not populate(self.area, self.done, end):
-                return
-            self.done = end
+        for done in populate_chunks(self.area, self.nbytes, lambda: not self._stop.is_set()):
+            self.done = done  # read by the training thread as the chunks land
 
     def stop(self) -> None:
         """Training has begun: whatever is not warm yet stays for staging to fault in."""

@@ -660,8 +660,7 @@ class BackgroundMaterializer:
         pages are freed when the writer exits, in the background. Left mapped, the training
         process's own exit freed them (70-78 ms). Anything still holding a view of the arena
         (a warmer thread inside ``madvise``) leaves it mapped, as before."""
-        self.warmer.stop()
-        self.warmer.join(1.0)
+        self.warmer.join(1.0)  # stopped when the flush began
         self._tensor_view = None
         with contextlib.suppress(BufferError, ValueError):
             self.view.release()

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flortrain.runtime import blobformat
-from flortrain.runtime.arena import CHUNK, MADV_POPULATE_READ, populate
+from flortrain.runtime.arena import MADV_POPULATE_READ, populate_chunks
 from flortrain.store import direct
 from flortrain.store.db import object_path, write_durably
 
@@ -263,13 +263,10 @@ def map_until_asked(sock: socket.socket, arena: memoryview, warm: int) -> int:
     at a time, until the parent sends something; how many bytes were mapped. A script that ends
     before warming does (``print("hi")``) says stop at once, and used to wait for all 256 MB:
     0.2 s added to its exit, while both processes faulted in the same pages."""
-    done = 0
-    while done < warm and not select.select([sock], [], [], 0)[0]:
-        end = min(done + CHUNK, warm)
-        if not populate(arena, done, end, MADV_POPULATE_READ):
-            break
-        done = end
-    return done
+    def unasked() -> bool:
+        return not select.select([sock], [], [], 0)[0]
+
+    return max(populate_chunks(arena, warm, unasked, MADV_POPULATE_READ), default=0)
 
 
 #: how long a writer that said goodbye keeps the arena mapped for the parent to unmap it first
