@@ -225,13 +225,14 @@ def _as_utf8(code: str) -> str:
 
 def main() -> None:
     """The console script. A script ended by Ctrl-C makes flortrain die by SIGINT after the run
-    is finalized, as ``python`` does, so a calling shell loop sees an interrupt, not a failure."""
+    is finalized, as ``python`` does, so a calling shell loop sees an interrupt, not a failure.
+    The runner is looked up, not imported: if it never loaded, no script ran, and importing it
+    here could fail again (a broken install) and turn the one-line error into a traceback."""
     try:
         cli(prog_name="flortrain")
     except SystemExit:
-        from flortrain.runtime import runner
-
-        if runner.interrupted:
+        runner = sys.modules.get("flortrain.runtime.runner")
+        if runner is not None and getattr(runner, "interrupted", False):
             import signal
 
             signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -7,6 +7,8 @@ import io
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 import textwrap
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -595,3 +597,31 @@ def test_an_inserted_line_is_one_difference() -> None:
     changed = line(3, "D")
     assert line_differences(a, [*a[:3], changed, *a[4:]]) == [(a[3], changed)]
     assert line_differences(a, a[:4]) == [(a[4], None), (a[5], None)]
+
+
+def test_a_broken_install_is_one_line_not_a_traceback(work: Path) -> None:
+    """One of flortrain's own modules failing to import (a half-upgraded install) is an internal
+    error: one line and exit 2, even though the console script's interrupt check runs after it."""
+    breaker = textwrap.dedent(
+        """\
+        import sys
+        from importlib.abc import MetaPathFinder
+
+        class Broken(MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name == "flortrain.runtime.writer":
+                    raise SyntaxError("'(' was never closed")
+                return None
+
+        sys.meta_path.insert(0, Broken())
+        sys.argv = ["flortrain", "record", "train.py"]
+        from flortrain.cli import main
+        main()
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", breaker], cwd=work, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "flortrain: internal error: SyntaxError: '(' was never closed (FLORTRAIN_DEBUG=1 shows the traceback)"
+    ], proc.stderr
+    assert not (work / ".flortrain").exists()
