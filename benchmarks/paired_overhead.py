@@ -40,7 +40,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_overhead import _HELD, OUT, WORKLOADS, median_spread, source, workload_args
+from record_overhead import (
+    _HELD,
+    OUT,
+    WORKLOADS,
+    become_subreaper,
+    median_spread,
+    settle,
+    source,
+    workload_args,
+)
 
 #: one training thread per run, so that each has its core and only its core
 _ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -88,6 +97,7 @@ def _pair(a: Side, b: Side, cores: tuple[int, int]) -> None:
         t.start()
     for t in waiters:
         t.join()
+    settle()  # a writer that outlives its run ends before the next pair starts
     for i, side in enumerate((a, b)):
         if procs[i].returncode:
             raise SystemExit(f"{' '.join(side.command())} failed:\n{errs[i]}")
@@ -131,6 +141,7 @@ def bench(name: str, reps: int, quick: bool) -> dict[str, Any]:
 def main() -> None:
     args = workload_args(__doc__ or "", 4).parse_args()
     reps = 1 if args.quick else args.reps
+    become_subreaper()
     results = {name: bench(name, reps, args.quick) for name in args.only}
     doc: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},

@@ -24,6 +24,11 @@ at every block instance and iteration boundary). Two figures per run:
   more than the effects measured; this one is not a difference of two runs, so it resolves them.
 
 Overhead is the median over repetitions of each recorded/plain pair's ratio, with the spread.
+Within a repetition the modes run in a shuffled order (seeded by the repetition's number), so
+that a run that leaves the machine slower for the next one does not always slow the same mode.
+The benchmark is its runs' subreaper: a recorded run's writer, which frees the staging pages
+after the training process has exited, is waited for before the next run starts, its CPU counts
+in **cpu**, and **settle** is how long it outlived the command.
 For the CNN, an outer probe's replay is timed against a plain run of the probed script.
 
 ``--against COMMIT`` adds a fourth mode to every repetition: ``flortrain record`` as of that
@@ -41,9 +46,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import platform
+import random
 import re
 import resource
 import sqlite3
@@ -176,10 +183,36 @@ def source(name: str, quick: bool, probe: bool = False) -> str:
 _HELD = re.compile(r"flortrain held training up [0-9.]+s \(([0-9.]+)%\)")
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, float, float, float]:
+def become_subreaper() -> None:
+    """Make this process the one an orphaned descendant is re-parented to (Linux ``prctl``).
+
+    A recorded run's writer outlives the training process: it frees the staging pages once the
+    parent has gone. Orphaned, it would belong to init, its CPU would count nowhere, and its
+    exit would overlap the next run timed. As a subreaper the benchmark can wait for it
+    (:func:`settle`), and ``RUSAGE_CHILDREN`` then counts it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def settle() -> float:
+    """Wait for every descendant still running (see :func:`become_subreaper`); when the last
+    one ended. Call it only when no child is waited for elsewhere."""
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return time.time()
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, float, float, float, float]:
     """(training seconds to exit, end-to-end seconds, seconds in the training loop, CPU seconds
-    of the whole command and every process it started, the writer included, and the fraction of
-    the run flortrain reports it held training up: 0 for a plain run)."""
+    of the whole command and every process it started, the writer included, the fraction of
+    the run flortrain reports it held training up: 0 for a plain run, and the seconds from the
+    command's exit until the last process it started had ended)."""
     t0file = cwd / "t0"
     t0file.unlink(missing_ok=True)
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -187,13 +220,15 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, 
     p = subprocess.run(cmd, cwd=cwd, env={**os.environ, **env, "BENCH_T0": str(t0file)},
                        capture_output=True, text=True, check=False)
     end = time.time()
+    settled = settle()  # the writer's exit is this run's, not the next one's
     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stderr}")
     t0 = float(t0file.read_text())
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     held = _HELD.search(p.stderr)
-    return end - t0, end - start, float((cwd / "t0.end").read_text()) - t0, cpu, float(held.group(1)) / 100 if held else 0.0
+    loop = float((cwd / "t0.end").read_text()) - t0
+    return end - t0, end - start, loop, cpu, float(held.group(1)) / 100 if held else 0.0, settled - end
 
 
 def _checkpointed(store: Path) -> tuple[int, int]:
@@ -210,13 +245,20 @@ def _checkpointed(store: Path) -> tuple[int, int]:
 def bench(name: str, reps: int, quick: bool, against: Path | None = None) -> dict[str, object]:
     py = sys.executable
     modes = (*MODES, "record-against") if against is not None else MODES
-    times: dict[str, list[tuple[float, float, float, float, float]]] = {m: [] for m in (*modes, "plain-probed", "replay")}
+    times: dict[str, list[tuple[float, ...]]] = {m: [] for m in (*modes, "plain-probed", "replay")}
+    orders: list[list[str]] = []
     checkpointed: dict[str, tuple[int, int]] = {}
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         script = work / "train.py"
         for rep in range(reps):
-            for mode in modes:
+            # a run can leave the machine slower for the next one (page cache, the kernel freeing
+            # pages): the modes' order is shuffled, the same for every workload, so that no mode
+            # always follows the same other
+            order = list(modes)
+            random.Random(rep).shuffle(order)
+            orders.append(order)
+            for mode in order:
                 script.write_text(source(name, quick))
                 env = {"FLORTRAIN_STORE": str(work / mode)}
                 if mode == "record-every":
@@ -231,16 +273,19 @@ def bench(name: str, reps: int, quick: bool, against: Path | None = None) -> dic
             script.write_text(source(name, quick, probe=True))
             times["plain-probed"].append(_run([py, "train.py"], work, {}))
             times["replay"].append(_run([py, "-m", "flortrain", "replay", "train.py"], work, {"FLORTRAIN_STORE": str(work / "record")}))
-            print(f"{name} rep {rep}: " + ", ".join(f"{m} {v[-1][0]:.2f}/{v[-1][1]:.2f}s" for m, v in times.items()), file=sys.stderr)
+            print(f"{name} rep {rep} ({' '.join(order)}): " + ", ".join(
+                f"{m} {v[-1][0]:.2f}/{v[-1][1]:.2f}s{f' +{v[-1][5]:.2f}s' if v[-1][5] >= 0.005 else ''}" for m, v in times.items()
+            ), file=sys.stderr)
 
     def ratios(mode: str, base: str, i: int) -> list[float]:
         return [a[i] / b[i] for a, b in zip(times[mode], times[base], strict=True)]
 
-    out: dict[str, object] = {"times": times, "checkpointed": checkpointed}
+    out: dict[str, object] = {"times": times, "checkpointed": checkpointed, "orders": orders}
     for mode in modes[1:]:
         for i, what in ((2, "loop"), (0, "training"), (1, "end_to_end"), (3, "cpu")):
             out[f"{mode}_{what}_overhead"], out[f"{mode}_{what}_spread"] = median_spread(ratios(mode, "plain", i), 1)
         out[f"{mode}_held_overhead"], out[f"{mode}_held_spread"] = median_spread([t[4] for t in times[mode]])
+        out[f"{mode}_settle"], out[f"{mode}_settle_spread"] = median_spread([t[5] for t in times[mode]])
     out["replay_fraction"], out["replay_spread"] = median_spread(ratios("replay", "plain-probed", 1))
     return out
 
@@ -265,6 +310,7 @@ def main() -> None:
     ap.add_argument("--against", metavar="COMMIT", help="also record with flortrain as of COMMIT, interleaved")
     args = ap.parse_args()
     reps = 1 if args.quick else args.reps
+    become_subreaper()
     with _worktree(args.against) as against:
         results = {name: bench(name, reps, args.quick, against) for name in args.only}
     doc = {
