@@ -24,8 +24,8 @@ at every block instance and iteration boundary). Two figures per run:
   more than the effects measured; this one is not a difference of two runs, so it resolves them.
 
 Overhead is the median over repetitions of each recorded/plain pair's ratio, with the spread.
-Within a repetition the modes run in a shuffled order (seeded by the repetition's number), so
-that a run that leaves the machine slower for the next one does not always slow the same mode.
+Repetitions take the modes' orders in turn (every permutation, then again), so that a run
+that leaves the machine slower for the next one does not always slow the same mode.
 The benchmark is its runs' subreaper: a recorded run's writer, which frees the staging pages
 after the training process has exited, is waited for before the next run starts, its CPU counts
 in **cpu**, and **settle** is how long it outlived the command.
@@ -47,10 +47,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import itertools
 import json
 import os
 import platform
-import random
 import re
 import resource
 import sqlite3
@@ -247,16 +247,16 @@ def bench(name: str, reps: int, quick: bool, against: Path | None = None) -> dic
     modes = (*MODES, "record-against") if against is not None else MODES
     times: dict[str, list[tuple[float, ...]]] = {m: [] for m in (*modes, "plain-probed", "replay")}
     orders: list[list[str]] = []
+    orders_of = list(itertools.permutations(modes))
     checkpointed: dict[str, tuple[int, int]] = {}
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         script = work / "train.py"
         for rep in range(reps):
             # a run can leave the machine slower for the next one (page cache, the kernel freeing
-            # pages): the modes' order is shuffled, the same for every workload, so that no mode
-            # always follows the same other
-            order = list(modes)
-            random.Random(rep).shuffle(order)
+            # pages): repetitions take the modes' orders in turn, so that over as many
+            # repetitions as there are orders every mode runs in every position equally often
+            order = list(orders_of[rep % len(orders_of)])
             orders.append(order)
             for mode in order:
                 script.write_text(source(name, quick))
