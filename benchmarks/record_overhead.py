@@ -183,6 +183,10 @@ def source(name: str, quick: bool, probe: bool = False) -> str:
 _HELD = re.compile(r"flortrain held training up [0-9.]+s \(([0-9.]+)%\)")
 
 
+#: ``<linux/prctl.h>``
+_PR_SET_CHILD_SUBREAPER = 36
+
+
 def become_subreaper() -> None:
     """Make this process the one an orphaned descendant is re-parented to (Linux ``prctl``).
 
@@ -193,9 +197,6 @@ def become_subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
-
-
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 def settle() -> float:
