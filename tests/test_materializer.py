@@ -486,13 +486,16 @@ def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
     run = store.begin_run("record", "x.py", [], "", None, None, {})
     s = Session("record", store, run)
     s.adaptive = AdaptivePeriod(epsilon=1 / 15, every=False)
-    state = {"table": torch.randn(1 << 20)}  # 4 MB: milliseconds to stage and write
+    # 32 MB: tens of milliseconds to stage and write, so that only a stall of the test process
+    # of about half a second between two statements could earn the budget for it
+    state = {"table": torch.randn(1 << 23)}
     getters = {"table": lambda: state["table"]}
     try:
         s.main_enter("M1")
         assert s.main_iteration("M1", getters, getters) is None  # iteration 0: never a boundary
         # iteration 1: Eq. 4 takes a block's first instance unseen, but the budget so far is ε of
         # microseconds of training; the capture that priced it is spent all the same
+        s._iteration_begins("M1")  # the iteration's training starts now, not at the assert above
         assert s.main_iteration("M1", getters, getters) is None
         costs = s.adaptive.costs["M1"]
         assert costs.k == 0 and costs.priced > 0 and s.adaptive.spent > 0
