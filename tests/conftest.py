@@ -14,11 +14,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import pytest
 
+from tests.protocol import PLAIN_RUNS
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One directory of plain runs for the session (``tests/protocol.plain``), shared by the
+    xdist workers, which inherit the controller's environment. Set the variable empty to run
+    every ground truth afresh."""
+    if not hasattr(config, "workerinput") and PLAIN_RUNS not in os.environ:
+        os.environ[PLAIN_RUNS] = tempfile.mkdtemp(prefix="flortrain-plain-runs-")
+        config.add_cleanup(lambda: shutil.rmtree(os.environ.pop(PLAIN_RUNS), ignore_errors=True))
 
 
 # -- the fault-injection suite's figures (tests/test_fault_injection.py) ------------------------

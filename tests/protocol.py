@@ -8,6 +8,7 @@ Ground truth is always a plain ``python SCRIPT`` run in a fresh process:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -54,8 +55,49 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: f
     return Result(p.returncode, p.stdout, p.stderr)
 
 
+#: where :func:`plain` keeps the runs of this test session (set by conftest for every worker)
+PLAIN_RUNS = "FLORTRAIN_TEST_PLAIN_RUNS"
+
+
 def plain(script: Path, args: list[str] | None = None) -> Result:
-    return run([sys.executable, script.name, *(args or [])], script.parent)
+    """The ground truth: ``python SCRIPT ARGS`` in a fresh process, in the script's directory.
+
+    Many tests run the same script in the same state more than once (the same fixture in
+    several test files; a probe replayed under two periods). A fresh process given the same
+    inputs prints the same bytes (the suite asserts exactly that of every script it records), so
+    a run whose inputs match an earlier one of this session returns that run's result instead
+    of paying another ~4 s of torch import. The inputs are the interpreter, the arguments, the
+    environment and every file under the directory (flortrain's stores excepted: a plain run
+    never reads them); a result that names the directory it ran in is reused only there."""
+    cmd = [sys.executable, script.name, *(args or [])]
+    cache = os.environ.get(PLAIN_RUNS)
+    if not cache:
+        return run(cmd, script.parent)
+    key = _inputs(cmd, script.parent)
+    entry = Path(cache) / f"{key}.json"
+    if entry.exists():
+        saved = json.loads(entry.read_text())
+        if saved["cwd"] == str(script.parent) or not saved["names_cwd"]:
+            return Result(saved["code"], saved["out"], saved["err"])
+    result = run(cmd, script.parent)
+    cwd = str(script.parent)
+    names_cwd = any(c in result.out + result.err for c in {cwd, os.path.realpath(cwd)})
+    tmp = entry.with_suffix(f".{os.getpid()}")
+    tmp.write_text(json.dumps({**vars(result), "cwd": cwd, "names_cwd": names_cwd}))
+    tmp.replace(entry)  # atomic: the other worker may be writing the same entry
+    return result
+
+
+def _inputs(cmd: list[str], cwd: Path) -> str:
+    """A digest of everything a plain run of ``cmd`` in ``cwd`` can depend on (see :func:`plain`)."""
+    h = hashlib.sha256(json.dumps([cmd, sorted((k, v) for k, v in os.environ.items() if not k.startswith("PYTEST_"))]).encode())
+    for root, dirs, files in os.walk(cwd):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not (Path(root) / d / "flortrain.db").exists())
+        for name in sorted(files):
+            path = Path(root) / name
+            h.update(f"\0{path.relative_to(cwd)}\0".encode())
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
 
 
 def flortrain(cwd: Path, *args: str, env: dict[str, str] | None = None) -> Result:
