@@ -162,10 +162,13 @@ def record(
     held = session.held
     # a share of a run shorter than a second says nothing (0.01 s of a 0.01 s script is "100%")
     share = f" ({held / (elapsed - held):.1%})" if elapsed - held >= 1.0 else ""
+    # where training kept every core busy, most of held is this wait: saying so points the user
+    # at the writer's backlog, not at staging (docs/materializer.md, "The writer's pace")
+    wait = f", {session.exit_wait:.2f}s of it at exit for the checkpoint writer" if session.exit_wait >= 0.01 else ""
     print(
         f"flortrain: record run {run_id} {outcome}"
         f" in {elapsed:.2f}s: {c.get('checkpointed', 0)} of {n_blocks} block instances checkpointed;"
-        f" flortrain held training up {held:.2f}s{share}",
+        f" flortrain held training up {held:.2f}s{share}{wait}",
         file=sys.stderr,
     )
     store.close()

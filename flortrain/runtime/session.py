@@ -67,6 +67,9 @@ class Session:
     _boundary_t: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     _hold_t0: float | None = None  # when the hook in progress began (:meth:`holding`)
     background: float = 0.0  # the writer's estimated seconds for the latest checkpoint
+    #: seconds of :attr:`held` spent at the end waiting for the writer to finish what training
+    #: left it (:meth:`flush`): a writer that training starved of CPU does its work then
+    exit_wait: float = 0.0
     _no_boundary: set[str] = field(default_factory=set)
     _initial_digests: dict[str, str] = field(default_factory=dict)
     _digest_memo: dict[str, tuple[Any, str]] = field(default_factory=dict)  # ``rng.digest_map``'s
@@ -659,7 +662,9 @@ class Session:
     def flush(self) -> None:
         with self.holding():
             if self.materializer is not None:
+                t0 = time.perf_counter()
                 self.materializer.flush()
+                self.exit_wait += time.perf_counter() - t0
         if self.tee is not None:
             self.tee.close_capture()
         self._put_rows()
