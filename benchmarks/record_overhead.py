@@ -21,7 +21,9 @@ at every block instance and iteration boundary). Two figures per run:
 - **held**: what ``flortrain record`` itself reports, the time its code held the training thread
   (staging, boundaries, the wait for the writer at exit) over the rest of the run, measured on
   the training thread. Wall-clock figures on a shared VM vary by ±15% between identical runs,
-  more than the effects measured; this one is not a difference of two runs, so it resolves them.
+  more than the effects measured; this one is not a difference of two runs, so it resolves them;
+- **exit wait**: the part of held spent at exit waiting for the checkpoint writer (the seconds
+  record reports), the work of a writer training left no CPU.
 
 Overhead is the median over repetitions of each recorded/plain pair's ratio, with the spread.
 Repetitions take the modes' orders in turn (every permutation, then again), so that a run
@@ -181,6 +183,7 @@ def source(name: str, quick: bool, probe: bool = False) -> str:
 
 
 _HELD = re.compile(r"flortrain held training up [0-9.]+s \(([0-9.]+)%\)")
+_EXIT_WAIT = re.compile(r", ([0-9.]+)s of it at exit for the checkpoint writer$", re.M)
 
 
 #: ``<linux/prctl.h>``
@@ -209,11 +212,12 @@ def settle() -> float:
             return time.time()
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, float, float, float, float]:
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, float, float, float, float, float]:
     """(training seconds to exit, end-to-end seconds, seconds in the training loop, CPU seconds
     of the whole command and every process it started, the writer included, the fraction of
     the run flortrain reports it held training up: 0 for a plain run, and the seconds from the
-    command's exit until the last process it started had ended)."""
+    command's exit until the last process it started had ended, and the seconds of held spent at
+    exit waiting for the writer)."""
     t0file = cwd / "t0"
     t0file.unlink(missing_ok=True)
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -229,7 +233,9 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, 
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     held = _HELD.search(p.stderr)
     loop = float((cwd / "t0.end").read_text()) - t0
-    return end - t0, end - start, loop, cpu, float(held.group(1)) / 100 if held else 0.0, settled - end
+    wait = _EXIT_WAIT.search(p.stderr)
+    return (end - t0, end - start, loop, cpu, float(held.group(1)) / 100 if held else 0.0, settled - end,
+            float(wait.group(1)) if wait else 0.0)
 
 
 def _checkpointed(store: Path) -> tuple[int, int]:
@@ -287,6 +293,7 @@ def bench(name: str, reps: int, quick: bool, against: Path | None = None) -> dic
             out[f"{mode}_{what}_overhead"], out[f"{mode}_{what}_spread"] = median_spread(ratios(mode, "plain", i), 1)
         out[f"{mode}_held_overhead"], out[f"{mode}_held_spread"] = median_spread([t[4] for t in times[mode]])
         out[f"{mode}_settle"], out[f"{mode}_settle_spread"] = median_spread([t[5] for t in times[mode]])
+        out[f"{mode}_exit_wait"], out[f"{mode}_exit_wait_spread"] = median_spread([t[6] for t in times[mode]])
     out["replay_fraction"], out["replay_spread"] = median_spread(ratios("replay", "plain-probed", 1))
     return out
 
@@ -331,13 +338,14 @@ def main() -> None:
     if args.against:
         (OUT / f"record_overhead-against{quick}.json").write_text(json.dumps(doc, indent=2))
         _plot(results, OUT / f"record_overhead-against{quick}.png", args.against)
-    print(f"{'workload':10} {'loop':>8} {'record':>8} {'every':>8} {'e2e rec':>8} {'cpu rec':>8} {'held':>8} {'held ev':>8} {'ckpt (adaptive)':>16} {'ckpt (every)':>13} {'replay':>7}")
+    print(f"{'workload':10} {'loop':>8} {'record':>8} {'every':>8} {'e2e rec':>8} {'cpu rec':>8} {'held':>8} {'held ev':>8} {'exit wait':>9} {'ckpt (adaptive)':>16} {'ckpt (every)':>13} {'replay':>7}")
     for n, r in results.items():
         ck = r["checkpointed"]
         adaptive, every = ("{}/{}".format(*ck[m]) for m in ("record", "record-every"))  # type: ignore[index]
         print(f"{n:10} {r['record_loop_overhead']:8.1%} {r['record_training_overhead']:8.1%} {r['record-every_training_overhead']:8.1%}"  # type: ignore[index]
               f" {r['record_end_to_end_overhead']:8.1%} {r['record_cpu_overhead']:8.1%}"  # type: ignore[index]
-              f" {r['record_held_overhead']:8.1%} {r['record-every_held_overhead']:8.1%} {adaptive:>16} {every:>13}"  # type: ignore[index]
+              f" {r['record_held_overhead']:8.1%} {r['record-every_held_overhead']:8.1%} {r['record_exit_wait']:8.2f}s"  # type: ignore[index]
+              f" {adaptive:>16} {every:>13}"
               f" {r['replay_fraction']:7.2f}")
     for n, r in results.items():
         if args.against:
