@@ -30,8 +30,8 @@ def pytest_configure(config: pytest.Config) -> None:
     xdist workers, which inherit the controller's environment. Set the variable empty to run
     every ground truth afresh."""
     if not hasattr(config, "workerinput") and PLAIN_RUNS not in os.environ:
-        os.environ[PLAIN_RUNS] = tempfile.mkdtemp(prefix="flortrain-plain-runs-")
-        config.add_cleanup(lambda: shutil.rmtree(os.environ.pop(PLAIN_RUNS), ignore_errors=True))
+        runs = os.environ[PLAIN_RUNS] = tempfile.mkdtemp(prefix="flortrain-plain-runs-")
+        config.add_cleanup(lambda: shutil.rmtree(runs, ignore_errors=True))
 
 
 # -- the fault-injection suite's figures (tests/test_fault_injection.py) ------------------------

@@ -16,6 +16,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +69,10 @@ def plain(script: Path, args: list[str] | None = None) -> Result:
     a run whose inputs match an earlier one of this session returns that run's result instead
     of paying another ~4 s of torch import. The inputs are the interpreter, the arguments, the
     environment and every file under the directory (flortrain's stores excepted: a plain run
-    never reads them); a result that names the directory it ran in is reused only there."""
+    never reads them); a result that names the directory it ran in is reused only there. A hit
+    does not run the script, so its side effects (files it writes) do not happen again; a run
+    killed by a signal is not kept. The cache lives for one session: a directory of your own
+    in ``FLORTRAIN_TEST_PLAIN_RUNS`` is not cleaned, and knows nothing of torch upgrades."""
     cmd = [sys.executable, script.name, *(args or [])]
     cache = os.environ.get(PLAIN_RUNS)
     if not cache:
@@ -80,11 +84,14 @@ def plain(script: Path, args: list[str] | None = None) -> Result:
         if saved["cwd"] == str(script.parent) or not saved["names_cwd"]:
             return Result(saved["code"], saved["out"], saved["err"])
     result = run(cmd, script.parent)
+    if result.code < 0:  # killed (the machine's load, the OOM killer): not the script's answer
+        return result
     cwd = str(script.parent)
     names_cwd = any(c in result.out + result.err for c in {cwd, os.path.realpath(cwd)})
-    tmp = entry.with_suffix(f".{os.getpid()}")
-    tmp.write_text(json.dumps({**vars(result), "cwd": cwd, "names_cwd": names_cwd}))
-    tmp.replace(entry)  # atomic: the other worker may be writing the same entry
+    fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump({**vars(result), "cwd": cwd, "names_cwd": names_cwd}, f)
+    os.replace(tmp, entry)  # atomic: the other worker may be writing the same entry
     return result
 
 
