@@ -8,7 +8,7 @@ Workloads (generated, no downloads):
 
 For each, R repetitions interleave ``python S``, ``flortrain record S`` (adaptive period, the
 default) and ``flortrain record S`` with ``FLORTRAIN_PERIOD=every`` (adaptivity off: a checkpoint
-at every block instance and iteration boundary). Two figures per run:
+at every block instance and iteration boundary). The figures of each run:
 
 - **training**: from the first line of the training loop to process exit, so it includes the
   materializer's final flush (the script writes its loop's start time to a file); it leaves out

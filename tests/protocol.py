@@ -77,16 +77,15 @@ def plain(script: Path, args: list[str] | None = None) -> Result:
     cache = os.environ.get(PLAIN_RUNS)
     if not cache:
         return run(cmd, script.parent)
-    key = _inputs(cmd, script.parent)
-    entry = Path(cache) / f"{key}.json"
+    cwd = str(script.parent)
+    entry = Path(cache) / f"{_inputs(cmd, script.parent)}.json"
     if entry.exists():
         saved = json.loads(entry.read_text())
-        if saved["cwd"] == str(script.parent) or not saved["names_cwd"]:
+        if saved["cwd"] == cwd or not saved["names_cwd"]:
             return Result(saved["code"], saved["out"], saved["err"])
     result = run(cmd, script.parent)
     if result.code < 0:  # killed (the machine's load, the OOM killer): not the script's answer
         return result
-    cwd = str(script.parent)
     names_cwd = any(c in result.out + result.err for c in {cwd, os.path.realpath(cwd)})
     fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
