@@ -97,9 +97,14 @@ def cli(ctx: click.Context, store: str | None, trust: bool) -> None:
 def record(ctx: click.Context, script: str, args: tuple[str, ...], epsilon: float | None, resume: int | None) -> None:
     """Run SCRIPT instrumented, checkpointing its memoized loops. Its stdout is unchanged.
     Options go before SCRIPT; everything after it is the script's."""
+    from flortrain import knobs
+    from flortrain.static.overlap import begin
+
+    knobs.validate()
+    static = begin(script)  # forked off now, before the runtime's and torch's imports
     from flortrain.record import record as do_record
 
-    sys.exit(do_record(script, list(args), ctx.obj["store"], epsilon, ctx.obj["trust"], resume))
+    sys.exit(do_record(script, list(args), ctx.obj["store"], epsilon, ctx.obj["trust"], resume, static))
 
 
 @cli.command()
@@ -195,7 +200,7 @@ def runs(ctx: click.Context, as_json: bool) -> None:
 def instrument(script: str, explain: bool) -> None:
     """Print SCRIPT instrumented for record (or, with --explain, the plan)."""
     from flortrain.instrument import explain_modules, instrument_file
-    from flortrain.static.source import read_text
+    from flortrain.static.text import read_text
 
     source = read_text(script)
     result = instrument_file(script, source)

@@ -86,6 +86,12 @@ RESUMES = ("direct", "pseudo")
 PRESTART_ENV = "FLORTRAIN_PRESTART"
 PRESTARTS = ("on", "off")
 
+#: Whether ``flortrain record`` runs its static pass in a forked child while it imports torch
+#: ("on", the default, where that can save time: :mod:`flortrain.static.overlap`) or in its own
+#: process first ("off": for measuring what the overlap saves).
+STATIC_OVERLAP_ENV = "FLORTRAIN_STATIC_OVERLAP"
+STATIC_OVERLAPS = ("on", "off")
+
 #: How long a store operation waits for another process's SQLite lock, in seconds, before it
 #: gives up: a command then fails with a one-line error, a recording process stops recording.
 DB_TIMEOUT_ENV = "FLORTRAIN_DB_TIMEOUT"
@@ -175,6 +181,10 @@ def prestart() -> str:
     return _choice(PRESTART_ENV, PRESTARTS)
 
 
+def static_overlap() -> str:
+    return _choice(STATIC_OVERLAP_ENV, STATIC_OVERLAPS)
+
+
 def period() -> str:
     return _choice(PERIOD_ENV, PERIODS)
 
@@ -206,4 +216,5 @@ def validate() -> None:
     segments()
     resume()
     prestart()
+    static_overlap()
     db_timeout()

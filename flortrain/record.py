@@ -10,19 +10,19 @@ from typing import Any
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
-from flortrain.instrument import compile_for, instrument_file
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
 from flortrain.runtime.launch import (
     execute,
     intra_op_threads,
     pin_threads,
-    project_uses_torch,
     set_aside_static_objects,
 )
 from flortrain.runtime.session import ReplaySource, Session
 from flortrain.runtime.spans import Segment, SpanReplay
+from flortrain.static.linemap import compile_for
+from flortrain.static.overlap import StaticPass, begin
 from flortrain.static.plan import UNTRACKED, Plan
-from flortrain.static.source import read_text
+from flortrain.static.text import project_uses_torch
 from flortrain.store.db import Run, Store, open_store
 
 
@@ -90,16 +90,25 @@ def _resumable(store: Store, run_id: int, script: str, text: str, args: list[str
 
 def record(
     script: str, args: list[str], store_dir: str | None, epsilon: float | None = None, trust: bool = False,
-    resume: int | None = None,
+    resume: int | None = None, static: StaticPass | None = None,
 ) -> int:
+    """Record ``script``. ``static`` is its static pass, begun by the caller as early as it could
+    (the CLI forks it off before importing this module: :mod:`flortrain.static.overlap`)."""
     knobs.validate()
-    text = read_text(script)
-    inst = instrument_file(script, text)
+    if static is None:
+        static = begin(script)
+    try:
+        text = static.text
+        torch_script = project_uses_torch(script, text)
+        set_aside_static_objects()  # before torch's import (intra_op_threads): see its docstring
+        threads = intra_op_threads(torch_script)  # torch's import: the forked pass runs meanwhile
+        inst = static.result()
+    finally:
+        static.close()
+    if static.fell_back:
+        print(f"flortrain: {static.fell_back}; the static pass ran in this process instead", file=sys.stderr)
     code = compile_for(os.path.abspath(script), inst.code_text, text)
-    set_aside_static_objects()  # before torch's import (intra_op_threads): see its docstring
     store = open_store(store_dir, create=resume is None, trust=trust)
-    torch_script = project_uses_torch(script, text)
-    threads = intra_op_threads(torch_script)
     plan = inst.plan
     meta = {
         "versions": _versions(),

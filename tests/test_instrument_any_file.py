@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from flortrain.cli import cli
 from flortrain.static.linemap import compile_mapped, line_map
-from flortrain.static.source import read_text
+from flortrain.static.text import read_text
 
 ROOT = Path(__file__).resolve().parents[1]
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -11,23 +11,18 @@ from typing import Any
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
-from flortrain.instrument import compile_for
 from flortrain.replay.backends import LocalBackend
 from flortrain.replay.diff import diff_runs
 from flortrain.replay.planner import ReplayPlan, plan_replay
 from flortrain.replay.probes import ProbeSet, add_cli_probe, find_probes
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
-from flortrain.runtime.launch import (
-    execute,
-    pin_threads,
-    project_uses_torch,
-    set_aside_static_objects,
-    uses_torch,
-)
+from flortrain.runtime.launch import execute, pin_threads, set_aside_static_objects
 from flortrain.runtime.session import ReplaySource, Session
 from flortrain.runtime.spans import SpanReplay, compile_guard
 from flortrain.static.analysis import analyse
-from flortrain.static.source import parse, read_text
+from flortrain.static.linemap import compile_for
+from flortrain.static.source import parse
+from flortrain.static.text import project_uses_torch, read_text, uses_torch
 from flortrain.static.transform import transform
 from flortrain.store.db import Run, Store, open_store
 

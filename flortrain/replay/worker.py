@@ -65,11 +65,11 @@ class WorkerResult:
 
 def run_task(task: WorkerTask) -> WorkerResult:
     """Replay the task's segment in this process (which must be fresh)."""
-    from flortrain.instrument import compile_for
     from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
     from flortrain.runtime.launch import execute, pin_threads
     from flortrain.runtime.session import ReplaySource, Session
     from flortrain.runtime.spans import SpanReplay, compile_guard
+    from flortrain.static.linemap import compile_for
     from flortrain.store.blobs import BlobReader
     from flortrain.store.rows import WorkerRows
 
@@ -101,9 +101,10 @@ def warm_up(uses_torch: bool) -> None:
     import flortrain.runtime.launch
     import flortrain.runtime.session
     import flortrain.runtime.spans
+    import flortrain.static.text
     import flortrain.store.blobs
 
-    if uses_torch and flortrain.runtime.launch.torch_available():
+    if uses_torch and flortrain.static.text.torch_available():
         import torch  # noqa: F401
 
 

@@ -29,9 +29,9 @@ from pathlib import Path
 from types import CodeType, ModuleType
 
 from flortrain.errors import FlortrainError, Located
-from flortrain.instrument import compile_for, instrument_module
+from flortrain.static.linemap import compile_for
 from flortrain.static.plan import Plan
-from flortrain.static.source import read_text
+from flortrain.static.text import loop_count, read_text
 
 #: flortrain's own package directory: never instrumented, whatever the roots
 _PKG = str(Path(__file__).resolve().parent.parent)
@@ -161,6 +161,11 @@ class ProjectHook(importlib.abc.MetaPathFinder):
             if self.recorded is not None and text != self.recorded[path]:
                 # checked before the replay started; changed since: run it plainly (slow, exact)
                 raise FlortrainError("changed during the replay", Located(path), "FT032")
+            if loop_count(text, path) < 2:
+                return None  # no main loop possible: imported plainly, libcst never imported
+            # libcst is imported only for a module that may need it
+            from flortrain.instrument import instrument_module
+
             inst = instrument_module(path, text, name)
             if inst is None:
                 return None

@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib.abc
-import importlib.util
 import sys
-from pathlib import Path
 from types import CodeType
 
 from flortrain.runtime import session as _session
@@ -15,31 +13,7 @@ from flortrain.runtime.capture import Tee
 from flortrain.runtime.importhook import installed
 from flortrain.runtime.runner import run_as_main
 from flortrain.runtime.session import Session
-
-
-def torch_available() -> bool:
-    return importlib.util.find_spec("torch") is not None
-
-
-def uses_torch(source: str) -> bool:
-    """Whether a script needs the torch side of the runtime (registry, thread pinning). A textual
-    test on purpose: importing torch costs seconds, and a script that never names torch has no
-    modules or optimizers to register."""
-    return "torch" in source
-
-
-def project_uses_torch(script: str, text: str) -> bool:
-    """:func:`uses_torch` for the script or a project module it imports directly: minGPT's
-    ``train.py`` may leave every torch call to ``mingpt/trainer.py``."""
-    from flortrain.instrument import project_imports
-
-    if uses_torch(text):
-        return True
-    for _, path in project_imports(script, text):
-        with contextlib.suppress(OSError):
-            if uses_torch(Path(path).read_text(errors="replace")):
-                return True
-    return False
+from flortrain.static.text import torch_available
 
 
 def set_aside_static_objects() -> None:

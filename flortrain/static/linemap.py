@@ -11,6 +11,9 @@ from __future__ import annotations
 import ast
 import difflib
 import re
+from types import CodeType
+
+from flortrain.errors import FlortrainError, Located
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 
@@ -146,3 +149,17 @@ def compile_mapped(instrumented: str, original: str, filename: str) -> object:
     tree = ast.parse(instrumented, filename=filename)
     relocate(tree, line_map(original, instrumented))
     return compile(tree, filename, "exec", dont_inherit=True)
+
+
+def compile_for(path: str, code_text: str, disk_text: str) -> CodeType:
+    """Compile instrumented code so frames point at ``path`` as it is on disk."""
+    try:
+        code = compile_mapped(code_text, disk_text, path)
+    except SyntaxError as e:  # a transform bug must still be one line, not a traceback
+        raise FlortrainError(
+            f"instrumented code does not compile ({e.msg}); please report this",
+            Located(path, e.lineno or 0, e.offset or 0),
+            "FT003",
+        ) from None
+    assert isinstance(code, CodeType)
+    return code

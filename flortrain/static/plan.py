@@ -149,3 +149,13 @@ class Plan:
             out.append(f"{self.path}:{r.span.line}:{r.span.col} loop in {r.function} not memoized: {r.reason}")
         out.extend(f"{self.path}:{u.line}:{u.col} {UNTRACKED}" for u in self.untracked)
         return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class Instrumented:
+    """A file's plan and its instrumented text: what the static pass hands the runtime. Plain
+    data, defined here rather than beside the pass, so that a forked pass's result unpickles
+    without importing libcst (:mod:`flortrain.static.overlap`)."""
+
+    plan: Plan
+    code_text: str

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import io
-import tokenize
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from flortrain.errors import FlortrainError, Located
+from flortrain.static.text import read_text
 
 
 @dataclass(frozen=True)
@@ -28,29 +26,6 @@ class Source:
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
-
-
-def read_text(path: str) -> str:
-    """The script's text as Python decodes it: a UTF-8 BOM or a PEP 263 coding cookie is honoured
-    (``compile`` rejects a str that still starts with a BOM; a latin-1 script is valid Python)."""
-    p = Path(path)
-    if p.is_dir():
-        raise FlortrainError("is a directory, not a script", Located(path), "FT001")
-    if not p.is_file():
-        raise FlortrainError("no such file", Located(path), "FT001")
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise FlortrainError(f"cannot read: {e.strerror}", Located(path), "FT001") from None
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-    except SyntaxError as e:  # an unknown or contradictory coding cookie
-        raise FlortrainError(f"cannot decode: {e.msg}", Located(path), "FT001") from None
-    try:
-        return data.decode(encoding)
-    except UnicodeDecodeError as e:
-        what = "UTF-8" if encoding.startswith("utf-8") else encoding
-        raise FlortrainError(f"not {what} text ({e.reason})", Located(path), "FT001") from None
 
 
 def parse(path: str, text: str | None = None) -> Source:

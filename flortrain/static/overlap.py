@@ -1,0 +1,172 @@
+"""The static pass in a forked child, while the parent imports torch.
+
+Before a recorded script's first line runs, ``flortrain record`` pays for two things ``python``
+does not: importing libcst and the analyses (``import libcst`` alone is a quarter of a second
+here, the pass 0.4-0.6 s in all), and then, like ``python``, importing torch (1.5-1.8 s). Both
+are CPU work in one interpreter, one after the other, while a second core waits. Threads would
+not help: both hold the GIL for most of their time.
+
+So the parent forks before it has imported anything heavy (the CLI, click and flortrain's light
+modules: a fork of so small a process takes about a millisecond, and no thread exists yet to be
+caught mid-lock). The child imports libcst, instruments the script, sends the plan and the
+instrumented text back through a pipe (frozen dataclasses and a string, pickled: a few KB) and
+leaves with ``os._exit``, running no atexit handler and flushing none of the parent's buffers.
+The parent meanwhile imports torch and opens the store, then reads the result. On two cores
+the pass then costs the run almost no wall time; its CPU is unchanged.
+
+It is only done where it pays: the script (or a project module it imports) uses torch, torch
+is installed, the process may run on two CPUs or more, and ``os.fork`` exists. Otherwise, or
+with ``FLORTRAIN_STATIC_OVERLAP=off``, the pass runs in the process first, as it always did.
+
+Nothing is lost when the child fails. A :class:`FlortrainError` it raises (a syntax error, a
+refused file) is raised in the parent unchanged, one located line. Any other failure (a crash,
+a kill, a bug, a result that does not unpickle) makes the parent run the pass itself, which then
+succeeds or fails exactly as it would have without the child. The child is always reaped by its
+pid, never by a handler on SIGCHLD: a DataLoader's own handler is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+
+from flortrain import knobs
+from flortrain.errors import FlortrainError
+from flortrain.static.plan import Instrumented
+from flortrain.static.text import project_uses_torch, read_text, torch_available
+
+
+def _instrument(script: str, text: str) -> Instrumented:
+    # libcst is imported here, in whichever process runs the pass
+    from flortrain.instrument import instrument_file
+
+    return instrument_file(script, text)
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def worth_overlapping(imports_torch: bool) -> bool:
+    """Whether forking the pass off can save wall time: something to overlap it with (torch's
+    import), a second CPU to run it on, and a fork to run it in."""
+    return (
+        imports_torch
+        and knobs.static_overlap() == "on"
+        and hasattr(os, "fork")
+        and _cpus() >= 2
+        and "torch" not in sys.modules  # already imported: nothing left to overlap with
+    )
+
+
+class StaticPass:
+    """The instrumented script, computed in a child or in this process.
+
+    :func:`begin` starts it; :meth:`result` returns it (waiting for the child if there is
+    one) or raises the pass's :class:`FlortrainError`; :meth:`close` reaps a child not waited
+    for."""
+
+    def __init__(self, script: str, text: str) -> None:
+        self.script = script
+        self.text = text
+        self._pid: int | None = None
+        self._read: int | None = None
+        self._done: Instrumented | None = None
+        #: why the child's result was not used, when it was not (record says so on stderr)
+        self.fell_back: str = ""
+
+    @property
+    def forked(self) -> bool:
+        return self._pid is not None
+
+    def _fork(self) -> None:
+        for stream in (sys.stdout, sys.stderr):  # nothing buffered is left for the child to repeat
+            with contextlib.suppress(Exception):
+                stream.flush()
+        kill = knobs.injected("static-child-kill")  # fault injection: read before the fork
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            os.close(r)
+            code = 0
+            try:
+                if kill:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                try:
+                    payload: tuple[str, object] = ("ok", _instrument(self.script, self.text))
+                except FlortrainError as e:
+                    payload = ("error", e)
+                data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+                with open(w, "wb") as f:
+                    f.write(data)
+            except BaseException:  # the parent runs the pass itself and reports what it finds
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(w)
+        self._pid, self._read = pid, r
+
+    def result(self) -> Instrumented:
+        if self._done is None:
+            self._done = self._collect()
+        return self._done
+
+    def _collect(self) -> Instrumented:
+        """The child's result, or the pass run here when the child gave none."""
+        assert self._read is not None and self._pid is not None
+        chunks: list[bytes] = []
+        try:
+            with open(self._read, "rb") as f:
+                while chunk := f.read(1 << 16):
+                    chunks.append(chunk)
+        finally:
+            self._read = None
+            _, status = os.waitpid(self._pid, 0)
+            self._pid = None
+        code = os.waitstatus_to_exitcode(status)
+        payload: object = None
+        if code == 0:
+            try:
+                payload = pickle.loads(b"".join(chunks))
+            except Exception:  # a truncated or damaged result: treated as no result
+                payload = None
+        match payload:
+            case ("ok", Instrumented() as done):
+                return done
+            case ("error", FlortrainError() as error):
+                raise error
+        how = f"was killed by signal {-code}" if code < 0 else f"exited {code}" if code else "sent no result"
+        self.fell_back = f"the static pass's child {how}"
+        return _instrument(self.script, self.text)
+
+    def close(self) -> None:
+        """Stop and reap a child whose result is no longer wanted (the run failed before it)."""
+        if self._pid is None:
+            return
+        with contextlib.suppress(OSError):
+            os.kill(self._pid, 9)
+        with contextlib.suppress(OSError):
+            if self._read is not None:
+                os.close(self._read)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self._pid, 0)
+        self._pid = self._read = None
+
+
+def begin(script: str) -> StaticPass:
+    """The static pass of ``script``, forked off when that can save wall time
+    (:func:`worth_overlapping`), else run at once. A missing or undecodable script fails here,
+    in one line, before anything is forked."""
+    text = read_text(script)
+    sp = StaticPass(script, text)
+    if worth_overlapping(project_uses_torch(script, text) and torch_available()):
+        sp._fork()
+    else:
+        sp._done = _instrument(script, text)
+    return sp

@@ -1,0 +1,111 @@
+"""A script's text, and the facts read off it without libcst.
+
+This is the side of the static pass a run needs before it knows whether to pay for libcst: the
+text as Python decodes it, how many loops a file has, which project modules a script imports.
+It imports nothing heavy, so ``flortrain record`` can read the script, decide, and fork the
+analyses off (:mod:`flortrain.static.overlap`) before libcst or torch is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import io
+import os
+import tokenize
+from pathlib import Path
+
+from flortrain.errors import FlortrainError, Located
+
+
+def read_text(path: str) -> str:
+    """The script's text as Python decodes it: a UTF-8 BOM or a PEP 263 coding cookie is honoured
+    (``compile`` rejects a str that still starts with a BOM; a latin-1 script is valid Python)."""
+    p = Path(path)
+    if p.is_dir():
+        raise FlortrainError("is a directory, not a script", Located(path), "FT001")
+    if not p.is_file():
+        raise FlortrainError("no such file", Located(path), "FT001")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise FlortrainError(f"cannot read: {e.strerror}", Located(path), "FT001") from None
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as e:  # an unknown or contradictory coding cookie
+        raise FlortrainError(f"cannot decode: {e.msg}", Located(path), "FT001") from None
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        what = "UTF-8" if encoding.startswith("utf-8") else encoding
+        raise FlortrainError(f"not {what} text ({e.reason})", Located(path), "FT001") from None
+
+
+def loop_count(text: str, path: str) -> int:
+    """How many loops the file has, by the stdlib parser: a quick test before libcst."""
+    try:
+        tree = ast.parse(text, filename=path)
+    except (SyntaxError, ValueError):
+        return 2  # let the static pass report it, located
+    return sum(isinstance(n, ast.For | ast.AsyncFor | ast.While) for n in ast.walk(tree))
+
+
+def _module_file(root: str, dotted: str) -> str | None:
+    """Where ``dotted`` lives under ``root`` as a project module (``a/b.py`` or
+    ``a/b/__init__.py``), or None."""
+    base = os.path.join(root, *dotted.split("."))
+    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def project_imports(script: str, text: str) -> list[tuple[str, str]]:
+    """The project modules ``script`` imports directly, as (dotted name, file), in the order of
+    its import statements: absolute imports that resolve to files next to the script, the way
+    ``sys.path[0]`` resolves them. ``from pkg import mod`` names the submodule when it is one.
+    Static and partial on purpose (``flortrain instrument --explain``): the import hook decides
+    at run time, for every module actually imported."""
+    root = os.path.dirname(os.path.abspath(script))
+    try:
+        tree = ast.parse(text, filename=script)
+    except (SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    imports = (n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom))
+    for node in sorted(imports, key=lambda n: (n.lineno, n.col_offset)):
+        if isinstance(node, ast.Import):
+            names.extend(a.name for a in node.names)
+        elif node.module and not node.level:
+            subs = [f"{node.module}.{a.name}" for a in node.names if _module_file(root, f"{node.module}.{a.name}")]
+            names.extend(subs or [node.module])
+    out: list[tuple[str, str]] = []
+    for name in dict.fromkeys(names):
+        path = _module_file(root, name)
+        if path is not None:
+            out.append((name, os.path.relpath(path)))
+    return out
+
+
+def torch_available() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def uses_torch(source: str) -> bool:
+    """Whether a script needs the torch side of the runtime (registry, thread pinning). A textual
+    test on purpose: importing torch costs seconds, and a script that never names torch has no
+    modules or optimizers to register."""
+    return "torch" in source
+
+
+def project_uses_torch(script: str, text: str) -> bool:
+    """:func:`uses_torch` for the script or a project module it imports directly: minGPT's
+    ``train.py`` may leave every torch call to ``mingpt/trainer.py``."""
+    if uses_torch(text):
+        return True
+    for _, path in project_imports(script, text):
+        with contextlib.suppress(OSError):
+            if uses_torch(Path(path).read_text(errors="replace")):
+                return True
+    return False

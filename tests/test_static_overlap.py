@@ -1,0 +1,118 @@
+"""The static pass forked off beside torch's import (``flortrain/static/overlap.py``): a record
+whose pass ran in a child prints what ``python`` prints and replays exactly; an error the child
+finds is the same located line; a child that dies leaves the pass to the parent, with a note;
+where there is nothing to gain (one CPU, the knob off) the pass runs in the process.
+
+Whether the parent imported libcst tells which path ran: the pass needs it, the runtime does
+not. The scripts print ``"libcst" in sys.modules`` at their end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.protocol import flortrain, plain, probe_lines, replay_matches_plain
+
+SCRIPT = textwrap.dedent("""\
+    import sys
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.randn(32, 4)
+    for epoch in range(3):
+        for i in range(0, 32, 8):
+            loss = model(data[i:i + 8]).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        #PROBE
+        print(f"epoch {epoch} loss {loss.item():.6f}")
+""")
+#: the script, telling whether the training process imported libcst
+TELLS = SCRIPT + 'print("libcst imported:", "libcst" in sys.modules)\n'
+
+FELL_BACK = "the static pass ran in this process instead"
+
+
+def _record_line(err: str) -> str:
+    return next(ln for ln in err.splitlines() if ln.startswith("flortrain: record run 1:"))
+
+
+def _script_in(tmp: Path, text: str = TELLS) -> Path:
+    script = tmp / "train.py"
+    script.write_text(text.replace("    #PROBE\n", ""))
+    return script
+
+
+def test_a_pass_in_a_child_records_and_replays_what_python_prints(tmp_path: Path) -> None:
+    """The default path on this 2-CPU machine: the plan the child sent back drives a faithful
+    replay of a probe, and the training process never imports libcst (a plain run prints
+    False, and so does the record)."""
+    replay_matches_plain(tmp_path, SCRIPT, 'print("PROBE", model.weight.norm().item())')
+    script = _script_in(tmp_path)
+    truth = plain(script)
+    rec = flortrain(tmp_path, "record", "train.py")
+    assert rec.code == 0 and FELL_BACK not in rec.err, rec.err
+    assert rec.out == truth.out and truth.out.endswith("libcst imported: False\n"), rec.out
+
+
+def test_with_the_knob_off_the_pass_runs_in_the_process(tmp_path: Path) -> None:
+    """The control for the test above: the same script, the pass run inline, does import libcst
+    in the training process, so the check above can tell the two paths apart."""
+    _script_in(tmp_path)
+    rec = flortrain(tmp_path, "record", "train.py", env={"FLORTRAIN_STATIC_OVERLAP": "off"})
+    assert rec.code == 0, rec.err
+    assert rec.out.endswith("libcst imported: True\n"), rec.out
+
+
+def test_one_cpu_runs_the_pass_in_the_process(tmp_path: Path) -> None:
+    """On one CPU a child would only take turns with torch's import: no fork."""
+    _script_in(tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "flortrain", "record", "train.py"], cwd=tmp_path, capture_output=True, text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}), timeout=300, check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.endswith("libcst imported: True\n"), p.stdout
+
+
+def test_a_killed_child_leaves_the_pass_to_the_parent(tmp_path: Path) -> None:
+    """A child killed before it sent anything: record says so in one line, runs the pass itself
+    and records the same plan, printing what python prints (but for libcst, now imported)."""
+    script = _script_in(tmp_path)
+    truth = plain(script)
+    normal = flortrain(tmp_path, "record", "train.py", env={"FLORTRAIN_STORE": str(tmp_path / "normal")})
+    assert normal.code == 0 and FELL_BACK not in normal.err, normal.err
+    rec = flortrain(tmp_path, "record", "train.py", env={"FLORTRAIN_INJECT": "static-child-kill=1"})
+    assert rec.code == 0, rec.err
+    assert f"flortrain: the static pass's child was killed by signal 9; {FELL_BACK}" in rec.err.splitlines()
+    assert rec.out == truth.out.replace("libcst imported: False", "libcst imported: True")
+    assert _record_line(rec.err) == _record_line(normal.err)  # the same main loops and blocks
+    script.write_text(TELLS.replace("#PROBE", 'print("PROBE", model.weight.norm().item())'))
+    want = probe_lines(plain(script).out)
+    rep = flortrain(tmp_path, "replay", "train.py")
+    assert rep.code == 0 and want and probe_lines(rep.out) == want, rep.err
+
+
+def test_an_error_the_child_finds_is_one_located_line(tmp_path: Path) -> None:
+    """A syntax error in a torch script is found in the child: the parent reports it exactly as
+    the pass run inline does (one line, path:line:col, exit 2) and creates no store."""
+    (tmp_path / "train.py").write_text("import torch\nfor i in range(3)\n    print(i)\n")
+    lines = []
+    for overlap in ("on", "off"):
+        r = flortrain(tmp_path, "record", "train.py", env={"FLORTRAIN_STATIC_OVERLAP": overlap})
+        assert r.code == 2 and r.out == "" and "Traceback" not in r.err, r.err
+        lines.append(r.err.strip())
+    assert lines[0] == lines[1] == "train.py:2:18: FT002 syntax error: expected ':'"
+    assert not (tmp_path / ".flortrain").exists()
+
+
+def test_a_bad_knob_value_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    _script_in(tmp_path)
+    r = flortrain(tmp_path, "record", "train.py", env={"FLORTRAIN_STATIC_OVERLAP": "maybe"})
+    assert r.code == 2 and r.out == ""
+    assert r.err.strip() == "FT050 FLORTRAIN_STATIC_OVERLAP='maybe' must be one of on, off"
