@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from flortrain.errors import FlortrainError
 from flortrain.static.analysis import analyse, module_prefix
-from flortrain.static.plan import Instrumented
+from flortrain.static.plan import Instrumentation, Instrumented
 from flortrain.static.source import Source, parse
 from flortrain.static.text import loop_count, project_imports, read_text
-from flortrain.static.transform import Instrumentation, transform
+from flortrain.static.transform import transform
 
 
 def for_record(source: Source, prefix: str = "") -> Instrumented:

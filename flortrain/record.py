@@ -106,7 +106,7 @@ def record(
     finally:
         static.close()
     if static.fell_back:
-        print(f"flortrain: {static.fell_back}; the static pass ran in this process instead", file=sys.stderr)
+        print(f"flortrain: {static.fell_back}", file=sys.stderr)
     code = compile_for(os.path.abspath(script), inst.code_text, text)
     store = open_store(store_dir, create=resume is None, trust=trust)
     plan = inst.plan

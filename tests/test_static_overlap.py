@@ -49,15 +49,13 @@ def _script_in(tmp: Path, text: str = TELLS) -> Path:
 
 
 def test_a_pass_in_a_child_records_and_replays_what_python_prints(tmp_path: Path) -> None:
-    """The default path on this 2-CPU machine: the plan the child sent back drives a faithful
-    replay of a probe, and the training process never imports libcst (a plain run prints
-    False, and so does the record)."""
-    replay_matches_plain(tmp_path, SCRIPT, 'print("PROBE", model.weight.norm().item())')
-    script = _script_in(tmp_path)
-    truth = plain(script)
-    rec = flortrain(tmp_path, "record", "train.py")
-    assert rec.code == 0 and FELL_BACK not in rec.err, rec.err
-    assert rec.out == truth.out and truth.out.endswith("libcst imported: False\n"), rec.out
+    """The default path on this 2-CPU machine, for record and for replay: the plans the children
+    sent back drive a faithful record and replay, and neither training process imports libcst
+    (a plain run prints False; the record's last line and the replay's probe must too)."""
+    rep = replay_matches_plain(tmp_path, TELLS, 'print("PROBE", "libcst" in sys.modules, model.weight.norm().item())')
+    assert "PROBE False" in rep.out
+    assert "libcst imported: False" in plain(tmp_path / "train.py").out
+    assert FELL_BACK not in rep.err
 
 
 def test_with_the_knob_off_the_pass_runs_in_the_process(tmp_path: Path) -> None:
@@ -96,6 +94,29 @@ def test_a_killed_child_leaves_the_pass_to_the_parent(tmp_path: Path) -> None:
     want = probe_lines(plain(script).out)
     rep = flortrain(tmp_path, "replay", "train.py")
     assert rep.code == 0 and want and probe_lines(rep.out) == want, rep.err
+
+
+def test_a_killed_replay_child_leaves_the_plan_to_the_parent(tmp_path: Path) -> None:
+    script = _script_in(tmp_path)
+    assert flortrain(tmp_path, "record", "train.py").code == 0
+    script.write_text(TELLS.replace("#PROBE", 'print("PROBE", model.weight.norm().item())'))
+    want = probe_lines(plain(script).out)
+    rep = flortrain(tmp_path, "replay", "train.py", env={"FLORTRAIN_INJECT": "static-child-kill=1"})
+    assert rep.code == 0 and want and probe_lines(rep.out) == want, rep.err
+    assert f"flortrain: the static pass's child was killed by signal 9; {FELL_BACK}" in rep.err.splitlines()
+
+
+def test_a_probe_error_the_child_finds_is_one_located_line(tmp_path: Path) -> None:
+    """A replay of an edited recorded line is refused in the child: the same line as inline."""
+    script = _script_in(tmp_path)
+    assert flortrain(tmp_path, "record", "train.py").code == 0
+    script.write_text(script.read_text().replace("lr=0.1", "lr=0.2"))
+    lines = []
+    for overlap in ("on", "off"):
+        r = flortrain(tmp_path, "replay", "train.py", env={"FLORTRAIN_STATIC_OVERLAP": overlap})
+        assert r.code == 2 and r.out == "" and "Traceback" not in r.err, r.err
+        lines.append(r.err.strip().splitlines()[-1])
+    assert lines[0] == lines[1] and lines[0].startswith("train.py:5:"), lines
 
 
 def test_an_error_the_child_finds_is_one_located_line(tmp_path: Path) -> None:

@@ -14,8 +14,9 @@ import pytest
 from flortrain.errors import FlortrainError
 from flortrain.instrument import instrument_file
 from flortrain.static.linemap import compile_mapped, line_map
+from flortrain.static.plan import Instrumentation
 from flortrain.static.source import parse
-from flortrain.static.transform import Instrumentation, transform
+from flortrain.static.transform import transform
 
 
 def src(text: str) -> str:

@@ -12,66 +12,17 @@ have seen, and an estimate of the replay's cost from the record's measured block
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from flortrain.replay.probes import Probe, ProbeSet
-from flortrain.static.plan import Block, MainLoop, Plan
+from flortrain.replay.replayplan import ReplayPlan
+from flortrain.static.plan import Block, Guard, Instrumentation, MainLoop, Plan
 from flortrain.static.program import MODULE
-from flortrain.static.spans import Guard, probe_guard, read_before_bound
-from flortrain.static.transform import Instrumentation
+from flortrain.static.spans import probe_guard, read_before_bound
 from flortrain.static.values import reads_only_values
-
-
-@dataclass(frozen=True)
-class ReplayPlan:
-    instrumentation: Instrumentation
-    execute: dict[str, str]  # block id -> reason it must run
-    probes: int
-    #: block id -> the probe that runs it: its instances inside the probe execute (isolated, no
-    #: checkpoint) on top of whatever the script's own instances do
-    in_probes: dict[str, str] = field(default_factory=dict)
-    #: main id -> the guards of the probes in its body: iterations where none fires are jumped
-    spans: dict[str, list[Guard]] = field(default_factory=dict)
-    #: main id -> why every iteration of it runs
-    no_spans: dict[str, str] = field(default_factory=dict)
-    #: main id -> why a parallel-replay worker may not resume at its boundary checkpoints (no
-    #: boundary state, or a probe reads a name they do not hold): it pseudoresumes from the start
-    unresumable: dict[str, str] = field(default_factory=dict)
-
-    def describe(
-        self, plan: Plan, costs: dict[str, tuple[int, int, float, float]], why_not: dict[str, str] | None = None
-    ) -> list[str]:
-        """Lines for stderr: what runs, what is skipped (and why instances have no checkpoint),
-        and the estimated time."""
-        why_not = why_not or {}
-        out = [f"replay plan: {self.probes} probe(s)"]
-        est = 0.0
-        for b in plan.blocks:
-            n, k, compute, restore = costs.get(b.id, (0, 0, 0.0, 0.0))
-            if b.id in self.execute:
-                est += compute
-                out.append(f"  {b.id} ({b.function}): execute {n} instance(s) - {self.execute[b.id]}")
-            else:
-                est += restore + compute * (n - k) / max(n, 1)
-                out.append(f"  {b.id} ({b.function}): skip {k} of {n} instance(s), restoring checkpoints")
-                if k < n and b.id in why_not:
-                    out.append(f"    the others execute: not checkpointed at record: {why_not[b.id]}")
-            if b.id in self.in_probes:
-                out.append(f"  {b.id} ({b.function}): also runs inside the probe {self.in_probes[b.id]}, executed there")
-        for r in plan.refused:
-            out.append(f"  loop at line {r.span.line}: runs as plain code ({r.reason})")
-        for m in plan.main_loops:
-            if m.id in self.spans:
-                guards = " or ".join(f"`{g.source}`" for g in self.spans[m.id]) or "no probe in it"
-                out.append(f"  main loop {m.id}: iterations where no probe fires are jumped over ({guards})")
-            elif m.id in self.no_spans:
-                out.append(f"  main loop {m.id}: every iteration runs: {self.no_spans[m.id]}")
-        out.append(f"estimated block time {est:.2f}s (record spent {sum(c[2] for c in costs.values()):.2f}s in blocks)")
-        return out
 
 
 def _ancestors(node: cst.CSTNode, parents: Any) -> Iterator[cst.CSTNode]:

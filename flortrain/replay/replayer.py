@@ -13,17 +13,15 @@ from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
 from flortrain.replay.backends import LocalBackend
 from flortrain.replay.diff import diff_runs
-from flortrain.replay.planner import ReplayPlan, plan_replay
-from flortrain.replay.probes import ProbeSet, add_cli_probe, find_probes
+from flortrain.replay.replayplan import ReplayPlan
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
-from flortrain.runtime.launch import execute, pin_threads, set_aside_static_objects
+from flortrain.runtime.launch import execute, import_torch, pin_threads, set_aside_static_objects
 from flortrain.runtime.session import ReplaySource, Session
 from flortrain.runtime.spans import SpanReplay, compile_guard
-from flortrain.static.analysis import analyse
 from flortrain.static.linemap import compile_for
-from flortrain.static.source import parse
-from flortrain.static.text import project_uses_torch, read_text, uses_torch
-from flortrain.static.transform import transform
+from flortrain.static.overlap import Overlapped, worth_overlapping
+from flortrain.static.plan import Plan
+from flortrain.static.text import project_uses_torch, read_text, torch_available, uses_torch
 from flortrain.store.db import Run, Store, open_store
 
 
@@ -153,19 +151,52 @@ def _stopped(store: Store, record: Run) -> str:
             " it can be, and the rest executes")
 
 
-def _executed_source(script: str, record: Run, probes: ProbeSet) -> list[str]:
+def _executed_source(script: str, record: Run, probes: tuple[tuple[int, str], ...]) -> list[str]:
     """What this replay will execute, shown before it does: the only code a replay runs is the
     user's script, which must be the recorded source (named by its hash) plus these probes."""
     out = [f"  executes {script}: the source of record run {record.id} (sha256 {record.source_sha[:12]}) plus:"]
-    out += [f"    line {p.line}: {p.code.splitlines()[0]}" for p in probes.probes] or ["    no probes"]
+    out += [f"    line {line}: {code.splitlines()[0]}" for line, code in probes] or ["    no probes"]
     return out
+
+
+@dataclass(frozen=True)
+class StaticReplay:
+    """What the replay's static pass makes of the recorded script and the current one: plain
+    data, so that it can be made in a forked child (:mod:`flortrain.static.overlap`)."""
+
+    current_text: str  # the script with its CLI probes added
+    plan: Plan  # of the recorded script
+    rplan: ReplayPlan
+    code_text: str  # the current script instrumented for this replay
+    probes: tuple[tuple[int, str], ...]  # (line, code) of each probe
+
+
+def static_replay(script: str, recorded_text: str, disk_text: str, cli_probes: list[str], run_id: int) -> StaticReplay:
+    """Find the probes, analyse the recorded script, plan the replay and instrument the current
+    script. A pure function of its arguments (libcst is imported here, where it runs)."""
+    from flortrain.replay.planner import plan_replay
+    from flortrain.replay.probes import add_cli_probe, find_probes
+    from flortrain.static.analysis import analyse
+    from flortrain.static.source import parse
+    from flortrain.static.transform import transform
+
+    current_text = disk_text
+    for spec in cli_probes:
+        current_text = add_cli_probe(current_text, spec, script)
+    probes = find_probes(recorded_text, current_text, script, run_id)
+    plan = analyse(parse(script, recorded_text))
+    rplan = plan_replay(plan, probes)
+    code_text = transform(probes.current, rplan.instrumentation)
+    return StaticReplay(current_text, plan, rplan, code_text, tuple((p.line, p.code) for p in probes.probes))
 
 
 def prepare(
     script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
-    trust: bool = False,
+    trust: bool = False, overlap: bool = False,
 ) -> Prepared:
-    """Find the record, read the probes, plan the replay and print the plan."""
+    """Find the record, read the probes, plan the replay and print the plan. With ``overlap``
+    (this process runs the replay next, so it will import torch), the static pass runs in a
+    forked child while torch is imported here, where that saves time."""
     knobs.validate()
     store = open_store(store_dir, create=False, trust=trust)  # a typo in --store must not create one
     record = find_record(store, script, run_id)
@@ -173,26 +204,32 @@ def prepare(
         print(f"flortrain: record run {record.id} is {record.effective_status}; {_stopped(store, record)}", file=sys.stderr)
     recorded_text = store.source(record.source_sha)
     disk_text = read_text(script)
-    current_text = disk_text
-    for spec in cli_probes:
-        current_text = add_cli_probe(current_text, spec, script)
-    probes = find_probes(recorded_text, current_text, script, record.id)
     modules = recorded_modules(store, record)
-    plan = analyse(parse(script, recorded_text))
-    rplan = plan_replay(plan, probes)
+    torch_script = project_uses_torch(script, "\n".join([disk_text, *cli_probes]))
+    static = Overlapped(
+        lambda: static_replay(script, recorded_text, disk_text, cli_probes, record.id), StaticReplay,
+        overlap and worth_overlapping(torch_script and torch_available()),
+    )
+    try:
+        if static.forked:
+            import_torch()
+        s = static.result()
+    finally:
+        static.close()
+    if static.fell_back:
+        print(f"flortrain: {static.fell_back}", file=sys.stderr)
     blocks = store.blocks(record.id)
     costs = _costs(blocks)
-    lines = rplan.describe(plan, costs, _why_not(blocks))
+    lines = s.rplan.describe(s.plan, costs, _why_not(blocks))
     lines[-1:-1] = _module_blocks(costs)
-    lines[1:1] = _executed_source(script, record, probes)
+    lines[1:1] = _executed_source(script, record, s.probes)
     for line in lines:
         print(f"flortrain: {line}", file=sys.stderr)
-    code_text = transform(probes.current, rplan.instrumentation)
     checkpoints = store.checkpoints(record.id)
     return Prepared(
-        store, record, script, record.argv if new_args is None else new_args, current_text, disk_text,
-        code_text, modules, rplan, checkpoints, project_uses_torch(script, current_text),
-        [p.code for p in probes.probes], new_args is None, blocks, _boundaries(blocks, checkpoints),
+        store, record, script, record.argv if new_args is None else new_args, s.current_text, disk_text,
+        s.code_text, modules, s.rplan, checkpoints, torch_script,
+        [code for _, code in s.probes], new_args is None, blocks, _boundaries(blocks, checkpoints),
     )
 
 
@@ -250,7 +287,8 @@ def replay(
 ) -> int:
     warm = _warm_workers(script, jobs, backend)
     try:
-        p = prepare(script, run_id, cli_probes, new_args, store_dir, trust)
+        # a replay that runs here imports torch next: its static pass can overlap that
+        p = prepare(script, run_id, cli_probes, new_args, store_dir, trust, overlap=jobs == 1)
         set_aside_static_objects()
         if jobs == 1 and backend != "local":
             print("flortrain: --jobs 1: replaying serially, in this process", file=sys.stderr)

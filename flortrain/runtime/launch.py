@@ -41,6 +41,13 @@ def intra_op_threads(uses_torch: bool = True) -> int | None:
     return int(torch.get_num_threads())
 
 
+def import_torch() -> None:
+    """Import torch now, where it is installed: while a forked static pass runs beside it
+    (:mod:`flortrain.static.overlap`), rather than after it."""
+    if torch_available():
+        import torch  # noqa: F401
+
+
 def pin_threads(n: int | None) -> None:
     if n is not None and torch_available():
         import torch

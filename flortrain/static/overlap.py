@@ -4,13 +4,15 @@ Before a recorded script's first line runs, ``flortrain record`` pays for two th
 does not: importing libcst and the analyses (``import libcst`` alone is a quarter of a second
 here, the pass 0.4-0.6 s in all), and then, like ``python``, importing torch (1.5-1.8 s). Both
 are CPU work in one interpreter, one after the other, while a second core waits. Threads would
-not help: both hold the GIL for most of their time.
+not help: both hold the GIL for most of their time. ``flortrain replay`` is the same, with a
+larger pass (the probes found, the recorded script analysed, the replay planned).
 
 So the parent forks before it has imported anything heavy (the CLI, click and flortrain's light
 modules: a fork of so small a process takes about a millisecond, and no thread exists yet to be
-caught mid-lock). The child imports libcst, instruments the script, sends the plan and the
-instrumented text back through a pipe (frozen dataclasses and a string, pickled: a few KB) and
-leaves with ``os._exit``, running no atexit handler and flushing none of the parent's buffers.
+caught mid-lock). The child imports libcst, runs the pass, sends its result back through a
+pipe (frozen dataclasses and strings, pickled: a few KB, every class defined in a module that
+does not import libcst, so that unpickling does not import it in the parent) and leaves with
+``os._exit``, running no atexit handler and flushing none of the parent's buffers.
 The parent meanwhile imports torch and opens the store, then reads the result. On two cores
 the pass then costs the run almost no wall time; its CPU is unchanged.
 
@@ -32,18 +34,15 @@ import os
 import pickle
 import signal
 import sys
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError
 from flortrain.static.plan import Instrumented
 from flortrain.static.text import project_uses_torch, read_text, torch_available
 
-
-def _instrument(script: str, text: str) -> Instrumented:
-    # libcst is imported here, in whichever process runs the pass
-    from flortrain.instrument import instrument_file
-
-    return instrument_file(script, text)
+T = TypeVar("T")
 
 
 def _cpus() -> int:
@@ -65,21 +64,26 @@ def worth_overlapping(imports_torch: bool) -> bool:
     )
 
 
-class StaticPass:
-    """The instrumented script, computed in a child or in this process.
+class Overlapped(Generic[T]):
+    """``compute()``, run in a forked child or at once in this process.
 
-    :func:`begin` starts it; :meth:`result` returns it (waiting for the child if there is
-    one) or raises the pass's :class:`FlortrainError`; :meth:`close` reaps a child not waited
-    for."""
+    :meth:`result` returns it (waiting for the child if there is one) or raises its
+    :class:`FlortrainError`; :meth:`close` reaps a child not waited for. ``compute`` must be a
+    pure function of what it closes over: the child's effects on its own memory are lost, and it
+    must not touch the store (its connection is the parent's)."""
 
-    def __init__(self, script: str, text: str) -> None:
-        self.script = script
-        self.text = text
+    def __init__(self, compute: Callable[[], T], kind: type[T], fork: bool) -> None:
+        self._compute = compute
+        self._kind = kind
         self._pid: int | None = None
         self._read: int | None = None
-        self._done: Instrumented | None = None
-        #: why the child's result was not used, when it was not (record says so on stderr)
+        self._done: T | None = None
+        #: why the child's result was not used, when it was not (the command says so on stderr)
         self.fell_back: str = ""
+        if fork:
+            self._fork()
+        else:
+            self._done = compute()
 
     @property
     def forked(self) -> bool:
@@ -99,7 +103,7 @@ class StaticPass:
                 if kill:
                     os.kill(os.getpid(), signal.SIGKILL)
                 try:
-                    payload: tuple[str, object] = ("ok", _instrument(self.script, self.text))
+                    payload: tuple[str, object] = ("ok", self._compute())
                 except FlortrainError as e:
                     payload = ("error", e)
                 data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
@@ -112,13 +116,13 @@ class StaticPass:
         os.close(w)
         self._pid, self._read = pid, r
 
-    def result(self) -> Instrumented:
+    def result(self) -> T:
         if self._done is None:
             self._done = self._collect()
         return self._done
 
-    def _collect(self) -> Instrumented:
-        """The child's result, or the pass run here when the child gave none."""
+    def _collect(self) -> T:
+        """The child's result, or ``compute()`` run here when the child gave none."""
         assert self._read is not None and self._pid is not None
         chunks: list[bytes] = []
         try:
@@ -137,20 +141,20 @@ class StaticPass:
             except Exception:  # a truncated or damaged result: treated as no result
                 payload = None
         match payload:
-            case ("ok", Instrumented() as done):
+            case ("ok", done) if isinstance(done, self._kind):
                 return done
             case ("error", FlortrainError() as error):
                 raise error
         how = f"was killed by signal {-code}" if code < 0 else f"exited {code}" if code else "sent no result"
-        self.fell_back = f"the static pass's child {how}"
-        return _instrument(self.script, self.text)
+        self.fell_back = f"the static pass's child {how}; the static pass ran in this process instead"
+        return self._compute()
 
     def close(self) -> None:
         """Stop and reap a child whose result is no longer wanted (the run failed before it)."""
         if self._pid is None:
             return
         with contextlib.suppress(OSError):
-            os.kill(self._pid, 9)
+            os.kill(self._pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             if self._read is not None:
                 os.close(self._read)
@@ -159,14 +163,24 @@ class StaticPass:
         self._pid = self._read = None
 
 
+class StaticPass(Overlapped[Instrumented]):
+    """A script's text and its instrumentation for record (:func:`begin`)."""
+
+    def __init__(self, script: str, text: str, fork: bool) -> None:
+        self.script, self.text = script, text
+        super().__init__(lambda: _instrument(script, text), Instrumented, fork)
+
+
+def _instrument(script: str, text: str) -> Instrumented:
+    # libcst is imported here, in whichever process runs the pass
+    from flortrain.instrument import instrument_file
+
+    return instrument_file(script, text)
+
+
 def begin(script: str) -> StaticPass:
-    """The static pass of ``script``, forked off when that can save wall time
+    """The static pass of ``script`` for record, forked off when that can save wall time
     (:func:`worth_overlapping`), else run at once. A missing or undecodable script fails here,
     in one line, before anything is forked."""
     text = read_text(script)
-    sp = StaticPass(script, text)
-    if worth_overlapping(project_uses_torch(script, text) and torch_available()):
-        sp._fork()
-    else:
-        sp._done = _instrument(script, text)
-    return sp
+    return StaticPass(script, text, worth_overlapping(project_uses_torch(script, text) and torch_available()))

@@ -7,6 +7,7 @@ script, so a replayed copy with probes added maps back to the same ids.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -159,3 +160,24 @@ class Instrumented:
 
     plan: Plan
     code_text: str
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A necessary condition for a probe to fire in an iteration, as Python source."""
+
+    source: str
+    recorded: tuple[str, ...]  # carried names: their value at the iteration's start, recorded
+    live: tuple[str, ...]  # names the loop never binds: read from the running frame
+    #: live names read through an attribute (``args.log_every``): at run time only an
+    #: ``argparse.Namespace`` is trusted not to change behind the static pass's back
+    through: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Instrumentation:
+    """What to apply, keyed by start line in the script being transformed."""
+
+    blocks: Mapping[int, Block] = field(default_factory=dict)
+    mains: Mapping[int, MainLoop] = field(default_factory=dict)
+    probes: Mapping[int, int] = field(default_factory=dict)  # statement line -> probe number

@@ -24,13 +24,12 @@ This module is the static half:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import libcst as cst
 
 from flortrain.static.changeset import loop_changeset
 from flortrain.static.expressions import impurity, pattern_captures
-from flortrain.static.plan import Boundary, Change, Restore
+from flortrain.static.plan import Boundary, Change, Guard, Restore
 from flortrain.static.program import Loop, Program, Scope
 from flortrain.static.values import is_target, occurrences, read_elsewhere, value_read
 
@@ -184,18 +183,6 @@ def _first_reads(
 
 
 # -- probe guards ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Guard:
-    """A necessary condition for a probe to fire in an iteration, as Python source."""
-
-    source: str
-    recorded: tuple[str, ...]  # carried names: their value at the iteration's start, recorded
-    live: tuple[str, ...]  # names the loop never binds: read from the running frame
-    #: live names read through an attribute (``args.log_every``): at run time only an
-    #: ``argparse.Namespace`` is trusted not to change behind the static pass's back
-    through: tuple[str, ...] = ()
 
 
 def probe_guard(

@@ -18,28 +18,18 @@ is recorded as absent and stays unbound on replay, not a crash.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import libcst as cst
 from libcst.metadata import PositionProvider
 
 from flortrain.errors import FlortrainError, Located
 from flortrain.static.expressions import impurity
-from flortrain.static.plan import Block, Change, MainLoop, Restore
+from flortrain.static.plan import Block, Change, Instrumentation, MainLoop, Restore
 from flortrain.static.source import Source
 
 RUNTIME = "__flortrain__"
 IMPORT = f"import flortrain.runtime as {RUNTIME}"
-
-
-@dataclass(frozen=True)
-class Instrumentation:
-    """What to apply, keyed by start line in the script being transformed."""
-
-    blocks: Mapping[int, Block] = field(default_factory=dict)
-    mains: Mapping[int, MainLoop] = field(default_factory=dict)
-    probes: Mapping[int, int] = field(default_factory=dict)  # statement line -> probe number
 
 
 def _stmt(code: str) -> cst.SimpleStatementLine | cst.BaseCompoundStatement:
