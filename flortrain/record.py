@@ -21,7 +21,7 @@ from flortrain.runtime.session import ReplaySource, Session
 from flortrain.runtime.spans import Segment, SpanReplay
 from flortrain.static.linemap import compile_for
 from flortrain.static.overlap import StaticPass, begin
-from flortrain.static.plan import UNTRACKED, Plan
+from flortrain.static.plan import UNTRACKED, ModulePasses, Plan
 from flortrain.static.text import project_uses_torch
 from flortrain.store.db import Run, Store, open_store
 
@@ -35,7 +35,7 @@ def _versions() -> dict[str, str]:
 
 
 def _module_recorder(
-    script: str, store: Store, run_id: int, meta: dict[str, Any], session: Session
+    script: str, store: Store, run_id: int, meta: dict[str, Any], session: Session, prepared: ModulePasses,
 ) -> ProjectHook:
     """The import hook for a record: every project module it instruments has its text stored and
     its path -> source sha added to the run's meta at once (a record that crashes later is still
@@ -57,7 +57,7 @@ def _module_recorder(
             print(f"flortrain: {shown}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
         _untracked(shown, plan, session)
 
-    return ProjectHook(ProjectFiles(project_roots(script), script), on_module)
+    return ProjectHook(ProjectFiles(project_roots(script), script), on_module, prepared=prepared)
 
 
 def _untracked(shown: str, plan: Plan, session: Session) -> None:
@@ -102,11 +102,12 @@ def record(
         torch_script = project_uses_torch(script, text)
         set_aside_static_objects()  # before torch's import (intra_op_threads): see its docstring
         threads = intra_op_threads(torch_script)  # torch's import: the forked pass runs meanwhile
-        inst = static.result()
+        done = static.result()
     finally:
         static.close()
     if static.fell_back:
         print(f"flortrain: {static.fell_back}", file=sys.stderr)
+    inst = done.script
     code = compile_for(os.path.abspath(script), inst.code_text, text)
     store = open_store(store_dir, create=resume is None, trust=trust)
     plan = inst.plan
@@ -159,7 +160,7 @@ def record(
     _untracked(script, plan, session)
     session.start_materializer()
     t0 = time.perf_counter()
-    hook = _module_recorder(script, store, run_id, meta, session)
+    hook = _module_recorder(script, store, run_id, meta, session, done.modules)
     status = execute(session, code, script, args, torch_script, hook)
     elapsed = time.perf_counter() - t0
     store.finish_run(run_id, "complete" if status == 0 else "failed", status)

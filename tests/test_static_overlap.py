@@ -145,3 +145,61 @@ def test_a_bad_knob_value_is_refused_before_anything_runs(tmp_path: Path) -> Non
     r = flortrain(tmp_path, "record", "train.py", env={"FLORTRAIN_STATIC_OVERLAP": "maybe"})
     assert r.code == 2 and r.out == ""
     assert r.err.strip() == "FT050 FLORTRAIN_STATIC_OVERLAP='maybe' must be one of on, off"
+
+
+TRAINER = textwrap.dedent("""\
+    def fit(model, opt, data, epochs):
+        for epoch in range(epochs):
+            for i in range(0, len(data), 8):
+                loss = model(data[i:i + 8]).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            print(f"epoch {epoch} loss {loss.item():.6f}")
+        return loss.item()
+""")
+
+MODULE_SCRIPT = textwrap.dedent("""\
+    import sys
+    import torch
+    EDIT
+    from trainer import fit
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fit(model, opt, torch.randn(32, 4), 3)
+    #PROBE
+    print("libcst imported:", "libcst" in sys.modules)
+""")
+
+
+@two_cpus
+def test_a_project_modules_pass_is_done_in_the_child_too(tmp_path: Path) -> None:
+    """minGPT's shape, the epoch loop in an imported module: the child instruments the module
+    the script imports, the import hook uses that, and neither record nor replay imports libcst
+    in the training process; record and replay print what python prints."""
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    rep = replay_matches_plain(
+        tmp_path, MODULE_SCRIPT.replace("EDIT\n", ""), 'print("PROBE", model.weight.sum().item())',
+        env={"FLORTRAIN_PERIOD": "every"},
+    )
+    assert "libcst imported: False" in rep.out
+    assert "trainer:L3: skip 3 of 3 instance(s)" in rep.err  # the module's blocks were restored
+    assert "3 block instances skipped" in rep.err
+
+
+@two_cpus
+def test_a_module_changed_after_its_pass_is_instrumented_as_it_is_imported(tmp_path: Path) -> None:
+    """The script rewrites its module before importing it (the pass done ahead read the old
+    text): the hook sees the text differ and runs the pass on what is imported, so the record
+    still prints what python prints, with the module's loop memoized."""
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    edit = 'open("trainer.py", "a").write("# edited\\\\n")'
+    script = _script_in(tmp_path, MODULE_SCRIPT.replace("EDIT", edit))
+    rec = flortrain(tmp_path, "record", "train.py")
+    assert rec.code == 0, rec.err
+    assert "flortrain: module trainer (trainer.py): 1 main loop(s), 1 memoized loop(s), 0 refused" in rec.err
+    assert rec.out.endswith("libcst imported: True\n")  # the pass ran here, on the edited text
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    truth = plain(script)
+    assert rec.out == truth.out.replace("libcst imported: False", "libcst imported: True")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,8 @@ from flortrain.runtime.launch import execute, import_torch, pin_threads, set_asi
 from flortrain.runtime.session import ReplaySource, Session
 from flortrain.runtime.spans import SpanReplay, compile_guard
 from flortrain.static.linemap import compile_for
-from flortrain.static.overlap import Overlapped, worth_overlapping
-from flortrain.static.plan import Plan
+from flortrain.static.overlap import Overlapped, module_passes, worth_overlapping
+from flortrain.static.plan import ModulePasses, Plan
 from flortrain.static.text import project_uses_torch, read_text, torch_available, uses_torch
 from flortrain.store.db import Run, Store, open_store
 
@@ -138,6 +139,7 @@ class Prepared:
     compares: bool  # the record's own arguments: diff can check the replay
     blocks: list[dict[str, Any]]  # the record's block and boundary rows, read once
     boundaries: dict[tuple[str, int], list[int]]  # per main-loop entry: committed boundaries
+    module_passes: ModulePasses = field(default_factory=dict)  # done ahead by the static pass's child
 
 
 def _stopped(store: Store, record: Run) -> str:
@@ -169,11 +171,18 @@ class StaticReplay:
     rplan: ReplayPlan
     code_text: str  # the current script instrumented for this replay
     probes: tuple[tuple[int, str], ...]  # (line, code) of each probe
+    #: the recorded project modules the script imports directly, their passes done ahead (in
+    #: the child only: inline, the import hook does them as they are imported)
+    modules: ModulePasses = field(default_factory=dict)
 
 
-def static_replay(script: str, recorded_text: str, disk_text: str, cli_probes: list[str], run_id: int) -> StaticReplay:
+def static_replay(
+    script: str, recorded_text: str, disk_text: str, cli_probes: list[str], run_id: int,
+    modules: Mapping[str, str] | None = None,
+) -> StaticReplay:
     """Find the probes, analyse the recorded script, plan the replay and instrument the current
-    script. A pure function of its arguments (libcst is imported here, where it runs)."""
+    script; with ``modules`` (the recorded project modules), instrument those the script imports
+    directly too. A pure function of its arguments (libcst is imported here, where it runs)."""
     from flortrain.replay.planner import plan_replay
     from flortrain.replay.probes import add_cli_probe, find_probes
     from flortrain.static.analysis import analyse
@@ -187,7 +196,8 @@ def static_replay(script: str, recorded_text: str, disk_text: str, cli_probes: l
     plan = analyse(parse(script, recorded_text))
     rplan = plan_replay(plan, probes)
     code_text = transform(probes.current, rplan.instrumentation)
-    return StaticReplay(current_text, plan, rplan, code_text, tuple((p.line, p.code) for p in probes.probes))
+    ahead = module_passes(script, disk_text, only=modules) if modules else {}
+    return StaticReplay(current_text, plan, rplan, code_text, tuple((p.line, p.code) for p in probes.probes), ahead)
 
 
 def prepare(
@@ -206,9 +216,10 @@ def prepare(
     disk_text = read_text(script)
     modules = recorded_modules(store, record)
     torch_script = project_uses_torch(script, "\n".join([disk_text, *cli_probes]))
+    fork = overlap and worth_overlapping(torch_script and torch_available())
     static = Overlapped(
-        lambda: static_replay(script, recorded_text, disk_text, cli_probes, record.id), StaticReplay,
-        overlap and worth_overlapping(torch_script and torch_available()),
+        lambda: static_replay(script, recorded_text, disk_text, cli_probes, record.id, modules if fork else None),
+        StaticReplay, fork,
     )
     try:
         if static.forked:
@@ -229,7 +240,7 @@ def prepare(
     return Prepared(
         store, record, script, record.argv if new_args is None else new_args, s.current_text, disk_text,
         s.code_text, modules, s.rplan, checkpoints, torch_script,
-        [code for _, code in s.probes], new_args is None, blocks, _boundaries(blocks, checkpoints),
+        [code for _, code in s.probes], new_args is None, blocks, _boundaries(blocks, checkpoints), s.modules,
     )
 
 
@@ -308,6 +319,6 @@ def replay(
     session = Session("replay", p.store, run, replay=source)
     code = compile_for(os.path.abspath(script), p.code_text, p.disk_text)
     t0 = time.perf_counter()
-    hook = ProjectHook(ProjectFiles(project_roots(script), script), recorded=p.modules)
+    hook = ProjectHook(ProjectFiles(project_roots(script), script), recorded=p.modules, prepared=p.module_passes)
     status = execute(session, code, script, p.args, p.uses_torch, hook)
     return conclude(p, run, status, time.perf_counter() - t0, session.counts)

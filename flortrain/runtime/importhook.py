@@ -30,7 +30,7 @@ from types import CodeType, ModuleType
 
 from flortrain.errors import FlortrainError, Located
 from flortrain.static.linemap import compile_for
-from flortrain.static.plan import Plan
+from flortrain.static.plan import Instrumented, ModulePasses, Plan
 from flortrain.static.text import loop_count, read_text
 
 #: flortrain's own package directory: never instrumented, whatever the roots
@@ -124,10 +124,12 @@ class ProjectHook(importlib.abc.MetaPathFinder):
         files: ProjectFiles,
         on_module: OnModule | None = None,
         recorded: Mapping[str, str] | None = None,
+        prepared: ModulePasses | None = None,
     ) -> None:
         self.files = files
         self.on_module = on_module
         self.recorded = recorded
+        self.prepared = prepared or {}
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
@@ -161,12 +163,7 @@ class ProjectHook(importlib.abc.MetaPathFinder):
             if self.recorded is not None and text != self.recorded[path]:
                 # checked before the replay started; changed since: run it plainly (slow, exact)
                 raise FlortrainError("changed during the replay", Located(path), "FT032")
-            if loop_count(text, path) < 2:
-                return None  # no main loop possible: imported plainly, libcst never imported
-            # libcst is imported only for a module that may need it
-            from flortrain.instrument import instrument_module
-
-            inst = instrument_module(path, text, name)
+            inst = self._instrumented(path, text, name)
             if inst is None:
                 return None
             code = compile_for(origin, inst.code_text, text)
@@ -176,6 +173,22 @@ class ProjectHook(importlib.abc.MetaPathFinder):
         if self.on_module is not None:
             self.on_module(name, path, text, inst.plan)
         return code
+
+    def _instrumented(self, path: str, text: str, name: str) -> Instrumented | None:
+        """The module instrumented, None for a plain import; raises the pass's refusal. A pass
+        done ahead (:class:`ModulePass`, by the static pass's child) is used if the file is
+        still what it read; otherwise the pass runs here."""
+        pre = self.prepared.get((path, name))
+        if pre is not None and pre.text == text:
+            if pre.error is not None:
+                raise pre.error
+            return pre.result
+        if loop_count(text, path) < 2:
+            return None  # no main loop possible: imported plainly, libcst never imported
+        # libcst is imported only for a module that may need it
+        from flortrain.instrument import instrument_module
+
+        return instrument_module(path, text, name)
 
 
 @contextmanager

@@ -34,13 +34,19 @@ import os
 import pickle
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Generic, TypeVar
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError
-from flortrain.static.plan import Instrumented
-from flortrain.static.text import project_uses_torch, read_text, torch_available
+from flortrain.static.plan import Instrumented, ModulePass, ScriptPass
+from flortrain.static.text import (
+    loop_count,
+    project_imports,
+    project_uses_torch,
+    read_text,
+    torch_available,
+)
 
 T = TypeVar("T")
 
@@ -163,12 +169,13 @@ class Overlapped(Generic[T]):
         self._pid = self._read = None
 
 
-class StaticPass(Overlapped[Instrumented]):
-    """A script's text and its instrumentation for record (:func:`begin`)."""
+class StaticPass(Overlapped[ScriptPass]):
+    """A script's text and its static pass for record (:func:`begin`)."""
 
     def __init__(self, script: str, text: str, fork: bool) -> None:
         self.script, self.text = script, text
-        super().__init__(lambda: _instrument(script, text), Instrumented, fork)
+        super().__init__(lambda: ScriptPass(_instrument(script, text), module_passes(script, text) if fork else {}),
+                         ScriptPass, fork)
 
 
 def _instrument(script: str, text: str) -> Instrumented:
@@ -176,6 +183,30 @@ def _instrument(script: str, text: str) -> Instrumented:
     from flortrain.instrument import instrument_file
 
     return instrument_file(script, text)
+
+
+def module_passes(script: str, text: str, only: Container[str] | None = None) -> dict[tuple[str, str], ModulePass]:
+    """The pass of each project module ``script`` imports directly that may hold a main loop
+    (two loops or more; the import hook settles the others without libcst), limited to the files
+    in ``only`` when given. Done in the child, so that the import hook finds them ready."""
+    from flortrain.instrument import instrument_module
+
+    out: dict[tuple[str, str], ModulePass] = {}
+    for name, rel in project_imports(script, text):
+        path = os.path.abspath(rel)
+        if only is not None and path not in only:
+            continue
+        try:
+            mtext = read_text(path)
+        except FlortrainError:
+            continue  # the hook reads it again at import, and says what is wrong with it
+        if loop_count(mtext, path) < 2:
+            continue
+        try:
+            out[(path, name)] = ModulePass(mtext, instrument_module(path, mtext, name))
+        except FlortrainError as e:
+            out[(path, name)] = ModulePass(mtext, None, e)
+    return out
 
 
 def begin(script: str) -> StaticPass:

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from flortrain.errors import FlortrainError
+
 
 class Restore(StrEnum):
     """How a changeset element is put back when its block is skipped."""
@@ -181,3 +183,28 @@ class Instrumentation:
     blocks: Mapping[int, Block] = field(default_factory=dict)
     mains: Mapping[int, MainLoop] = field(default_factory=dict)
     probes: Mapping[int, int] = field(default_factory=dict)  # statement line -> probe number
+
+
+@dataclass(frozen=True)
+class ModulePass:
+    """A project module's static pass, done before the module is imported: its text then, and
+    its instrumentation (None: no main loop, imported plainly) or why the pass refused it. The
+    import hook uses it only if the file still has that text."""
+
+    text: str
+    result: Instrumented | None
+    error: FlortrainError | None = None
+
+
+#: project modules' passes done ahead, by (absolute path, dotted name)
+ModulePasses = Mapping[tuple[str, str], ModulePass]
+
+
+@dataclass(frozen=True)
+class ScriptPass:
+    """What record's static pass hands the runtime: the script's instrumentation and, when the
+    pass ran in a child, that of the project modules the script imports directly (so that the
+    training process need not import libcst for them either)."""
+
+    script: Instrumented
+    modules: ModulePasses = field(default_factory=dict)
