@@ -102,8 +102,11 @@ def record(ctx: click.Context, script: str, args: tuple[str, ...], epsilon: floa
 
     knobs.validate()
     static = begin(script)  # forked off now, before the runtime's and torch's imports
-    from flortrain.record import record as do_record
-
+    try:
+        from flortrain.record import record as do_record
+    except BaseException:
+        static.close()
+        raise
     sys.exit(do_record(script, list(args), ctx.obj["store"], epsilon, ctx.obj["trust"], resume, static))
 
 

@@ -86,7 +86,8 @@ RESUMES = ("direct", "pseudo")
 PRESTART_ENV = "FLORTRAIN_PRESTART"
 PRESTARTS = ("on", "off")
 
-#: Whether ``flortrain record`` runs its static pass in a forked child while it imports torch
+#: Whether ``flortrain record`` and a serial ``replay`` run their static pass in a forked child
+#: while they import torch
 #: ("on", the default, where that can save time: :mod:`flortrain.static.overlap`) or in its own
 #: process first ("off": for measuring what the overlap saves).
 STATIC_OVERLAP_ENV = "FLORTRAIN_STATIC_OVERLAP"

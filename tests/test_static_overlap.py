@@ -9,6 +9,7 @@ not. The scripts print ``"libcst" in sys.modules`` at their end."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -114,6 +115,7 @@ def test_a_killed_replay_child_leaves_the_plan_to_the_parent(tmp_path: Path) -> 
     assert f"flortrain: the static pass's child was killed by signal 9; {FELL_BACK}" in rep.err.splitlines()
 
 
+@two_cpus
 def test_a_probe_error_the_child_finds_is_one_located_line(tmp_path: Path) -> None:
     """A replay of an edited recorded line is refused in the child: the same line as inline."""
     script = _script_in(tmp_path)
@@ -127,6 +129,7 @@ def test_a_probe_error_the_child_finds_is_one_located_line(tmp_path: Path) -> No
     assert lines[0] == lines[1] and lines[0].startswith("train.py:5:"), lines
 
 
+@two_cpus
 def test_an_error_the_child_finds_is_one_located_line(tmp_path: Path) -> None:
     """A syntax error in a torch script is found in the child: the parent reports it exactly as
     the pass run inline does (one line, path:line:col, exit 2) and creates no store."""
@@ -203,3 +206,69 @@ def test_a_module_changed_after_its_pass_is_instrumented_as_it_is_imported(tmp_p
     (tmp_path / "trainer.py").write_text(TRAINER)
     truth = plain(script)
     assert rec.out == truth.out.replace("libcst imported: False", "libcst imported: True")
+
+
+@two_cpus
+def test_a_record_started_with_sigchld_ignored_uses_the_childs_result(tmp_path: Path) -> None:
+    """SIGCHLD ignored survives ``exec`` (some supervisors leave it so): the kernel reaps the
+    child, ``waitpid`` finds nothing, and the result it sent is used all the same."""
+    script = _script_in(tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "flortrain", "record", "train.py"], cwd=tmp_path, capture_output=True, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN), timeout=300, check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == plain(script).out and FELL_BACK not in p.stderr, p.stderr
+
+
+MYLIB = textwrap.dedent("""\
+    import torch
+
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(32, 4)
+""")
+
+NAMES_NO_TORCH = textwrap.dedent("""\
+    from mylib import make
+    model, opt, data = make()
+    for epoch in range(3):
+        for i in range(0, 32, 8):
+            loss = model(data[i:i + 8]).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        print(f"epoch {epoch} loss {loss.item():.6f}")
+""")
+
+
+def test_a_cli_probe_keeps_torch_found_in_an_imported_module(tmp_path: Path) -> None:
+    """The script names torch only through a module it imports; a ``--probe`` spec is not Python
+    on its own, so it must not hide that module: the replay registers the model and restores
+    the blocks' checkpoints rather than re-executing them."""
+    (tmp_path / "mylib.py").write_text(MYLIB)
+    (tmp_path / "train.py").write_text(NAMES_NO_TORCH)
+    every = {"FLORTRAIN_PERIOD": "every"}
+    assert flortrain(tmp_path, "record", "train.py", env=every).code == 0
+    rep = flortrain(tmp_path, "replay", "--probe", "9:model.weight.sum().item()", "train.py", env=every)
+    assert rep.code == 0, rep.err
+    assert "3 block instances skipped" in rep.err, rep.err
+
+
+DEEP = "def f():\n    for i in range(2):\n        for j in range(2):\n            pass\n\nx = " + " + ".join(["1"] * 3000) + "\n"
+
+
+@two_cpus
+def test_a_module_the_child_cannot_analyse_is_left_to_the_import_hook(tmp_path: Path) -> None:
+    """A module imported only inside a function never called, whose pass fails with something
+    other than a refusal (an expression too deep for the parser's recursion): the child skips
+    it, and the record prints what python prints, as it does with the pass inline."""
+    (tmp_path / "deep.py").write_text(DEEP)
+    text = TELLS.replace("    #PROBE\n", "").replace("import sys\n", "import sys\n\n\ndef never():\n    import deep\n\n\n", 1)
+    script = tmp_path / "train.py"
+    script.write_text(text)
+    truth = plain(script)
+    rec = flortrain(tmp_path, "record", "train.py")
+    assert rec.code == 0, rec.err
+    assert rec.out == truth.out and FELL_BACK not in rec.err, rec.err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,11 +178,11 @@ class StaticReplay:
 
 def static_replay(
     script: str, recorded_text: str, disk_text: str, cli_probes: list[str], run_id: int,
-    modules: Mapping[str, str] | None = None,
+    modules: Collection[str] = (),
 ) -> StaticReplay:
     """Find the probes, analyse the recorded script, plan the replay and instrument the current
     script; with ``modules`` (the recorded project modules), instrument those the script imports
-    directly too. A pure function of its arguments (libcst is imported here, where it runs)."""
+    directly too (each checked against its file by the import hook). A pure function of its arguments (libcst is imported here, where it runs)."""
     from flortrain.replay.planner import plan_replay
     from flortrain.replay.probes import add_cli_probe, find_probes
     from flortrain.static.analysis import analyse
@@ -214,21 +214,24 @@ def prepare(
         print(f"flortrain: record run {record.id} is {record.effective_status}; {_stopped(store, record)}", file=sys.stderr)
     recorded_text = store.source(record.source_sha)
     disk_text = read_text(script)
-    modules = recorded_modules(store, record)
-    torch_script = project_uses_torch(script, "\n".join([disk_text, *cli_probes]))
-    fork = overlap and worth_overlapping(torch_script and torch_available())
+    # a --probe spec is not Python until it is placed (``6:x``): tested apart from the script
+    torch_script = project_uses_torch(script, disk_text) or any(uses_torch(spec) for spec in cli_probes)
+    recorded_paths = frozenset(dict(record.meta.get("modules", {})))
     static = Overlapped(
-        lambda: static_replay(script, recorded_text, disk_text, cli_probes, record.id, modules if fork else None),
-        StaticReplay, fork,
+        lambda: static_replay(script, recorded_text, disk_text, cli_probes, record.id, recorded_paths),
+        StaticReplay, overlap and worth_overlapping(torch_script and torch_available()),
+        fallback=lambda: static_replay(script, recorded_text, disk_text, cli_probes, record.id),
     )
     try:
         if static.forked:
+            set_aside_static_objects()  # before torch's import, as a replay without the child does
             import_torch()
         s = static.result()
     finally:
         static.close()
     if static.fell_back:
         print(f"flortrain: {static.fell_back}", file=sys.stderr)
+    modules = recorded_modules(store, record)  # after the probes, whose errors come first
     blocks = store.blocks(record.id)
     costs = _costs(blocks)
     lines = s.rplan.describe(s.plan, costs, _why_not(blocks))

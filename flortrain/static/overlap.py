@@ -13,8 +13,10 @@ caught mid-lock). The child imports libcst, runs the pass, sends its result back
 pipe (frozen dataclasses and strings, pickled: a few KB, every class defined in a module that
 does not import libcst, so that unpickling does not import it in the parent) and leaves with
 ``os._exit``, running no atexit handler and flushing none of the parent's buffers.
-The parent meanwhile imports torch and opens the store, then reads the result. On two cores
-the pass then costs the run almost no wall time; its CPU is unchanged.
+The parent meanwhile imports torch, then reads the result. On two cores the pass then costs
+the run almost no wall time; its CPU is unchanged. For record, the child also instruments the
+project modules the script imports directly (:func:`module_passes`), which the import hook
+would otherwise do in the training process.
 
 It is only done where it pays: the script (or a project module it imports) uses torch, torch
 is installed, the process may run on two CPUs or more, and ``os.fork`` exists. Otherwise, or
@@ -22,9 +24,12 @@ with ``FLORTRAIN_STATIC_OVERLAP=off``, the pass runs in the process first, as it
 
 Nothing is lost when the child fails. A :class:`FlortrainError` it raises (a syntax error, a
 refused file) is raised in the parent unchanged, one located line. Any other failure (a crash,
-a kill, a bug, a result that does not unpickle) makes the parent run the pass itself, which then
-succeeds or fails exactly as it would have without the child. The child is always reaped by its
-pid, never by a handler on SIGCHLD: a DataLoader's own handler is left alone.
+a kill, a bug, a result that does not unpickle, a fork refused) makes the parent run the pass
+itself, as it would have without the child (the modules left to the import hook), which then
+succeeds or fails exactly as it would have. A module whose pass fails in the child is left to
+the hook too: it may never be imported. The child is reaped by its pid, never by a handler on
+SIGCHLD, so a DataLoader's own handler is left alone; where SIGCHLD is ignored (inherited
+through ``exec``) the kernel reaps it, and its result alone is judged.
 """
 
 from __future__ import annotations
@@ -78,8 +83,11 @@ class Overlapped(Generic[T]):
     pure function of what it closes over: the child's effects on its own memory are lost, and it
     must not touch the store (its connection is the parent's)."""
 
-    def __init__(self, compute: Callable[[], T], kind: type[T], fork: bool) -> None:
+    def __init__(
+        self, compute: Callable[[], T], kind: type[T], fork: bool, fallback: Callable[[], T] | None = None
+    ) -> None:
         self._compute = compute
+        self._fallback = fallback or compute  # what this process runs when the child gives nothing
         self._kind = kind
         self._pid: int | None = None
         self._read: int | None = None
@@ -100,12 +108,22 @@ class Overlapped(Generic[T]):
             with contextlib.suppress(Exception):
                 stream.flush()
         kill = knobs.injected("static-child-kill")  # fault injection: read before the fork
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
+        try:
+            r, w = os.pipe()
+        except OSError as e:  # out of file descriptors: no child, the pass runs here
+            self._run_here(f"the static pass's child could not be started ({e.strerror})")
+            return
+        try:
+            pid = os.fork()
+        except OSError as e:  # out of processes (a container's pids limit)
             os.close(r)
+            os.close(w)
+            self._run_here(f"the static pass's child could not be started ({e.strerror})")
+            return
+        if pid == 0:  # the child: never returns
             code = 0
             try:
+                os.close(r)
                 if kill:
                     os.kill(os.getpid(), signal.SIGKILL)
                 try:
@@ -122,14 +140,19 @@ class Overlapped(Generic[T]):
         os.close(w)
         self._pid, self._read = pid, r
 
+    def _run_here(self, why: str) -> None:
+        self.fell_back = f"{why}; the static pass ran in this process instead"
+        self._done = self._fallback()
+
     def result(self) -> T:
         if self._done is None:
             self._done = self._collect()
         return self._done
 
     def _collect(self) -> T:
-        """The child's result, or ``compute()`` run here when the child gave none."""
-        assert self._read is not None and self._pid is not None
+        """The child's result, or the pass run here when the child gave none."""
+        if self._read is None or self._pid is None:  # closed before its result was asked for
+            return self._fallback()
         chunks: list[bytes] = []
         try:
             with open(self._read, "rb") as f:
@@ -137,11 +160,13 @@ class Overlapped(Generic[T]):
                     chunks.append(chunk)
         finally:
             self._read = None
-            _, status = os.waitpid(self._pid, 0)
+            code: int | None = None
+            # SIGCHLD ignored (inherited through exec): the kernel reaped it, no status is left
+            with contextlib.suppress(ChildProcessError):
+                code = os.waitstatus_to_exitcode(os.waitpid(self._pid, 0)[1])
             self._pid = None
-        code = os.waitstatus_to_exitcode(status)
         payload: object = None
-        if code == 0:
+        if code in (0, None):  # with no status, the payload alone says whether it finished
             try:
                 payload = pickle.loads(b"".join(chunks))
             except Exception:  # a truncated or damaged result: treated as no result
@@ -151,9 +176,11 @@ class Overlapped(Generic[T]):
                 return done
             case ("error", FlortrainError() as error):
                 raise error
-        how = f"was killed by signal {-code}" if code < 0 else f"exited {code}" if code else "sent no result"
+        how = (
+            "sent no result" if not code else f"was killed by signal {-code}" if code < 0 else f"exited {code}"
+        )
         self.fell_back = f"the static pass's child {how}; the static pass ran in this process instead"
-        return self._compute()
+        return self._fallback()
 
     def close(self) -> None:
         """Stop and reap a child whose result is no longer wanted (the run failed before it)."""
@@ -174,8 +201,10 @@ class StaticPass(Overlapped[ScriptPass]):
 
     def __init__(self, script: str, text: str, fork: bool) -> None:
         self.script, self.text = script, text
-        super().__init__(lambda: ScriptPass(_instrument(script, text), module_passes(script, text) if fork else {}),
-                         ScriptPass, fork)
+        super().__init__(
+            lambda: ScriptPass(_instrument(script, text), module_passes(script, text)), ScriptPass, fork,
+            fallback=lambda: ScriptPass(_instrument(script, text)),  # modules: the hook, at import
+        )
 
 
 def _instrument(script: str, text: str) -> Instrumented:
@@ -198,14 +227,16 @@ def module_passes(script: str, text: str, only: Container[str] | None = None) ->
             continue
         try:
             mtext = read_text(path)
-        except FlortrainError:
-            continue  # the hook reads it again at import, and says what is wrong with it
-        if loop_count(mtext, path) < 2:
+            if loop_count(mtext, path) < 2:
+                continue
+        except Exception:  # the hook reads it again at import, and says what is wrong with it
             continue
         try:
             out[(path, name)] = ModulePass(mtext, instrument_module(path, mtext, name))
         except FlortrainError as e:
             out[(path, name)] = ModulePass(mtext, None, e)
+        except Exception:  # it may never be imported: a failure is the hook's to meet, at import
+            continue
     return out
 
 
