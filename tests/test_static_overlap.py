@@ -272,3 +272,23 @@ def test_a_module_the_child_cannot_analyse_is_left_to_the_import_hook(tmp_path: 
     rec = flortrain(tmp_path, "record", "train.py")
     assert rec.code == 0, rec.err
     assert rec.out == truth.out and FELL_BACK not in rec.err, rec.err
+
+
+def test_no_fork_while_another_thread_runs(tmp_path: Path) -> None:
+    """A child forked while another thread holds a lock could inherit it held: with a second
+    thread alive, the pass runs in the process (the CLI itself starts none before it forks)."""
+    code = textwrap.dedent("""\
+        import threading
+        from flortrain.static import overlap
+        print(overlap._threads(), overlap.worth_overlapping(True))
+        stop = threading.Event()
+        t = threading.Thread(target=stop.wait)
+        t.start()
+        print(overlap._threads(), overlap.worth_overlapping(True))
+        stop.set()
+        t.join()
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 0, p.stderr
+    first, second = p.stdout.splitlines()
+    assert first == f"1 {len(os.sched_getaffinity(0)) >= 2}" and second == "2 False", p.stdout

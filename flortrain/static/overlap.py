@@ -63,15 +63,26 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
+def _threads() -> int:
+    """How many threads this process runs, native ones included (1 where /proc cannot say)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
 def worth_overlapping(imports_torch: bool) -> bool:
-    """Whether forking the pass off can save wall time: something to overlap it with (torch's
-    import), a second CPU to run it on, and a fork to run it in."""
+    """Whether forking the pass off can save wall time, safely: something to overlap it with
+    (torch's import), a second CPU to run it on, a fork to run it in, and no other thread, whose
+    locks the child could inherit held (an import added to the CLI that starts one would
+    otherwise make the fork unsafe without a sign)."""
     return (
         imports_torch
         and knobs.static_overlap() == "on"
         and hasattr(os, "fork")
         and _cpus() >= 2
         and "torch" not in sys.modules  # already imported: nothing left to overlap with
+        and _threads() == 1
     )
 
 
