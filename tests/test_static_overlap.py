@@ -19,13 +19,8 @@ import pytest
 
 from tests.protocol import flortrain, plain, probe_lines, replay_matches_plain
 
-SCRIPT = textwrap.dedent("""\
-    import sys
-    import torch
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    data = torch.randn(32, 4)
+#: the training loop of the one-file scripts here: ``model``, ``opt`` and ``data`` made before it
+LOOP = textwrap.dedent("""\
     for epoch in range(3):
         for i in range(0, 32, 8):
             loss = model(data[i:i + 8]).pow(2).mean()
@@ -35,6 +30,14 @@ SCRIPT = textwrap.dedent("""\
         #PROBE
         print(f"epoch {epoch} loss {loss.item():.6f}")
 """)
+SCRIPT = textwrap.dedent("""\
+    import sys
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.randn(32, 4)
+""") + LOOP
 #: the script, telling whether the training process imported libcst
 TELLS = SCRIPT + 'print("libcst imported:", "libcst" in sys.modules)\n'
 
@@ -230,17 +233,7 @@ MYLIB = textwrap.dedent("""\
         return model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(32, 4)
 """)
 
-NAMES_NO_TORCH = textwrap.dedent("""\
-    from mylib import make
-    model, opt, data = make()
-    for epoch in range(3):
-        for i in range(0, 32, 8):
-            loss = model(data[i:i + 8]).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        print(f"epoch {epoch} loss {loss.item():.6f}")
-""")
+NAMES_NO_TORCH = "from mylib import make\nmodel, opt, data = make()\n" + LOOP.replace("    #PROBE\n", "")
 
 
 def test_a_cli_probe_keeps_torch_found_in_an_imported_module(tmp_path: Path) -> None:

@@ -182,7 +182,8 @@ def static_replay(
 ) -> StaticReplay:
     """Find the probes, analyse the recorded script, plan the replay and instrument the current
     script; with ``modules`` (the recorded project modules), instrument those the script imports
-    directly too (each checked against its file by the import hook). A pure function of its arguments (libcst is imported here, where it runs)."""
+    directly too (each checked against its file by the import hook). A pure function of its
+    arguments (libcst is imported here, where it runs)."""
     from flortrain.replay.planner import plan_replay
     from flortrain.replay.probes import add_cli_probe, find_probes
     from flortrain.static.analysis import analyse

@@ -87,7 +87,8 @@ def worth_overlapping(imports_torch: bool) -> bool:
 
 
 class Overlapped(Generic[T]):
-    """``compute()``, run in a forked child or at once in this process.
+    """``compute()``, run in a forked child; or ``fallback()`` (by default ``compute``), what this
+    process does without a child, run at once here, or when the child gives nothing.
 
     :meth:`result` returns it (waiting for the child if there is one) or raises its
     :class:`FlortrainError`; :meth:`close` reaps a child not waited for. ``compute`` must be a
@@ -108,7 +109,7 @@ class Overlapped(Generic[T]):
         if fork:
             self._fork()
         else:
-            self._done = compute()
+            self._done = self._fallback()
 
     @property
     def forked(self) -> bool:
