@@ -19,7 +19,9 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -121,13 +123,37 @@ def _insert(text: str, after: str, stmt: str) -> str:
     return text.replace(after, after + stmt, 1)
 
 
-def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
+def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str, str]:
+    """(wall seconds, stdout, stderr) of ``cmd``, which must succeed."""
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     dt = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stderr}")
-    return dt
+    return dt, p.stdout, p.stderr
+
+
+_HELD = re.compile(r"flortrain held training up [0-9.]+s \(([0-9.]+)%\)")
+
+
+def _probe_lines(out: str) -> list[str]:
+    """The lines this benchmark's probes print (each starts with ``PROBE``)."""
+    return [line for line in out.splitlines() if line.startswith("PROBE")]
+
+
+def checkpoints(store: Path) -> dict[str, dict[str, int]]:
+    """Per memoized loop (and main loop, for its iteration boundaries) of the latest record: how
+    many instances ended in each state (``checkpointed``, ``recorded``: not checkpointed)."""
+    db = sqlite3.connect(store / "flortrain.db")
+    try:
+        (rid,) = db.execute("SELECT MAX(id) FROM runs WHERE kind='record'").fetchone()
+        rows = db.execute("SELECT block_id, state, COUNT(*) FROM blocks WHERE run_id=? GROUP BY 1, 2", (rid,))
+        out: dict[str, dict[str, int]] = {}
+        for block, state, n in rows:
+            out.setdefault(block, {})[state] = n
+        return out
+    finally:
+        db.close()
 
 
 def bench(name: str, reps: int) -> dict[str, object]:
@@ -143,21 +169,33 @@ def bench(name: str, reps: int) -> dict[str, object]:
     times: dict[str, list[float]] = {
         k: [] for k in ("startup", "plain", "record", "plain_outer", "replay_outer", "plain_inner", "replay_inner")
     }
+    held: list[float] = []
+    saved: list[dict[str, dict[str, int]]] = []
+    exact = {"outer": 0, "inner": 0}
+
+    def run(key: str, cmd: list[str]) -> tuple[str, str]:
+        dt, out, err = timed(cmd, cwd, env)
+        times[key].append(dt)
+        return out, err
+
     with tempfile.TemporaryDirectory() as d:
         cwd = Path(d)
         script = cwd / "train.py"
         for _ in range(reps):
             shutil.rmtree(cwd / ".flortrain", ignore_errors=True)
             script.write_text(base)
-            times["startup"].append(timed([sys.executable, "-c", STARTUP], cwd, env))
-            times["plain"].append(timed([sys.executable, "train.py", *args], cwd, env))
-            times["record"].append(timed([*ft, "record", "train.py", *args], cwd, env))
-            script.write_text(s_outer)
-            times["plain_outer"].append(timed([sys.executable, "train.py", *args], cwd, env))
-            times["replay_outer"].append(timed([*ft, "replay", "train.py"], cwd, env))
-            script.write_text(s_inner)
-            times["plain_inner"].append(timed([sys.executable, "train.py", *args], cwd, env))
-            times["replay_inner"].append(timed([*ft, "replay", "train.py"], cwd, env))
+            run("startup", [sys.executable, "-c", STARTUP])
+            run("plain", [sys.executable, "train.py", *args])
+            _, err = run("record", [*ft, "record", "train.py", *args])
+            held.append(float(m.group(1)) / 100 if (m := _HELD.search(err)) else 0.0)
+            saved.append(checkpoints(cwd / ".flortrain"))
+            for probe, text in (("outer", s_outer), ("inner", s_inner)):
+                script.write_text(text)
+                want, _ = run(f"plain_{probe}", [sys.executable, "train.py", *args])
+                got, _ = run(f"replay_{probe}", [*ft, "replay", "train.py"])
+                # the correctness protocol (DESIGN.md): a replay prints the probe lines a plain run of
+                # the probed script prints, identical and in the same order
+                exact[probe] += bool(_probe_lines(want)) and _probe_lines(got) == _probe_lines(want)
     med = {k: statistics.median(v) for k, v in times.items()}
     floor = med["startup"]
 
@@ -174,6 +212,9 @@ def bench(name: str, reps: int) -> dict[str, object]:
         "median_s": med,
         "samples_s": times,
         "record_overhead": med["record"] / med["plain"] - 1.0,
+        "held": statistics.median(held),
+        "checkpoints": saved,
+        "exact_replays": exact,
         "outer_probe_speedup": med["plain_outer"] / med["replay_outer"],
         "inner_probe_speedup": med["plain_inner"] / med["replay_inner"],
         # the same ratios with the interpreter + torch start-up floor taken out of both sides:
@@ -233,6 +274,13 @@ def main() -> None:
             f" {_shown(r['record_overhead_beyond_startup'], pct=True)}, outer probe"
             f" {_shown(r['outer_probe_speedup_beyond_startup'])}, inner probe"
             f" {_shown(r['inner_probe_speedup_beyond_startup'])}"
+        )
+        saved = r["checkpoints"]
+        assert isinstance(saved, list)
+        print(
+            f"  held {100 * float(r['held']):.1f}%; exact replays {r['exact_replays']} of {r['reps']};"
+            " checkpointed, last record: "
+            + ", ".join(f"{b} {s.get('checkpointed', 0)}/{sum(s.values())}" for b, s in sorted(saved[-1].items()))
         )
 
 
