@@ -120,6 +120,63 @@ def test_state_changed_through_an_unseen_alias_is_not_missed(tmp_path: Path) -> 
     assert flortrain(tmp_path, "diff").code == 0
 
 
+ACCUMULATE = textwrap.dedent(
+    """\
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    X = torch.randn(64, 4)
+    Y = X @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    model = nn.Linear(4, 1)
+    scale = torch.ones(1, requires_grad=True)  # a parameter of no module
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt_scale = torch.optim.SGD([scale], lr=0.01, momentum=0.9)
+
+    for it in range(6):  # nanoGPT's shape: the step loop, and gradient accumulation in it
+        opt.zero_grad()
+        opt_scale.zero_grad()
+        for micro in range(4):
+            i = (it * 16 + micro * 4) % 64
+            x, y = X[i:i + 4], Y[i:i + 4]
+            loss = ((model(x) * scale - y) ** 2).mean()
+            loss.backward()
+        opt.step()
+        opt_scale.step()
+        print(f"it {it} weight {model.weight.sum().item():.10f} scale {scale.item():.10f}")
+        #PROBE
+    """
+)
+
+
+def test_a_loop_that_only_accumulates_gradients_does_not_carry_the_optimizer(tmp_path: Path) -> None:
+    # The micro-step loop changes gradients through `loss.backward()`, which no changeset rule
+    # can follow to the tensors it writes: the alias watch learns what changed. The optimizer
+    # that will step the model's gradients is not changed by the loop: its momentum is
+    # untouched, and its parameters are the model's, watched as the model. So the loop's
+    # checkpoints do not carry it. A parameter of no module (`scale`) is seen only through its
+    # optimizer: that optimizer is learned, and a replay restores its gradient.
+    script = _write(tmp_path, ACCUMULATE)
+    truth = plain(script).out
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert rec.code == 0, rec.err
+    assert rec.out == truth
+    learned = {ln.split(" changed a ", 1)[1].split(")", 1)[0] + ")" for ln in rec.err.splitlines() if " changed a " in ln}
+    assert "SGD (registry #2)" in learned and "SGD (registry #1)" not in learned, rec.err
+    probed = ACCUMULATE.replace(
+        "    #PROBE",
+        "    print('PROBE', repr(model.weight.grad.sum().item()), repr(scale.grad.item()),"
+        " [repr(v['momentum_buffer'].sum().item()) for o in (opt, opt_scale) for v in o.state.values()])",
+    )
+    _write(tmp_path, probed)
+    want = probe_lines(plain(script).out)
+    rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
+    assert rep.code == 0, rep.err
+    assert probe_lines(rep.out) == want
+    assert block_states(tmp_path / ".flortrain", int(latest_run(tmp_path)["id"])).get("skipped", 0) > 0  # type: ignore[arg-type]
+    assert flortrain(tmp_path, "diff").code == 0
+
+
 KILLED = BASE.replace(
     '    print(f"epoch {epoch} loss {loss.item():.10f}")\n',
     '    print(f"epoch {epoch} loss {loss.item():.10f}", flush=True)\n'

@@ -247,7 +247,9 @@ class SkipBlock(Checkpointable):
         flortrain limitation, never the user's problem: training goes on unwatched, with a
         warning (``diff`` remains the check)."""
         try:
-            return {i: _watched_state(session, o) for i, o in session.watchable()}
+            watched = list(session.watchable())
+            owned = _module_parameters(watched)
+            return {i: _watched_state(session, o, owned) for i, o in watched}
         except Exception as e:
             session.warn_once(f"{self.id}.watch", f"block {self.id}: alias watch unavailable: {e}")
             return None
@@ -349,18 +351,28 @@ class SkipBlock(Checkpointable):
         covered = {i for _, i, _ in s.augmentation(self.id, objs)} | {
             i for o in objs if (i := s.registry.id_of(o)) is not None
         }
+        owned = _module_parameters([(i, o) for i in self.watch if (o := s.registry.get(i)) is not None])
         for i, before in self.watch.items():
             if i in covered:
                 continue
             obj = s.registry.get(i)
-            if obj is not None and not snapshot_equal(_watched_state(s, obj), before):
+            if obj is not None and not snapshot_equal(_watched_state(s, obj, owned), before):
                 s.learn(self.id, i, type(obj).__name__)
 
 
-def _watched_state(s: Session, obj: Any) -> Any:
+def _watched_state(s: Session, obj: Any, owned: frozenset[int]) -> Any:
     """What the alias watch compares before and after a block: version fingerprints, or copies
-    when the script writes tensors behind their version counters (``static/untracked.py``)."""
-    return fingerprint(obj) if s.track_versions else clone_state(obj)
+    when the script writes tensors behind their version counters (``static/untracked.py``).
+    ``owned``: the watched modules' parameters, which an optimizer's fingerprint leaves to them."""
+    return fingerprint(obj, owned) if s.track_versions else clone_state(obj)
+
+
+def _module_parameters(watched: list[tuple[int, Any]]) -> frozenset[int]:
+    """Ids of the parameters of the watched modules (each live root module is watched)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return frozenset()
+    return frozenset(id(p) for _, o in watched if isinstance(o, torch.nn.Module) for p in o.parameters())
 
 def _no_live_objects_inside(s: Session, expr: str, v: Any) -> None:
     """Refuse a rebound object that holds a live model, optimizer or loader in an attribute (a

@@ -364,11 +364,18 @@ def snapshot_equal(a: Any, b: Any) -> bool:
         return False
 
 
-def fingerprint(obj: Any) -> Any:
+def fingerprint(obj: Any, owned: frozenset[int] = frozenset()) -> Any:
     """A cheap token of a live module's or optimizer's state that changes whenever the state does,
     for the alias watch: each tensor by its memory and in-place version counter (no bytes read or
     copied), plain values by value. Tensors written through ``.data`` escape it: a script that
-    does so is watched with :func:`clone_state` instead (``static/untracked.py``)."""
+    does so is watched with :func:`clone_state` instead (``static/untracked.py``).
+
+    ``owned``: ids of parameters that belong to a watched module. An optimizer's token leaves
+    them out: their values and gradients are that module's state, and its token sees them
+    change. Otherwise every loop that runs ``backward()`` would seem to change the optimizer (its
+    parameters' gradients moved), and each of its checkpoints would carry the optimizer's state
+    as well, which the loop never touched: nanoGPT's micro-step loop staged AdamW's two moments
+    beside the model at every checkpoint. Parameters of no module (``SGD([w])``) stay in it."""
     torch = _torch()
     if torch is not None and isinstance(obj, torch.nn.Module):
         return (
@@ -383,7 +390,7 @@ def fingerprint(obj: Any) -> Any:
         return (
             [_fp(v) for v in obj.state.values()],
             [_fp({k: v for k, v in g.items() if k != "params"}) for g in obj.param_groups],
-            [[(_fp(p), _fp(p.grad)) for p in g["params"]] for g in obj.param_groups],
+            [[(_fp(p), _fp(p.grad)) for p in g["params"] if id(p) not in owned] for g in obj.param_groups],
         )
     return _fp(obj)
 
