@@ -280,8 +280,16 @@ def main() -> None:
         print(
             f"  held {100 * float(r['held']):.1f}%; exact replays {r['exact_replays']} of {r['reps']};"
             " checkpointed, last record: "
-            + ", ".join(f"{b} {s.get('checkpointed', 0)}/{sum(s.values())}" for b, s in sorted(saved[-1].items()))
+            + ", ".join(_counts(b, s) for b, s in sorted(saved[-1].items()))
         )
+
+
+def _counts(block: str, states: dict[str, int]) -> str:
+    """A memoized loop's instances checkpointed of all; a main loop's boundary checkpoints (its
+    rows are only those)."""
+    if "boundary" in states:
+        return f"{block} {states['boundary']} boundaries"
+    return f"{block} {states.get('checkpointed', 0)}/{sum(states.values())}"
 
 
 def _shown(v: object, pct: bool = False) -> str:
