@@ -73,17 +73,18 @@ def test_each_block_has_its_own_first_checkpoint() -> None:
 
 
 def _iterations(
-    period: AdaptivePeriod, n: int, block_m: float, boundary_m: float, block_c: float = 1.0
+    period: AdaptivePeriod, n: int, block_m: float, boundary_m: float, block_c: float = 1.0, hooks: float = 0.0
 ) -> tuple[int, int]:
     """A main loop of ``n`` iterations of 1 second of wall time, each a nested block of
-    ``block_c`` seconds then the next iteration's boundary; (block checkpoints, boundary
-    checkpoints)."""
+    ``block_c`` seconds then the next iteration's boundary, with ``hooks`` seconds of
+    flortrain's bookkeeping in each; (block checkpoints, boundary checkpoints)."""
     blocks = boundaries = 0
     for _ in range(n):
-        held = 0.0
+        period.hold(hooks)
+        held = hooks
         period.executed("L2", block_c, outer=False)  # nested: its seconds are the iteration's
         if period.should_materialize("L2", ongoing=block_c):
-            held = block_m
+            held += block_m
             _checkpoint(period, "L2", block_m)
             blocks += 1
         period.executed("M1", 1.0 - held)  # the iteration, net of what flortrain held in it
@@ -128,6 +129,45 @@ def test_a_boundary_after_a_checkpointed_block_is_worth_only_what_the_block_leav
     blocks, boundaries = _iterations(period, n, block_m=0.5, boundary_m=0.01)
     assert blocks < n / 5
     assert boundaries > n * 3 / 4
+
+
+#: nanoGPT's shape, per second of iteration: micro-steps that are 90% of it and whose checkpoint
+#: costs 12% of it (dearer than ε, so the budget decides how many), a boundary costing 15%
+NANOGPT = {"block_c": 0.9, "block_m": 0.12, "boundary_m": 0.15}
+
+
+def test_bookkeeping_under_half_of_epsilon_is_left_room_so_all_flortrain_holds_stays_within_it() -> None:
+    """Where flortrain's hooks hold less than ε/2, checkpoints get ε less what they held: the
+    two together stay within ε of training, where checkpoints alone used to take all of ε."""
+    eps, n = 1 / 15, 400
+    period = AdaptivePeriod(epsilon=eps, every=False, boundary_interval=1000.0)
+    _iterations(period, n, hooks=0.02, **NANOGPT)
+    assert period.bookkeeping == pytest.approx(0.02 * n)
+    assert period.held <= eps * period.training + 0.27  # within ε; the two forced firsts aside
+    assert period.held >= eps * period.training - 0.5  # and the budget was used
+
+
+def test_bookkeeping_beyond_half_of_epsilon_still_leaves_checkpoints_half() -> None:
+    """Hooks that alone hold more than ε (a step loop of a few milliseconds) take no more than
+    half of the budget: charged in full, they left a nanoGPT-shaped script no boundary at all."""
+    eps, n = 1 / 15, 400
+    period = AdaptivePeriod(epsilon=eps, every=False, boundary_interval=1000.0)
+    blocks, boundaries = _iterations(period, n, hooks=0.1, **NANOGPT)
+    assert period.allowance(period.training) == pytest.approx(eps * period.training / 2)
+    assert period.spent <= eps * period.training / 2 + 0.27
+    assert blocks >= n / 10 and boundaries >= n / 20
+
+
+def test_a_boundary_waiting_for_the_budget_shares_it_with_a_nested_blocks_small_checkpoints() -> None:
+    """Each of the micro-step loop's checkpoints fits as soon as the budget has room, and would
+    leave the dearer boundary none (7 of 400, against 199 block checkpoints). A boundary Eq. 4
+    wants and the budget refuses is reserved for once the block has spent as much since the
+    latest boundary: a replay gets boundaries to jump to and block checkpoints to skip."""
+    eps, n = 1 / 15, 400
+    period = AdaptivePeriod(epsilon=eps, every=False, boundary_interval=1000.0)
+    blocks, boundaries = _iterations(period, n, **NANOGPT)
+    assert boundaries >= n / 8 and blocks >= n / 4
+    assert period.spent <= eps * period.training + 0.27
 
 
 def test_a_main_loop_takes_a_boundary_every_interval_for_resume_within_the_budget() -> None:
