@@ -170,6 +170,18 @@ def test_a_boundary_waiting_for_the_budget_shares_it_with_a_nested_blocks_small_
     assert period.spent <= eps * period.training + 0.27
 
 
+def test_a_main_loop_that_ended_reserves_nothing_for_the_blocks_after_it() -> None:
+    """A boundary its loop was waiting for will not come once the loop has exited: the blocks of
+    whatever the script runs next get the whole budget again."""
+    period = AdaptivePeriod(epsilon=1 / 15, every=False, boundary_interval=1000.0)
+    _iterations(period, 400, **NANOGPT)
+    period.costs["M1"].waiting = 0.5
+    period.nested = 1.0
+    assert period.reserved() == pytest.approx(0.5)
+    period.loop_ended("M1")
+    assert period.reserved() == 0.0
+
+
 def test_a_main_loop_takes_a_boundary_every_interval_for_resume_within_the_budget() -> None:
     """Where Eq. 4 values boundaries at nothing (the block covers each iteration), a record
     still takes one per ``boundary_interval`` seconds of training, so ``record --resume`` has a

@@ -190,6 +190,12 @@ class AdaptivePeriod:
             c.waiting = m if due and not fits else 0.0
         return due and fits
 
+    def loop_ended(self, block_id: str) -> None:
+        """A main loop has exited: a boundary it was waiting for will not come."""
+        c = self.costs.get(block_id)
+        if c is not None:
+            c.waiting = 0.0
+
     def reserved(self) -> float:
         """What the boundaries waiting for the budget will cost, once nested blocks have spent as
         much since the latest boundary (see the module docstring); 0 until then."""

@@ -467,6 +467,7 @@ class Session:
             self._mark("exit")
         if self.mode == "record":
             self._time_iteration(main_id, last_one=True)
+            self.adaptive.loop_ended(main_id)
         self.main = None
 
     # -- blocks an exception left ----------------------------------------------------------------
