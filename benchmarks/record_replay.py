@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import sqlite3
 import statistics
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from record_overhead import _HELD  # noqa: E402  (the pattern of record's closing line, kept once)
 
 #: The floor every run pays before training: the interpreter, torch, and the first optimizer
 #: (which imports torch._dynamo).
@@ -131,9 +132,6 @@ def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str, s
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stderr}")
     return dt, p.stdout, p.stderr
-
-
-_HELD = re.compile(r"flortrain held training up [0-9.]+s \(([0-9.]+)%\)")
 
 
 def _probe_lines(out: str) -> list[str]:
