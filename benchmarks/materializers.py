@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results"
@@ -186,7 +187,7 @@ def main() -> None:
                 raise SystemExit(f"{alt} failed:\n{p.stderr}")
             results[alt].append(json.loads(p.stdout.strip().splitlines()[-1]))
             print(f"rep {rep} {alt}: {results[alt][-1]}", file=sys.stderr)
-    summary = {}
+    summary: dict[str, dict[str, Any]] = {}
     for alt, runs in results.items():
         summary[alt] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         summary[alt]["cost_spread_s"] = [min(r["cost_s"] for r in runs), max(r["cost_s"] for r in runs)]

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -154,7 +155,7 @@ def checkpoints(store: Path) -> dict[str, dict[str, int]]:
         db.close()
 
 
-def bench(name: str, reps: int) -> dict[str, object]:
+def bench(name: str, reps: int) -> dict[str, Any]:
     src, args, outer, inner, edits = WORKLOADS[name]
     base = src.read_text()
     for old, new in edits.items():
@@ -223,7 +224,7 @@ def bench(name: str, reps: int) -> dict[str, object]:
     }
 
 
-def plot(results: list[dict[str, object]], path: Path) -> None:
+def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -346,7 +346,9 @@ def later_record(fx: Fixture, store: Path, tally: Tally) -> None:
 def _complete_record(fx: Fixture, store: Path) -> int:
     rec = _ft(fx.dir, store, "record", "train.py", env=EVERY)
     assert rec.out == fx.truth.out and rec.code == fx.truth.code, rec.err
-    return int(_runs(fx, store)[-1]["id"])  # type: ignore[call-overload]
+    run_id = _runs(fx, store)[-1]["id"]
+    assert isinstance(run_id, int)
+    return run_id
 
 
 def _damage_file(path: Path, how: str, rng: random.Random) -> None:
