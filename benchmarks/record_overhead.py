@@ -45,7 +45,12 @@ reports a 90% bootstrap interval for each workload's median overhead to exit and
 median over workloads: on this VM single pairs spread by ±15%, and the interval says whether
 the repetitions pin a figure down.
 
+``--epochs-times K`` runs each workload K times as long: what a record pays once (the wait
+for the writer at exit, the first checkpoints) then weighs K times less, and what it pays per
+epoch as much.
+
     python benchmarks/record_overhead.py [--quick] [--reps N] [--only NAME...] [--against COMMIT | --bar]
+                                         [--epochs-times K]
 
 Writes benchmarks/results/record_overhead.json and .png.
 """
@@ -184,8 +189,10 @@ if os.environ.get("BENCH_T0"):
 """
 
 
-def source(name: str, quick: bool, probe: bool = False) -> str:
+def source(name: str, quick: bool, probe: bool = False, times: int = 1) -> str:
+    """The workload's script; ``times`` multiplies its epochs (a longer run of the same shape)."""
     text, steps, epochs, stmt = WORKLOADS[name]
+    epochs *= times
     if quick:
         epochs //= 2
     text = text.replace("STEPS", str(steps)).replace("EPOCHS", str(epochs)).replace("T0\n", _T0) + _T1
@@ -259,7 +266,9 @@ def _checkpointed(store: Path) -> tuple[int, int]:
     return rows.get("checkpointed", 0), sum(rows.values())
 
 
-def bench(name: str, reps: int, quick: bool, against: Path | None = None, bar: bool = False) -> dict[str, Any]:
+def bench(
+    name: str, reps: int, quick: bool, against: Path | None = None, bar: bool = False, epochs_times: int = 1
+) -> dict[str, Any]:
     py = sys.executable
     modes = BAR_MODES if bar else (*MODES, "record-against") if against is not None else MODES
     times: dict[str, list[tuple[float, ...]]] = {m: [] for m in (*modes, *(() if bar else ("plain-probed", "replay")))}
@@ -276,7 +285,7 @@ def bench(name: str, reps: int, quick: bool, against: Path | None = None, bar: b
             order = list(orders_of[rep % len(orders_of)])
             orders.append(order)
             for mode in order:
-                script.write_text(source(name, quick))
+                script.write_text(source(name, quick, times=epochs_times))
                 env = {"FLORTRAIN_STORE": str(work / mode)}
                 if mode == "record-every":
                     env["FLORTRAIN_PERIOD"] = "every"
@@ -291,7 +300,7 @@ def bench(name: str, reps: int, quick: bool, against: Path | None = None, bar: b
                     f"{m} {v[-1][0]:.2f}s held {v[-1][4]:.1%}" for m, v in times.items()), file=sys.stderr)
                 continue
             # what the record buys: an outer probe replayed, against re-running the probed script
-            script.write_text(source(name, quick, probe=True))
+            script.write_text(source(name, quick, probe=True, times=epochs_times))
             times["plain-probed"].append(_run([py, "train.py"], work, {}))
             times["replay"].append(_run([py, "-m", "flortrain", "replay", "train.py"], work, {"FLORTRAIN_STORE": str(work / "record")}))
             print(f"{name} rep {rep} ({' '.join(order)}): " + ", ".join(
@@ -352,16 +361,20 @@ def main() -> None:
     ap.add_argument("--bar", action="store_true",
                     help="only plain and adaptive record, for more repetitions of the pair the bar compares"
                          " (writes record_overhead-bar.json)")
+    ap.add_argument("--epochs-times", type=int, default=1, metavar="K",
+                    help="K times each workload's epochs: a longer run, where what a record pays once"
+                         " (its exit, its first checkpoints) weighs less (adds -xK to the file names)")
     args = ap.parse_args()
     if args.bar and args.against:
         ap.error("--bar and --against measure different things; run them separately")
     reps = 1 if args.quick else args.reps
     become_subreaper()
     with _worktree(args.against) as against:
-        results = {name: bench(name, reps, args.quick, against, args.bar) for name in args.only}
+        results = {name: bench(name, reps, args.quick, against, args.bar, args.epochs_times) for name in args.only}
     doc = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "reps": reps, "quick": args.quick, "bar": args.bar, "epsilon": 1 / 15, "against": args.against,
+        "reps": reps, "quick": args.quick, "bar": args.bar, "epochs_times": args.epochs_times, "epsilon": 1 / 15,
+        "against": args.against,
         "results": results,
     }
     if len(args.only) == len(WORKLOADS):
@@ -371,14 +384,15 @@ def main() -> None:
             )
         doc["median_record_training_interval"] = interval([_pairs(r) for r in results.values()])
     OUT.mkdir(parents=True, exist_ok=True)
-    stem = "record_overhead" + ("-bar" if args.bar else "") + ("-quick" if args.quick else "")
+    times = f"-x{args.epochs_times}" if args.epochs_times != 1 else ""
+    stem = "record_overhead" + ("-bar" if args.bar else "") + times + ("-quick" if args.quick else "")
     # every mode of this tree ran as without --against: its figures are the tree's figures too
     (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=2))
     _plot(results, OUT / f"{stem}.png")
     if args.bar:
         _print_bar(doc, results)
         return
-    quick = "-quick" if args.quick else ""
+    quick = times + ("-quick" if args.quick else "")
     if args.against:
         (OUT / f"record_overhead-against{quick}.json").write_text(json.dumps(doc, indent=2))
         _plot(results, OUT / f"record_overhead-against{quick}.png", args.against)
