@@ -51,11 +51,29 @@ def test_scheduler_brings_optimizer_and_its_modules(session: Session) -> None:
 def test_stepped_optimizer_joins_unnamed(session: Session) -> None:
     net = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    session.registry.stepped.clear()
+    session.registry.reset_block()
     net(torch.ones(1, 3)).sum().backward()
     opt.step()
     aug = kinds(session.augmentation("L1", []))
     assert ("optimizer", opt) in aug and ("module", net) in aug
+
+
+def test_every_optimizer_that_steps_is_noted_again_after_each_reset(session: Session) -> None:
+    """The step hook tells the optimizer that stepped last by identity alone; a block's reset
+    must make it note that optimizer again."""
+    reg = session.registry
+    nets = [torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)]
+    a, b = (torch.optim.SGD(n.parameters(), lr=0.1) for n in nets)
+    for n in nets:
+        n(torch.ones(1, 3)).sum().backward()
+    reg.reset_block()
+    for opt in (a, a, b, a):
+        opt.step()
+    assert reg.stepped == {reg.id_of(a), reg.id_of(b)}
+    for _ in range(2):  # the optimizer that stepped last before the reset steps first after it
+        reg.reset_block()
+        a.step()
+        assert reg.stepped == {reg.id_of(a)}
 
 
 def test_named_objects_are_not_duplicated(session: Session) -> None:
