@@ -295,14 +295,11 @@ def bench(
                 times[mode].append(_run(cmd, work, env))
                 if mode != "plain":
                     checkpointed[mode] = _checkpointed(work / mode)
-            if bar:
-                print(f"{name} rep {rep} ({' '.join(order)}): " + ", ".join(
-                    f"{m} {v[-1][0]:.2f}s held {v[-1][4]:.1%}" for m, v in times.items()), file=sys.stderr)
-                continue
-            # what the record buys: an outer probe replayed, against re-running the probed script
-            script.write_text(source(name, quick, probe=True, times=epochs_times))
-            times["plain-probed"].append(_run([py, "train.py"], work, {}))
-            times["replay"].append(_run([py, "-m", "flortrain", "replay", "train.py"], work, {"FLORTRAIN_STORE": str(work / "record")}))
+            if not bar:
+                # what the record buys: an outer probe replayed, against re-running the probed script
+                script.write_text(source(name, quick, probe=True, times=epochs_times))
+                times["plain-probed"].append(_run([py, "train.py"], work, {}))
+                times["replay"].append(_run([py, "-m", "flortrain", "replay", "train.py"], work, {"FLORTRAIN_STORE": str(work / "record")}))
             print(f"{name} rep {rep} ({' '.join(order)}): " + ", ".join(
                 f"{m} {v[-1][0]:.2f}/{v[-1][1]:.2f}s{f' +{v[-1][5]:.2f}s' if v[-1][5] >= 0.005 else ''}" for m, v in times.items()
             ), file=sys.stderr)
@@ -317,7 +314,7 @@ def bench(
         out[f"{mode}_held_overhead"], out[f"{mode}_held_spread"] = median_spread([t[4] for t in times[mode]])
         out[f"{mode}_settle"], out[f"{mode}_settle_spread"] = median_spread([t[5] for t in times[mode]])
         out[f"{mode}_exit_wait"], out[f"{mode}_exit_wait_spread"] = median_spread([t[6] for t in times[mode]])
-    out["record_training_interval"] = interval([ratios("record", "plain", 0)])
+    out["record_training_interval"] = interval([_pairs(out)])
     if not bar:
         out["replay_fraction"], out["replay_spread"] = median_spread(ratios("replay", "plain-probed", 1))
     return out
@@ -384,18 +381,18 @@ def main() -> None:
             )
         doc["median_record_training_interval"] = interval([_pairs(r) for r in results.values()])
     OUT.mkdir(parents=True, exist_ok=True)
-    times = f"-x{args.epochs_times}" if args.epochs_times != 1 else ""
-    stem = "record_overhead" + ("-bar" if args.bar else "") + times + ("-quick" if args.quick else "")
+    # the run's variant in its files' names: longer epochs, then quick
+    suffix = (f"-x{args.epochs_times}" if args.epochs_times != 1 else "") + ("-quick" if args.quick else "")
+    stem = "record_overhead" + ("-bar" if args.bar else "") + suffix
     # every mode of this tree ran as without --against: its figures are the tree's figures too
     (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=2))
     _plot(results, OUT / f"{stem}.png")
     if args.bar:
         _print_bar(doc, results)
         return
-    quick = times + ("-quick" if args.quick else "")
     if args.against:
-        (OUT / f"record_overhead-against{quick}.json").write_text(json.dumps(doc, indent=2))
-        _plot(results, OUT / f"record_overhead-against{quick}.png", args.against)
+        (OUT / f"record_overhead-against{suffix}.json").write_text(json.dumps(doc, indent=2))
+        _plot(results, OUT / f"record_overhead-against{suffix}.png", args.against)
     print(f"{'workload':10} {'loop':>8} {'record':>8} {'every':>8} {'e2e rec':>8} {'cpu rec':>8} {'held':>8} {'held ev':>8} {'exit wait':>9} {'ckpt (adaptive)':>16} {'ckpt (every)':>13} {'replay':>7}")
     for n, r in results.items():
         ck = r["checkpointed"]
@@ -489,8 +486,7 @@ def _plot(results: dict[str, dict[str, Any]], path: Path, against: str | None = 
         b.set_title("Outer-probe replay time")
     else:  # --bar: each pair's overhead, the spread the medians summarize
         for x, n in zip(xs, names, strict=True):
-            r = results[n]["times"]
-            ys = [100 * (a[0] / b[0] - 1) for a, b in zip(r["record"], r["plain"], strict=True)]
+            ys = [100 * (ratio - 1) for ratio in _pairs(results[n])]
             b.scatter([x] * len(ys), ys, alpha=0.6)
         b.axhline(2, color="green", linestyle=":", label="2% (median bar)")
         b.axhline(100 / 15, color="red", linestyle="--", label="ε = 1/15")
