@@ -19,11 +19,11 @@ def capture() -> dict[str, Any]:
     """Every global stream's state, copied. numpy's is taken only once ``numpy.random`` is
     imported: numpy (2.x) imports it lazily, on first use, and seeds the legacy stream from OS
     entropy then, so a script that has not imported it cannot have drawn from it. Asking for its
-    state would import it for the script, about 40 ms at the first capture, and ``get_state``
-    costs about 42 µs per capture after that, the largest part of a main loop's per-step
-    bookkeeping on nanoGPT's shape. A stream first captured midway counts its first state as its
-    initial one (``Session._boundary_digests``); :func:`restore` leaves a stream the checkpoint
-    does not hold alone."""
+    state would import it for the script, about 40 ms at the first capture. (Constructing a
+    torch optimizer imports it anyway, through ``torch._dynamo``; from then on every capture pays
+    ``get_state``, about 40 µs: docs/runtime.md.) A stream first captured midway counts its
+    first state as its initial one (``Session._boundary_digests``); :func:`restore` leaves a
+    stream the checkpoint does not hold alone."""
     state: dict[str, Any] = {"random": random.getstate()}
     np_random = sys.modules.get("numpy.random")
     if np_random is not None:
