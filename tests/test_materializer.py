@@ -694,3 +694,119 @@ def test_a_recorded_run_writes_on_the_lane_its_backlog_calls_for(tmp_path: Path,
     assert p.returncode == 0, err
     assert policies == ({os.SCHED_OTHER} if busy else {os.SCHED_IDLE}), policies
     replay_matches_plain(tmp_path, PACED, 'print(f"PROBE {model.weight.sum().item():.6f}")', env)
+
+
+def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_a_region_that_fills_the_ring_up_to_its_head_leaves_no_room() -> None:
+    """Placed at the start and ending exactly at the oldest region, a region leaves the ring's
+    tail equal to its head: full. Read as empty, the next region went on top of the oldest,
+    whose bytes the writer had not read yet (a replay then restored a later epoch's state)."""
+    from collections import deque
+
+    from flortrain.runtime.materializer import _Flight, ring_fit
+
+    flights = deque([_Flight("a", 100, 1000, 0)])
+    assert ring_fit(flights, 1000, 100) == 0
+    flights.append(_Flight("b", 0, 100, 0))
+    assert ring_fit(flights, 1000, 64) is None
+
+
+def test_regions_the_ring_hands_out_never_overlap_one_in_flight() -> None:
+    """Random sizes, and the writer finishing the oldest regions at random moments: every
+    region placed lies inside the ring and clear of every region still in flight."""
+    import random
+    from collections import deque
+
+    from flortrain.runtime.materializer import _Flight, ring_fit
+
+    rng = random.Random(0)
+    size = 4096
+    for _ in range(200):
+        flights: deque[_Flight] = deque()
+        placed = 0
+        for step in range(200):
+            if flights and rng.random() < 0.4:
+                flights.popleft()  # the writer finished the oldest
+            n = rng.choice([64, 128, rng.randrange(64, size, 64), size - flights[0].start if flights else size])
+            start = ring_fit(flights, size, n)
+            if start is None:
+                continue
+            assert start >= 0 and start + n <= size
+            assert not any(_overlaps((start, start + n), (f.start, f.end)) for f in flights), (step, start, n, flights)
+            flights.append(_Flight(f"k{step}", start, start + n, 0))
+            placed += 1
+        assert placed > 50
+
+
+SMALL_RING = """\
+import torch
+torch.manual_seed(0)
+w = torch.zeros(50 * 1024)          # 200 KB: five fit a 1 MB staging buffer
+for epoch in range(10):
+    for step in range(3):
+        w.add_(1.0 + epoch)
+    #PROBE
+    print(f"epoch {epoch} {w[0].item():.1f}", flush=True)
+"""
+
+
+def test_a_small_staging_buffer_and_a_slow_writer_keep_every_checkpoint_its_own(tmp_path: Path) -> None:
+    """The ring wraps and fills while the writer lags 0.3 s per checkpoint: each checkpoint
+    still holds its own epoch's state (before the fix, epoch 1 restored epoch 6's)."""
+    env = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_BUFFER_MB": "1", "FLORTRAIN_INJECT": "writer-delay=0.3"}
+    rep = replay_matches_plain(tmp_path, SMALL_RING, 'print(f"PROBE {epoch} {w.sum().item():.1f}")', env)
+    assert "10 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+def test_an_object_left_truncated_by_a_crash_is_written_again(tmp_path: Path) -> None:
+    """A crash after an object's rename and before its bytes reached the disk leaves its name
+    with no bytes (objects are not fsynced). The next record writes it again instead of taking
+    the name for the object, and its checkpoints restore."""
+    env = {"FLORTRAIN_PERIOD": "every"}
+    script = tmp_path / "train.py"
+    script.write_text(SMALL_RING.replace("    #PROBE\n", ""))
+    assert flortrain(tmp_path, "record", "train.py", env=env).code == 0
+    damaged = _objects(tmp_path / ".flortrain")
+    assert damaged
+    for p in damaged:
+        p.write_bytes(b"")
+    rep = replay_matches_plain(tmp_path, SMALL_RING, 'print(f"PROBE {epoch} {w.sum().item():.1f}")', env)
+    assert "10 block instances skipped, 0 executed" in rep.err and "corrupt" not in rep.err, rep.err
+    for p in damaged:
+        assert hashlib.sha256(p.read_bytes()).hexdigest() == p.name
+
+
+def test_an_item_whose_object_fails_ends_only_after_its_other_objects_are_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One object fails at once (a full disk), another is still being written: the failure is
+    raised only when that write has ended. Raised at once, the item was reported lost, its
+    region reused, and the write still running stored the next checkpoint's bytes under the
+    first one's name."""
+    import errno
+
+    from flortrain.runtime.writer import Objects
+    from flortrain.store import direct
+
+    real = direct.write_object
+    finished: list[int] = []
+
+    def write(path: Path, data: memoryview, aligned: bool) -> None:
+        if len(data) == 1 << 20:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        time.sleep(0.5)
+        real(path, data, aligned)
+        finished.append(len(data))
+
+    monkeypatch.setattr(direct, "write_object", write)
+    objects = Objects(tmp_path / "blobs", threads=2)
+    objects.busy = True  # the lane without SCHED_IDLE: this test's process is not a writer
+    try:
+        with pytest.raises(OSError, match="No space left"):
+            objects.store([(memoryview(os.urandom(1 << 20)), False), (memoryview(os.urandom(2 << 20)), False)])
+        assert finished == [2 << 20]
+    finally:
+        objects.close()

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flortrain import knobs
-from flortrain.runtime import blobformat
+from flortrain.runtime import blobformat, versions
 from flortrain.runtime.arena import Warmer, resident_budget
 from flortrain.runtime.digest import state_digests
 from flortrain.runtime.writer import Channel, Objects, run_child
@@ -281,7 +281,7 @@ class ChangeTracker:
 
     def unchanged(self, t: Any) -> int | None:
         """The token of this tensor's bytes as last staged, if they cannot have changed since."""
-        if not self.enabled:
+        if not self.enabled or versions.untrusted(t):
             return None
         hit = self.seen.get(self._where(t))
         if hit is None:
@@ -313,7 +313,7 @@ class ChangeTracker:
     def since_entry(self, t: Any) -> tuple[Any, ...] | None:
         """Where this tensor is, if its bytes cannot have changed since the main loop's entry
         (the key :meth:`kept` and :meth:`unhashed` take); else None."""
-        if not self.enabled:
+        if not self.enabled or versions.untrusted(t):
             return None
         where = self._where(t)
         hit = self.entry.get(where)
@@ -479,17 +479,7 @@ class BackgroundMaterializer:
     def _fit(self, n: int) -> int | None:
         """Where a region of ``n`` bytes fits in the arena now; None: not before the writer
         frees space."""
-        if not self.inflight:
-            return 0
-        head, tail = self.inflight[0].start, self.inflight[-1].end
-        if tail >= head:
-            if tail + n <= self.size:
-                return tail
-            if n <= head:
-                return 0
-        elif tail + n <= head:
-            return tail
-        return None
+        return ring_fit(self.inflight, self.size, n)
 
     def _alloc(self, n: int) -> int:
         """A region of ``n`` bytes in the arena, waiting for the writer to free space."""
@@ -682,6 +672,27 @@ class BackgroundMaterializer:
         except ChildProcessError:
             return
         threading.Thread(target=_wait_for, args=(pid,), name="flortrain-reap", daemon=True).start()
+
+
+def ring_fit(inflight: deque[_Flight], size: int, n: int) -> int | None:
+    """Where a region of ``n`` bytes fits in a ring of ``size`` bytes whose regions the writer
+    has not finished are ``inflight``, oldest first, each of at least one byte; None where it
+    does not fit before the writer frees some. Free space lies after the newest region's end
+    (the tail) and before the oldest one's start (the head). With regions in flight, a tail
+    equal to the head is a full ring that has wrapped, not an empty one: a region placed at the
+    start that exactly fills the gap up to the head leaves it so, and reading it as empty put
+    the next region on top of the oldest, whose bytes the writer had not yet read."""
+    if not inflight:
+        return 0
+    head, tail = inflight[0].start, inflight[-1].end
+    if tail > head:  # not wrapped: after the tail, else from the start up to the head
+        if tail + n <= size:
+            return tail
+        if n <= head:
+            return 0
+    elif tail + n <= head:  # wrapped: between the tail and the head
+        return tail
+    return None
 
 
 def _wait_for(pid: int) -> None:

@@ -22,6 +22,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from flortrain.runtime import versions
+
 
 class _Dead:
     """Stands for an object that exists on record only (its weak reference is dead at once)."""
@@ -33,7 +35,8 @@ class Registry:
         self._index: dict[int, int] = {}
         self.paused = 0
         self.stepped: set[int] = set()  # registry ids of optimizers stepped since last reset
-        self._last_stepped: Any = None  # the last optimizer added to ``stepped`` since the reset
+        self._last_stepped: Any = None  # the optimizer that stepped last since the reset
+        self._last_fused = False  # whether it steps with a fused kernel (``versions``)
         self.iterated: set[int] = set()  # registry ids of data loaders iterated since last reset
         # called with every data loader about to be iterated (probe isolation saves its generators)
         self.on_iterate: Callable[[Any], None] | None = None
@@ -54,17 +57,23 @@ class Registry:
 
         reg = self
 
-        def wrap(cls: Any) -> None:
+        def wrap(cls: Any, also: Callable[[Any], None] | None = None) -> None:
             original = cls.__init__
 
             def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
                 original(self, *args, **kwargs)
                 reg.add(self)
+                if also is not None:
+                    also(self)
 
             cls.__init__ = __init__
             self._undo.append(lambda: setattr(cls, "__init__", original))
 
-        wrap(torch.nn.Module)
+        def module_made(m: Any) -> None:
+            if versions.has_running_stats(m, torch):  # its kernel writes behind the counters
+                versions.watch_running_stats(m, torch)
+
+        wrap(torch.nn.Module, module_made)
         wrap(torch.optim.Optimizer)
         wrap(torch.utils.data.DataLoader)
 
@@ -85,12 +94,13 @@ class Registry:
             # runs after every optimizer step (9,600 in the fine-tuning benchmark's run), outside
             # what record counts as held: the optimizer that stepped last, already noted since the
             # block began, is told by identity alone
-            if opt is reg._last_stepped:
-                return
-            i = reg.id_of(opt)
-            if i is not None:
-                reg.stepped.add(i)
-                reg._last_stepped = opt
+            if opt is not reg._last_stepped:
+                i = reg.id_of(opt)
+                if i is not None:
+                    reg.stepped.add(i)
+                reg._last_stepped, reg._last_fused = opt, versions.fused(opt)
+            if reg._last_fused:  # its kernel wrote behind the version counters
+                versions.after_fused_step(opt, torch)
 
         handle = register_optimizer_step_post_hook(on_step)
         self._undo.append(handle.remove)

@@ -40,7 +40,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -120,8 +120,13 @@ class Objects:
         :data:`direct.ALIGN` boundary of memory) goes around the page cache."""
         if not views:
             return []
+        jobs = [self.pool().submit(self._one, v) for v in views]
         try:
-            return list(self.pool().map(self._one, views))
+            # every job ends before the first failure is raised: the item is then reported lost
+            # and its arena region reused, and a job still running would hash and write bytes
+            # staging had overwritten under the name of the bytes it started with
+            wait(jobs)
+            return [j.result() for j in jobs]
         finally:
             self._claimed.clear()
 
@@ -152,7 +157,7 @@ class Objects:
         sha = hashlib.sha256(view).hexdigest()
         path = object_path(self.blobs, sha)
         with self._lock:
-            if sha in self._claimed or path.exists():
+            if sha in self._claimed or _whole(path, len(view)):
                 return sha, 0
             self._claimed.add(sha)
         try:
@@ -168,6 +173,18 @@ class Objects:
             for pool in pools.values():
                 pool.shutdown(wait=True)
             pools.clear()
+
+
+def _whole(path: Path, nbytes: int) -> bool:
+    """Whether an object of ``nbytes`` is at ``path`` already. Its size is checked, not only its
+    name: a crash after the rename and before the data reached the disk can leave the name with
+    no bytes (objects are not fsynced), and an object skipped for being there would leave every
+    later checkpoint naming it unrestorable. Damage that keeps the size is caught when a replay
+    reads the object (its sha256 is verified) and the instance runs again."""
+    try:
+        return path.stat().st_size == nbytes
+    except OSError:
+        return False
 
 
 #: The writer's priority when it competes for the CPU (its busy lane and its own thread).
