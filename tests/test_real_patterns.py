@@ -237,3 +237,61 @@ def test_the_training_loop_not_the_inference_nest_is_the_main_loop(tmp_path: Pat
     first = explain.out.splitlines()[0]
     assert first.startswith("train.py:12:9 main loop M12 (for) in Layer.train_layer: its body is the training step")
     assert "train.py:29:9 loop in Net.predict not memoized: not a main loop: it does not train" in explain.out
+
+
+ALIASING_LIST = PRELUDE + """\
+snaps = []
+for epoch in range(4):
+    for i, (x, y) in enumerate(train):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if i == 0:
+            snaps.append(model.weight.detach())   # no clone: follows the live parameter
+    #PROBE
+    print(f"epoch {epoch} {loss.item():.6f} {snaps[0].sum().item():.6f}")
+print("same storage", all(s.data_ptr() == model.weight.data_ptr() for s in snaps))
+"""
+
+
+def test_a_container_of_views_of_a_parameter_is_not_restored_as_copies(tmp_path: Path) -> None:
+    """Found in review (stop 33): ``snaps.append(model.weight.detach())`` inside the loop. A
+    checkpoint held ``snaps`` by value, so a skipped instance left copies that no longer followed
+    training (the last line read False). Such an instance is now not memoized, and says why."""
+    rep = replay_matches_plain(tmp_path, ALIASING_LIST, 'print(f"PROBE {epoch} {snaps[-1].sum().item():.6f}")', EVERY)
+    assert "same storage True" in rep.out, rep.out
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert "`snaps[0]` shares memory with a model parameter" in rec.err, rec.err
+
+
+PERSISTENT_WORKERS = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=2, persistent_workers=PERSISTENT)
+for epoch in range(2):
+    for x, y in loader:
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(f"epoch {epoch} {loss.item():.6f}")
+"""
+
+
+def test_a_loader_whose_workers_outlive_an_epoch_is_named_at_record(tmp_path: Path) -> None:
+    """Found in review (stop 33): persistent workers carry their random streams across epochs,
+    where no checkpoint reaches; a replay that runs an epoch after restoring one drew different
+    data (``diff`` caught it). Record now says so, once, and only for such a loader."""
+    (tmp_path / "train.py").write_text(PERSISTENT_WORKERS.replace("PERSISTENT", "True"))
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert rec.code == 0, rec.err
+    assert rec.err.count("with persistent_workers=True: its workers' random streams carry over") == 1, rec.err
+    (tmp_path / "train.py").write_text(PERSISTENT_WORKERS.replace("PERSISTENT", "False"))
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert rec.code == 0 and "persistent_workers" not in rec.err, rec.err

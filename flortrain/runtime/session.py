@@ -604,6 +604,8 @@ class Session:
             if isinstance(obj, torch.optim.Optimizer):
                 for _, m in self.registry.modules_of(obj):
                     add(m)
+            elif kind == "loader" and self.mode == "record" and getattr(obj, "persistent_workers", False):
+                self.warn_once(f"persistent#{i}", _persistent_workers(block_id, i))
 
         def expand(obj: Any) -> None:
             if isinstance(obj, torch.optim.Optimizer):
@@ -673,3 +675,18 @@ class Session:
 
 #: The active session of this process, set by the runner.
 current: Session | None = None
+
+
+def _persistent_workers(block_id: str, registry_id: int) -> str:
+    """Why a data loader whose workers outlive an epoch can make a replay differ. Its workers'
+    random streams (seeded once, when they start) advance from epoch to epoch in processes no
+    checkpoint reaches. A replay that restores an epoch's state and then runs the next one starts
+    fresh workers, whose streams are where the record's were at the first epoch: augmentations
+    drawn there differ. ``diff`` reports it; with ``persistent_workers=False`` every epoch's
+    workers are seeded from the main process's stream, which checkpoints hold."""
+    return (
+        f"block {block_id} iterates a DataLoader (registry #{registry_id}) with persistent_workers=True:"
+        " its workers' random streams carry over between epochs, and no checkpoint holds them. A"
+        " replay that runs an epoch after restoring an earlier one may draw different data there"
+        " (`flortrain diff` reports it); persistent_workers=False replays exactly"
+    )

@@ -127,7 +127,7 @@ class Checkpointable:
                 continue
             _no_live_objects_inside(s, expr, v)
             rebound[expr] = self._detachable(expr, v)
-        _no_views_of_parameters(s, rebound)
+        _no_views_of_parameters(s, rebound, captured)
         registry = {
             "start": self.registry_start,
             "end": s.registry.count(),
@@ -389,12 +389,21 @@ def _no_live_objects_inside(s: Session, expr: str, v: Any) -> None:
             )
 
 
-def _no_views_of_parameters(s: Session, rebound: dict[str, Any]) -> None:
-    """Refuse a rebound tensor that shares memory with a live model's parameter or buffer
-    (``snap = model.weight.detach()``): restored, it would be a copy that no longer follows the
-    optimizer's in-place updates."""
+def _no_views_of_parameters(s: Session, rebound: dict[str, Any], captured: dict[str, Any]) -> None:
+    """Refuse a tensor that shares memory with a live model's parameter or buffer, held by a
+    rebound name (``snap = model.weight.detach()``) or inside a container the block changes
+    (``snaps.append(model.weight.detach())``): restored, it would be a copy that no longer
+    follows the optimizer's in-place updates. Modules and optimizers are restored in place and
+    are not looked into."""
     torch = sys.modules.get("torch")
-    tensors = {e: v for e, v in rebound.items() if torch is not None and isinstance(v, torch.Tensor)}
+    if torch is None:
+        return
+    tensors: list[tuple[str, Any]] = []
+    for expr, v in rebound.items():
+        _loose_tensors(v, expr, torch, tensors)
+    for expr, c in captured.items():
+        _captured_tensors(c, expr, tensors)
+    tensors = [(e, t) for e, t in tensors if t.numel()]
     if not tensors:
         return
     live = set()
@@ -402,12 +411,40 @@ def _no_views_of_parameters(s: Session, rebound: dict[str, Any]) -> None:
         for t in [*m.parameters(), *m.buffers()]:
             if t.numel():
                 live.add(t.untyped_storage().data_ptr())
-    for expr, v in tensors.items():
-        if v.numel() and v.untyped_storage().data_ptr() in live:
+    for expr, v in tensors:
+        if v.untyped_storage().data_ptr() in live:
             raise Unrestorable(
                 f"`{expr}` shares memory with a model parameter; restored, it would be a copy that"
                 " no longer follows training"
             )
+
+
+def _loose_tensors(v: Any, path: str, torch: Any, out: list[tuple[str, Any]]) -> None:
+    """The tensors in a rebound value, through lists, tuples and dicts."""
+    if isinstance(v, torch.Tensor):
+        out.append((path, v))
+    elif isinstance(v, list | tuple):
+        for i, x in enumerate(v):
+            _loose_tensors(x, f"{path}[{i}]", torch, out)
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _loose_tensors(x, f"{path}[{k!r}]", torch, out)
+
+
+def _captured_tensors(c: Any, path: str, out: list[tuple[str, Any]]) -> None:
+    """The tensors a captured state holds by value (``state.capture``): in containers and plain
+    objects, not in modules or optimizers, which are restored in place."""
+    if not isinstance(c, dict):
+        return
+    kind = c.get("kind")
+    if kind == "tensor":
+        out.append((path, c["value"]))
+    elif kind in ("list", "tuple", "deque"):
+        for i, x in enumerate(c["items"]):
+            _captured_tensors(x, f"{path}[{i}]", out)
+    elif kind in ("dict", "object"):
+        for k, x in c["items"].items():
+            _captured_tensors(x, f"{path}[{k!r}]" if kind == "dict" else f"{path}.{k}", out)
 
 
 def _registry_id(ref: str) -> int:
