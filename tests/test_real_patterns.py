@@ -295,3 +295,74 @@ def test_a_loader_whose_workers_outlive_an_epoch_is_named_at_record(tmp_path: Pa
     (tmp_path / "train.py").write_text(PERSISTENT_WORKERS.replace("PERSISTENT", "False"))
     rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert rec.code == 0 and "persistent_workers" not in rec.err, rec.err
+
+
+RESTORE_PRELUDE = """\
+import collections
+import numpy as np
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(64, 4)
+y = torch.randint(0, 2, (64,))
+"""
+
+LOOP = """\
+for epoch in range(4):
+    for step in range(8):
+        xb, yb = x[step * 8:(step + 1) * 8], y[step * 8:(step + 1) * 8]
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+BODY
+    #PROBE
+    print(f"epoch {epoch} {loss.item():.6f}")
+"""
+
+
+def _restore_case(setup: str, body: str) -> str:
+    return RESTORE_PRELUDE + setup + LOOP.replace("BODY", body)
+
+
+def test_a_slot_that_held_none_before_the_loop_is_restored_with_the_loops_dict(tmp_path: Path) -> None:
+    """Found in review (stop 33): restoring a dict into a slot that held None crashed the
+    replay with a TypeError in the user's line."""
+    text = _restore_case(
+        'log = {"best": None, "n": 0}\n',
+        '        log["n"] += 1\n'
+        '        if log["best"] is None or loss.item() < log["best"]["loss"]:\n'
+        '            log["best"] = {"step": step, "loss": round(loss.item(), 6)}',
+    )
+    rep = replay_matches_plain(tmp_path, text, 'print("PROBE", epoch, log)', EVERY)
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+def test_a_dicts_key_order_and_an_arrays_dtype_are_restored_as_recorded(tmp_path: Path) -> None:
+    """Found in review (stop 33): the restore kept the live key order (``move_to_end`` inside
+    the loop was lost) and cast a float result into the int array the slot held before."""
+    text = _restore_case(
+        'recent = collections.OrderedDict((k, 0.0) for k in range(3))\narrs = {"m": np.zeros(3, dtype=np.int64)}\n',
+        "        k = int(yb.sum()) % 3\n"
+        "        recent[k] = round(loss.item(), 4)\n"
+        "        recent.move_to_end(k)\n"
+        '        arrs["m"] = arrs["m"] + 0.5',
+    )
+    probe = 'print("PROBE", epoch, list(recent), arrs["m"].tolist(), arrs["m"].dtype)'
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+def test_namedtuples_and_counters_come_back_with_their_types(tmp_path: Path) -> None:
+    """Found in review (stop 33): restored from a list the loop appends to, a namedtuple came
+    back as a plain tuple, and a ``Counter`` rebound in the loop as a dict."""
+    text = _restore_case(
+        'Rec = collections.namedtuple("Rec", "epoch loss")\nhist = []\ncounts = collections.Counter()\n',
+        "        hist.append(Rec(epoch, round(loss.item(), 6)))\n"
+        "        counts = counts + collections.Counter(yb.tolist())",
+    )
+    probe = 'print("PROBE", epoch, type(hist[-1]).__name__, hist[-1].loss, type(counts).__name__, counts.most_common(1))'
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err

@@ -18,8 +18,8 @@ from types import FrameType
 from typing import Any
 
 from flortrain import knobs
+from flortrain.runtime import audit, rng, versions
 from flortrain.runtime import materializer as _materializer
-from flortrain.runtime import rng, versions
 from flortrain.runtime.adaptive import AdaptivePeriod
 from flortrain.runtime.blobformat import object_refs, tensor_bytes, tensor_sha256
 from flortrain.runtime.capture import Tee
@@ -71,6 +71,10 @@ class Session:
     #: left it (:meth:`flush`): a writer that training starved of CPU does its work then
     exit_wait: float = 0.0
     _no_boundary: set[str] = field(default_factory=set)
+    #: loop id -> why it is not checkpointed: the side-effect audit saw it change state in place
+    #: that its changeset does not name (``audit``)
+    unnamed_effects: dict[str, str] = field(default_factory=dict)
+    _main_audit: tuple[str, audit.Image, FrameType] | None = None
     _initial_digests: dict[str, str] = field(default_factory=dict)
     _digest_memo: dict[str, tuple[Any, str]] = field(default_factory=dict)  # ``rng.digest_map``'s
     #: id -> (tensor, version, sha256): live module tensors hashed by :meth:`live_object`
@@ -189,6 +193,7 @@ class Session:
             self._time_iteration(main_id)
         if objects is not None and names is not None:
             if self.mode == "record":
+                self._audit_iteration(main_id, i, objects, names, frame)
                 boundary = self._resume_jump(main_id, i, objects) if self.resume is not None else None
                 scalars = scalars_json(names)
                 if boundary is None:
@@ -210,6 +215,50 @@ class Session:
                 self.tee.flush_entries()
             self._put_rows()
         return boundary
+
+    def _audit_iteration(
+        self, main_id: str, i: int, objects: Getters, names: Getters, frame: FrameType | None
+    ) -> None:
+        """The side-effect audit of the main loop's first iterations (``audit``): an iteration
+        that changed state in place that the loop's changeset does not name makes its boundaries
+        unusable (a jump over iterations would skip that change), so none is checkpointed."""
+        last, self._main_audit = self._main_audit, None
+        if last is not None and last[0] == main_id:
+            self.audit_loop(main_id, last[1], last[2], {**_resolved(objects), **_resolved(names)})
+        if frame is not None and i < knobs.ALIAS_WATCH_INSTANCES and main_id not in self.unnamed_effects:
+            try:
+                self._main_audit = (main_id, audit.Image(audit.roots(frame), ()), frame)
+            except Exception as e:
+                self.warn_once(f"{main_id}.audit", f"loop {main_id}: side-effect audit unavailable: {e}")
+
+    def audit_loop(self, loop_id: str, before: audit.Image, frame: FrameType | None, state: dict[str, Any]) -> None:
+        """Compare a loop instance's before-image with the state now (``audit``). State changed in
+        place that ``state`` (the changeset's values) does not reach stops the loop's
+        checkpoints, and its main loop's boundaries, for the rest of the run."""
+        torch = sys.modules.get("torch")
+        try:
+            after = audit.Image(audit.roots(frame), ())
+            covered = audit.reachable(state.values(), ())
+            trained = (
+                audit.trained_addresses([m for _, m in self.registry.root_modules()], [o for _, o in self.registry.optimizers()], torch)
+                if torch is not None
+                else set()
+            )
+            changed = audit.changed(before, after, covered, trained)
+        except Exception as e:
+            self.warn_once(f"{loop_id}.audit", f"loop {loop_id}: side-effect audit unavailable: {e}")
+            return
+        if not changed or loop_id in self.unnamed_effects:
+            return
+        names = ", ".join(f"`{n}`" for n in changed[:3]) + (", ..." if len(changed) > 3 else "")
+        why = f"changes {names} in place through code its changeset does not see into"
+        self.unnamed_effects[loop_id] = why
+        if self.main is not None:
+            self._no_boundary.add(self.main[0])
+        self.warn(
+            f"loop {loop_id} {why}: it is not checkpointed from now on (its instances run again on"
+            " replay), nor are its main loop's iterations"
+        )
 
     def _put_rows(self) -> None:
         """Write the iteration and block rows held since the last commit."""
@@ -690,3 +739,12 @@ def _persistent_workers(block_id: str, registry_id: int) -> str:
         " replay that runs an epoch after restoring an earlier one may draw different data there"
         " (`flortrain diff` reports it); persistent_workers=False replays exactly"
     )
+
+
+def _resolved(getters: Getters) -> dict[str, Any]:
+    """The values of a changeset's getters that are bound now."""
+    out: dict[str, Any] = {}
+    for expr, get in getters.items():
+        with contextlib.suppress(NameError, AttributeError):
+            out[expr] = get()
+    return out

@@ -22,7 +22,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from flortrain import knobs
-from flortrain.runtime import rng
+from flortrain.runtime import audit, rng
 from flortrain.runtime.blobformat import MissingObject
 from flortrain.runtime.materializer import deserialize, digests
 from flortrain.runtime.state import (
@@ -127,7 +127,7 @@ class Checkpointable:
                 continue
             _no_live_objects_inside(s, expr, v)
             rebound[expr] = self._detachable(expr, v)
-        _no_views_of_parameters(s, rebound, captured)
+        _no_views_of_parameters(s, rebound, objs)
         registry = {
             "start": self.registry_start,
             "end": s.registry.count(),
@@ -223,6 +223,8 @@ class SkipBlock(Checkpointable):
         if session is not None:
             session.close_left_frames()
         self.watch: dict[int, Any] | None = None
+        self.audit: audit.Image | None = None  # the side-effect audit's before-image
+        self._audit_frame: FrameType | None = None
         if session is None or session.main is None or session.frames or session.probe_depth:
             # nested, outside the main loop, or opened by a probe (`print(evaluate(train_data))`):
             # plain code. A probe's loops must not take the key, and so the checkpoint, of the
@@ -239,6 +241,8 @@ class SkipBlock(Checkpointable):
                     session.adaptive.costs[block_id].n < knobs.ALIAS_WATCH_INSTANCES
                 ):
                     self.watch = self._snapshot_watched(session)
+                    self._audit_frame = sys._getframe(2)
+                    self.audit = _image_or_none(session, self.id, self._audit_frame)
         self.t0 = time.perf_counter()
         self.cpu0 = time.process_time()
 
@@ -326,6 +330,13 @@ class SkipBlock(Checkpointable):
                 self._learn_aliases(s, objects)
             except Exception as e:
                 s.warn_once(f"{self.id}.watch", f"block {self.id}: alias watch unavailable: {e}")
+        if self.audit is not None:
+            before, self.audit = self.audit, None
+            s.audit_loop(self.id, before, self._audit_frame, {**self._resolve(objects), **self._resolve(names)})
+        self._audit_frame = None
+        if self.id in s.unnamed_effects:  # changes state its checkpoints would not hold
+            s.block_done(self, "recorded", compute_s=compute, note=s.unnamed_effects[self.id])
+            return
         if not s.adaptive.should_materialize(self.id, s.iteration_elapsed()):
             s.block_done(self, "recorded", compute_s=compute)
             return
@@ -360,6 +371,16 @@ class SkipBlock(Checkpointable):
                 s.learn(self.id, i, type(obj).__name__)
 
 
+def _image_or_none(s: Session, loop_id: str, frame: FrameType) -> audit.Image | None:
+    """The side-effect audit's before-image of what the loop's frame can reach (``audit``); None,
+    with a warning, where taking it fails: the loop then goes unaudited, as before."""
+    try:
+        return audit.Image(audit.roots(frame), ())
+    except Exception as e:
+        s.warn_once(f"{loop_id}.audit", f"loop {loop_id}: side-effect audit unavailable: {e}")
+        return None
+
+
 def _watched_state(s: Session, obj: Any, owned: frozenset[int]) -> Any:
     """What the alias watch compares before and after a block: version fingerprints, or copies
     when the script writes tensors behind their version counters (``static/untracked.py``).
@@ -389,62 +410,61 @@ def _no_live_objects_inside(s: Session, expr: str, v: Any) -> None:
             )
 
 
-def _no_views_of_parameters(s: Session, rebound: dict[str, Any], captured: dict[str, Any]) -> None:
-    """Refuse a tensor that shares memory with a live model's parameter or buffer, held by a
-    rebound name (``snap = model.weight.detach()``) or inside a container the block changes
-    (``snaps.append(model.weight.detach())``): restored, it would be a copy that no longer
-    follows the optimizer's in-place updates. Modules and optimizers are restored in place and
-    are not looked into."""
+def _no_views_of_parameters(s: Session, rebound: dict[str, Any], objs: dict[str, Any]) -> None:
+    """Refuse a tensor that shares memory with a live model's parameter or buffer where a
+    restore would give back a copy that no longer follows the optimizer's in-place updates:
+    held by a rebound name (``snap = model.weight.detach()``; a rebound name is restored by
+    value), or inside a container the block changes in place (``snaps.append(w.detach())``;
+    found in review at stop 33). A parameter itself in such a container (an optimizer's
+    ``param_groups``) is restored into in place, and is fine. Modules and optimizers are
+    restored through their own state and are not looked into."""
     torch = sys.modules.get("torch")
     if torch is None:
         return
-    tensors: list[tuple[str, Any]] = []
+    by_value: list[tuple[str, Any]] = []
     for expr, v in rebound.items():
-        _loose_tensors(v, expr, torch, tensors)
-    for expr, c in captured.items():
-        _captured_tensors(c, expr, tensors)
-    tensors = [(e, t) for e, t in tensors if t.numel()]
-    if not tensors:
+        if isinstance(v, torch.Tensor):
+            by_value.append((expr, v))
+    inside: list[tuple[str, Any]] = []
+    for expr, o in objs.items():
+        _contained_tensors(o, expr, torch, inside, set())
+    if not any(t.numel() for _, t in (*by_value, *inside)):
         return
-    live = set()
+    live: set[int] = set()
+    own: set[int] = set()
     for _, m in s.registry.root_modules():
         for t in [*m.parameters(), *m.buffers()]:
+            own.add(id(t))
             if t.numel():
                 live.add(t.untyped_storage().data_ptr())
-    for expr, v in tensors:
-        if v.untyped_storage().data_ptr() in live:
+    for expr, v in [*by_value, *((e, t) for e, t in inside if id(t) not in own)]:
+        if v.numel() and v.untyped_storage().data_ptr() in live:
             raise Unrestorable(
                 f"`{expr}` shares memory with a model parameter; restored, it would be a copy that"
                 " no longer follows training"
             )
 
 
-def _loose_tensors(v: Any, path: str, torch: Any, out: list[tuple[str, Any]]) -> None:
-    """The tensors in a rebound value, through lists, tuples and dicts."""
-    if isinstance(v, torch.Tensor):
-        out.append((path, v))
-    elif isinstance(v, list | tuple):
-        for i, x in enumerate(v):
-            _loose_tensors(x, f"{path}[{i}]", torch, out)
-    elif isinstance(v, dict):
-        for k, x in v.items():
-            _loose_tensors(x, f"{path}[{k!r}]", torch, out)
-
-
-def _captured_tensors(c: Any, path: str, out: list[tuple[str, Any]]) -> None:
-    """The tensors a captured state holds by value (``state.capture``): in containers and plain
-    objects, not in modules or optimizers, which are restored in place."""
-    if not isinstance(c, dict):
+def _contained_tensors(v: Any, path: str, torch: Any, out: list[tuple[str, Any]], seen: set[int]) -> None:
+    """The tensors inside a live container or plain object (not a tensor at the top: a
+    changeset tensor restored in place is the same object), through lists, tuples, dicts and
+    attributes."""
+    if id(v) in seen or isinstance(v, torch.nn.Module | torch.optim.Optimizer | torch.Tensor):
         return
-    kind = c.get("kind")
-    if kind == "tensor":
-        out.append((path, c["value"]))
-    elif kind in ("list", "tuple", "deque"):
-        for i, x in enumerate(c["items"]):
-            _captured_tensors(x, f"{path}[{i}]", out)
-    elif kind in ("dict", "object"):
-        for k, x in c["items"].items():
-            _captured_tensors(x, f"{path}[{k!r}]" if kind == "dict" else f"{path}.{k}", out)
+    seen.add(id(v))
+    if isinstance(v, list | tuple):
+        items: list[tuple[str, Any]] = [(f"{path}[{i}]", x) for i, x in enumerate(v)]
+    elif isinstance(v, dict):
+        items = [(f"{path}[{k!r}]", x) for k, x in v.items()]
+    elif type(v).__module__ != "builtins" and isinstance(getattr(v, "__dict__", None), dict):
+        items = [(f"{path}.{k}", x) for k, x in vars(v).items()]
+    else:
+        return
+    for p, x in items:
+        if isinstance(x, torch.Tensor):
+            out.append((p, x))
+        else:
+            _contained_tensors(x, p, torch, out, seen)
 
 
 def _registry_id(ref: str) -> int:

@@ -155,11 +155,11 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
     if isinstance(obj, collections.deque):
         return {"kind": "deque", "items": [capture(x, memo, f"{path}[{i}]") for i, x in enumerate(obj)]}
     if isinstance(obj, list):
-        return {"kind": "list", "items": [capture(x, memo, f"{path}[{i}]") for i, x in enumerate(obj)]}
+        return _typed({"kind": "list", "items": [capture(x, memo, f"{path}[{i}]") for i, x in enumerate(obj)]}, obj, list)
     if isinstance(obj, tuple):
-        return {"kind": "tuple", "items": [capture(x, memo, f"{path}[{i}]") for i, x in enumerate(obj)]}
+        return _typed({"kind": "tuple", "items": [capture(x, memo, f"{path}[{i}]") for i, x in enumerate(obj)]}, obj, tuple)
     if isinstance(obj, dict):
-        return {"kind": "dict", "items": {k: capture(v, memo, f"{path}[{k!r}]") for k, v in obj.items()}}
+        return _typed({"kind": "dict", "items": {k: capture(v, memo, f"{path}[{k!r}]") for k, v in obj.items()}}, obj, dict)
     if isinstance(obj, set):
         return {"kind": "set", "value": obj}
     if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
@@ -167,6 +167,29 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
     if hasattr(obj, "__dict__") and not isinstance(obj, type):
         return {"kind": "object", "items": {k: capture(v, memo, f"{path}.{k}") for k, v in vars(obj).items()}}
     raise Unrestorable(f"cannot capture a {type(obj).__name__}")
+
+
+def _typed(state: dict[str, Any], obj: Any, base: type) -> dict[str, Any]:
+    """A container's state, with its type when it is a subclass (a namedtuple, a ``Counter``, a
+    ``defaultdict`` and its factory): a rebuilt one is of that type again, not a plain one
+    (found in review at stop 33: a namedtuple came back as a tuple)."""
+    if type(obj) is not base:
+        state["type"] = type(obj)
+        if isinstance(obj, collections.defaultdict):
+            state["factory"] = obj.default_factory
+    return state
+
+
+def _container(state: dict[str, Any], items: Any) -> Any:
+    """A rebuilt container of the captured type, holding ``items``."""
+    cls = state.get("type")
+    if cls is None:
+        return tuple(items) if state["kind"] == "tuple" else items
+    if "factory" in state:
+        return cls(state["factory"], items)
+    if state["kind"] == "tuple" and hasattr(cls, "_make"):
+        return cls._make(items)
+    return cls(items)
 
 
 def _is_numpy_value(obj: Any) -> bool:
@@ -220,11 +243,11 @@ def rebuild(state: dict[str, Any]) -> Any:
             t.grad = state["grad"]
         return t
     if kind == "list":
-        return [rebuild(s) for s in state["items"]]
+        return _container(state, [rebuild(s) for s in state["items"]])
     if kind == "tuple":
-        return tuple(rebuild(s) for s in state["items"])
+        return _container(state, [rebuild(s) for s in state["items"]])
     if kind == "dict":
-        return {k: rebuild(v) for k, v in state["items"].items()}
+        return _container(state, {k: rebuild(v) for k, v in state["items"].items()})
     if kind == "random":
         r = random.Random()
         r.setstate(state["state"])
@@ -291,6 +314,8 @@ def restore_into(live: Any, state: dict[str, Any]) -> Any:
         live.load_state_dict(copy.deepcopy(state["state"]) if kind == "scheduler" else state["state"])
         return live
     if kind == "deque":
+        if not isinstance(live, collections.deque):
+            return collections.deque(rebuild(s) for s in state["items"])
         live.clear()
         live.extend(rebuild(s) for s in state["items"])
         return live
@@ -316,34 +341,47 @@ def restore_into(live: Any, state: dict[str, Any]) -> Any:
         live.setstate(state["state"])
         return live
     if kind == "ndarray":
-        if live is not None and getattr(live, "shape", None) == state["value"].shape:
-            live[...] = state["value"]
+        value = state["value"]
+        if getattr(live, "shape", None) == value.shape and getattr(live, "dtype", None) == value.dtype:
+            live[...] = value
             return live
-        return state["value"]
+        return value  # rebound to another shape or dtype: the record's array, not a cast
     if kind == "set":
+        if not isinstance(live, set):
+            return set(state["value"])
         live.clear()
         live.update(state["value"])
         return live
     if kind == "list":
         items = state["items"]
-        if isinstance(live, list) and len(live) == len(items):
+        if not isinstance(live, list):  # the slot held something else before (None)
+            return rebuild(state)
+        if len(live) == len(items):
             for i, s in enumerate(items):
                 live[i] = restore_into(live[i], s)
         else:
             live[:] = [rebuild(s) for s in items]
         return live
     if kind == "tuple":
-        return tuple(restore_into(x, s) for x, s in zip(live, state["items"], strict=False)) if (
-            isinstance(live, tuple) and len(live) == len(state["items"])
-        ) else rebuild(state)
+        if isinstance(live, tuple) and len(live) == len(state["items"]):
+            return _container(state, [restore_into(x, s) for x, s in zip(live, state["items"], strict=True)])
+        return rebuild(state)
     if kind == "dict":
         items = state["items"]
+        if not isinstance(live, dict):  # the slot held something else before (None)
+            return rebuild(state)
         for k in [k for k in live if k not in items]:
             del live[k]
         for k, s in items.items():
             live[k] = restore_into(live[k], s) if k in live else rebuild(s)
+        if list(live) != list(items):  # the loop reordered keys (`move_to_end`, pop and re-insert)
+            ordered = {k: live[k] for k in items}
+            live.clear()
+            live.update(ordered)
         return live
     if kind == "object":
+        if live is None or not hasattr(live, "__dict__"):
+            raise Unrestorable(f"cannot restore a {type(live).__name__} from an object's state")
         d = vars(live)
         for k, s in state["items"].items():
             d[k] = restore_into(d[k], s) if k in d else rebuild(s)

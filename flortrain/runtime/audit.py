@@ -1,0 +1,229 @@
+"""The side-effect audit: what a loop changed in place that its changeset does not name.
+
+The changeset comes from Flor's static rules (``static/changeset.py``), which read effects off the
+syntax: assignments, methods called on a name, arguments of known mutating functions. Effects
+hidden behind a call the rules cannot see into escape them, and a skipped instance then leaves
+that state as the prologue left it, silently: ``seen.add(i)`` (``add`` reads a tensor, but writes
+a set), ``early_stop(val_loss)`` (a callable object counting in ``self``), ``step(batch)`` (a
+``functools.partial`` holding a stats dict), ``np.add(acc, g, acc)``, ``f.readline()``. A review
+at stop 33 found twelve such shapes, each replayed wrong with ``diff`` passing, since ``diff``
+has no record of what a probe prints.
+
+So record audits the first instances of each memoized loop and of each main loop (as many as
+the alias watch, ``knobs.ALIAS_WATCH_INSTANCES``): before, it takes a shallow image of every
+object reachable from the names of the loop's frame (its locals and its module's globals);
+after, it takes them again and compares. An object whose image changed, that the changeset's
+objects cannot reach, was changed behind the rules' back: the loop is then not checkpointed for
+the rest of the run (its instances re-execute on replay, and its main loop's boundaries are not
+checkpointed), and record says which name reaches it. Exact, where it would have been wrong.
+
+What an image holds: containers by their items (an item that is an object, by identity: each
+object has its own image), plain objects by their attributes, tensors by memory and version
+counter (by content where a kernel writes behind the counter, ``versions``), NumPy arrays by a
+hash of their bytes (up to :data:`ARRAY_LIMIT`), random generators by their state, files by
+their position. Modules, optimizers and data loaders are the alias watch's; functions, classes
+and modules are not entered. The walk stops after :data:`BUDGET` objects: what it did not reach
+is not audited. Instances after the audited ones are not audited either: a loop that starts
+changing such state later (at epoch 10) is not caught (``docs/limitations.md``).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import io
+import random
+import sys
+import types
+from collections.abc import Iterable, Iterator
+from types import FrameType
+from typing import Any
+
+from flortrain.runtime import versions
+
+#: Objects walked per image, at most (a dataset held as a Python list of samples is large).
+BUDGET = 200_000
+#: NumPy arrays larger than this are not hashed (identity only): not audited.
+ARRAY_LIMIT = 64 << 20
+
+_ATOMS = (int, str, bytes, bool, type(None), complex, range)
+_NOT_ENTERED = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType)
+
+
+def roots(frame: FrameType | None) -> dict[str, Any]:
+    """The names a loop's code can reach state through: its frame's locals and its module's
+    globals, without dunders and flortrain's own."""
+    if frame is None:
+        return {}
+    out: dict[str, Any] = {}
+    for scope in (frame.f_globals, frame.f_locals):
+        for k, v in scope.items():
+            if not (k.startswith("__") or k.startswith("_flortrain")):
+                out[k] = v
+    return out
+
+
+class Image:
+    """Shallow images of every object reachable from some roots, by identity, and the root
+    name each was first reached through. The objects are held until the audit ends, so that an
+    identity cannot pass to a new object meanwhile."""
+
+    def __init__(self, named: dict[str, Any], opaque: Iterable[Any]) -> None:
+        self.opaque = {id(o) for o in opaque}
+        self.shapes: dict[int, Any] = {}
+        self.via: dict[int, str] = {}
+        self.held: dict[int, Any] = {}
+        stack: list[tuple[Any, str]] = [(v, k) for k, v in named.items()]
+        while stack and len(self.held) < BUDGET:
+            obj, name = stack.pop()
+            oid = id(obj)
+            if oid in self.shapes or oid in self.opaque or _leaf_atom(obj):
+                continue
+            try:
+                shape, children = _shape(obj)
+            except Exception:  # an object that will not say (a sparse tensor, a closed handle)
+                shape, children = ("X",), []
+            self.shapes[oid] = shape
+            self.via[oid] = name
+            self.held[oid] = obj
+            stack.extend((c, name) for c in children)
+
+
+def reachable(objs: Iterable[Any], opaque: Iterable[Any]) -> set[int]:
+    """Identities of every object reachable from ``objs`` (the changeset's, which checkpoints
+    hold), within the budget."""
+    return set(Image({str(i): o for i, o in enumerate(objs)}, opaque).shapes)
+
+
+def changed(before: Image, after: Image, covered: set[int], trained: set[int]) -> list[str]:
+    """Root names reaching an object whose image changed that ``covered`` (identities) does not
+    hold, sorted. A tensor at an address in ``trained`` is a live model's or optimizer's (``w =
+    model.fc.weight`` before the loop): the alias watch answers for it."""
+    names = set()
+    for oid, shape in before.shapes.items():
+        if oid in covered or oid not in after.shapes or after.shapes[oid] == shape:
+            continue
+        if shape[0] in ("T", "Tb") and after.held[oid].data_ptr() in trained:
+            continue
+        names.add(before.via[oid])
+    return sorted(names)
+
+
+def trained_addresses(modules: Iterable[Any], optimizers: Iterable[Any], torch: Any) -> set[int]:
+    """Where the tensors of live models (parameters, buffers, gradients) and optimizers (state)
+    are."""
+    out: set[int] = set()
+    for m in modules:
+        for t in (*m.parameters(), *m.buffers()):
+            out.add(t.data_ptr())
+            if t.grad is not None:
+                out.add(t.grad.data_ptr())
+    for o in optimizers:
+        for st in o.state.values():
+            out.update(v.data_ptr() for v in st.values() if isinstance(v, torch.Tensor))
+    out.discard(0)
+    return out
+
+
+def _leaf_atom(obj: Any) -> bool:
+    return isinstance(obj, (*_ATOMS, float))
+
+
+def _token(x: Any) -> Any:
+    """An item as its container's image holds it: a value by value, an object by identity."""
+    if isinstance(x, float):
+        return ("f", x.hex()) if x == x else ("f", "nan")
+    if isinstance(x, _ATOMS):
+        return x
+    return ("@", id(x))
+
+
+def _shape(obj: Any) -> tuple[Any, list[Any]]:
+    """An object's shallow image, and the objects it refers to (walked in turn)."""
+    if isinstance(obj, dict):
+        items = list(obj.items())
+        return ("D", type(obj), tuple((_token(k), _token(v)) for k, v in items)), [v for _, v in items]
+    if isinstance(obj, list | tuple):
+        return ("L", type(obj), tuple(_token(x) for x in obj)), list(obj)
+    if isinstance(obj, set | frozenset):
+        return ("S", frozenset(_token(x) for x in obj)), list(obj)
+    if isinstance(obj, collections.deque):
+        items = list(obj)
+        return ("L", type(obj), tuple(_token(x) for x in items)), items
+    mod = type(obj).__module__.split(".", 1)[0]
+    if isinstance(obj, _NOT_ENTERED):
+        return ("X",), []
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if isinstance(obj, torch.Tensor):
+            return _tensor(obj, torch), []
+        if isinstance(obj, torch.nn.Module | torch.optim.Optimizer | torch.utils.data.DataLoader):
+            return ("X",), []  # the alias watch's
+        if isinstance(obj, torch.Generator):
+            return ("G", bytes(obj.get_state().numpy().tobytes())), []
+    if mod == "numpy":
+        return _numpy(obj), []
+    if isinstance(obj, random.Random):
+        return ("R", obj.getstate()), []
+    if isinstance(obj, io.IOBase):
+        return ("F", _position(obj)), []
+    attrs = _attributes(obj)
+    if attrs is None:
+        return ("X",), []
+    return ("O", type(obj), tuple((k, _token(v)) for k, v in attrs)), [v for _, v in attrs]
+
+
+def _attributes(obj: Any) -> list[tuple[str, Any]] | None:
+    """An object's attributes from its ``__dict__`` and ``__slots__``; None where it has neither
+    (an extension type: not audited)."""
+    out: list[tuple[str, Any]] = []
+    d = getattr(obj, "__dict__", None)
+    if isinstance(d, dict):
+        out.extend(d.items())
+    for cls in type(obj).__mro__:
+        for slot in _slots(cls):
+            if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
+                out.append((slot, getattr(obj, slot)))
+    return out if out or isinstance(d, dict) else None
+
+
+def _slots(cls: type) -> Iterator[str]:
+    s = cls.__dict__.get("__slots__", ())
+    yield from ((s,) if isinstance(s, str) else s)
+
+
+def _tensor(t: Any, torch: Any) -> Any:
+    try:
+        version = t._version
+    except RuntimeError:  # an inference tensor
+        version = None
+    if version is None or versions.untrusted(t):
+        return ("Tb", _digest(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
+    return ("T", t.data_ptr(), tuple(t.shape), t.dtype, version)
+
+
+def _numpy(obj: Any) -> Any:
+    np = sys.modules["numpy"]
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject or obj.nbytes > ARRAY_LIMIT:
+            return ("X",)  # not audited: its items are objects, or it is too large to hash
+        return ("A", obj.shape, obj.dtype.str, _digest(np.ascontiguousarray(obj)))
+    if isinstance(obj, np.random.Generator):
+        return ("NG", repr(obj.bit_generator.state))
+    if isinstance(obj, np.random.RandomState):
+        return ("NR", repr(obj.get_state(legacy=False)))
+    if isinstance(obj, np.random.BitGenerator):
+        return ("NB", repr(obj.state))
+    return ("X",)
+
+
+def _digest(a: Any) -> str:
+    return hashlib.blake2b(memoryview(a).cast("B"), digest_size=16).hexdigest()
+
+
+def _position(f: Any) -> Any:
+    try:
+        return None if f.closed else f.tell()
+    except (OSError, ValueError):
+        return None

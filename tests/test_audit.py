@@ -1,0 +1,132 @@
+"""The side-effect audit (runtime/audit.py): state a loop changes in place that its static
+changeset does not name. Each shape below replayed wrong before, with ``diff`` passing (found in
+review at stop 33). Now record sees the change in the loop's first instance and stops
+checkpointing that loop, so the replay runs it and prints what ``python`` prints. Shapes whose
+changes the changeset does hold must stay memoized."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.protocol import flortrain, replay_matches_plain
+
+EVERY = {"FLORTRAIN_PERIOD": "every"}
+
+PRELUDE = """\
+import random
+import torch
+
+torch.manual_seed(0)
+X = torch.randn(64, 4)
+Y = X @ torch.tensor([1.0, -2.0, 0.5, 3.0])
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+"""
+
+SET_ADD = PRELUDE + """\
+seen = set()
+for epoch in range(4):
+    for step in range(4):
+        idx = torch.randint(0, 64, (8,))
+        for i in idx.tolist():
+            seen.add(i)              # `add` reads a tensor, but writes a set
+        loss = ((model(X[idx]).squeeze(1) - Y[idx]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    #PROBE
+    print(f"epoch {epoch} {loss.item():.6f}")
+"""
+
+
+def test_a_set_filled_through_add_is_not_skipped_over(tmp_path: Path) -> None:
+    rep = replay_matches_plain(tmp_path, SET_ADD, 'print(f"PROBE {epoch} {len(seen)}")', EVERY)
+    assert "0 block instances skipped, 4 executed" in rep.err, rep.err
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert "changes `seen` in place through code its changeset does not see into" in rec.err, rec.err
+
+
+CALLABLE = PRELUDE + """\
+class Jitter:
+    def __init__(self, seed):
+        self.rng = random.Random(seed)   # a private stream no global capture holds
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        return x + 0.1 * self.rng.gauss(0.0, 1.0)
+
+
+jitter = Jitter(123)
+for epoch in range(4):
+    for step in range(4):
+        idx = torch.randint(0, 64, (8,))
+        xb = jitter(X[idx])
+        loss = ((model(xb).squeeze(1) - Y[idx]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    #PROBE
+    print(f"epoch {epoch} {loss.item():.6f}")
+"""
+
+
+def test_a_callable_object_with_its_own_stream_is_not_skipped_over(tmp_path: Path) -> None:
+    probe = 'print(f"PROBE {epoch} {jitter.calls} {jitter.rng.getstate()[1][:3]}")'
+    rep = replay_matches_plain(tmp_path, CALLABLE, probe, EVERY)
+    assert "0 block instances skipped, 4 executed" in rep.err, rep.err
+
+
+MAIN_BODY = PRELUDE + """\
+import numpy as np
+
+acc = np.zeros(4)
+for epoch in range(6):
+    for step in range(4):
+        idx = torch.randint(0, 64, (8,))
+        loss = ((model(X[idx]).squeeze(1) - Y[idx]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    np.add(acc, model.weight.detach().numpy()[0], acc)   # a positional `out`, in the epoch body
+    #PROBE
+    print(f"epoch {epoch} {loss.item():.6f}")
+"""
+
+
+def test_a_main_loop_that_changes_an_array_in_place_is_not_jumped_over(tmp_path: Path) -> None:
+    """The change is in the main loop's body, outside the memoized loop: the inner loop stays
+    memoized, but no iteration boundary is checkpointed, so no replay jumps over the epochs
+    that filled ``acc``."""
+    probe = 'if epoch == 5: print("PROBE", acc.round(6).tolist())'
+    rep = replay_matches_plain(tmp_path, MAIN_BODY, probe, EVERY)
+    assert "iterations jumped over" not in rep.err, rep.err
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert "changes `acc` in place" in rec.err, rec.err
+
+
+COVERED = PRELUDE + """\
+history = []
+log = {"history": history, "runs": 1}   # reaches state the changeset holds
+w = model.weight                        # an alias of a parameter the optimizer updates
+for epoch in range(4):
+    for step in range(4):
+        idx = torch.randint(0, 64, (8,))
+        loss = ((model(X[idx]).squeeze(1) - Y[idx]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        history.append(loss.item())
+    #PROBE
+    print(f"epoch {epoch} {loss.item():.6f} {w.sum().item():.6f}")
+"""
+
+
+def test_changes_the_changeset_holds_keep_the_loop_memoized(tmp_path: Path) -> None:
+    """No false alarm: a dict reaching a list the loop appends to (in its changeset), and a
+    name for a parameter (the alias watch's)."""
+    probe = 'print(f"PROBE {epoch} {len(log[\'history\'])} {w.sum().item():.6f}")'
+    rep = replay_matches_plain(tmp_path, COVERED, probe, EVERY)
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert "in place through code" not in rec.err, rec.err
