@@ -29,6 +29,7 @@ changing such state later (at epoch 10) is not caught (``docs/limitations.md``).
 
 from __future__ import annotations
 
+import ast
 import collections
 import hashlib
 import io
@@ -96,18 +97,59 @@ def reachable(objs: Iterable[Any], opaque: Iterable[Any]) -> set[int]:
     return set(Image({str(i): o for i, o in enumerate(objs)}, opaque).shapes)
 
 
-def changed(before: Image, after: Image, covered: set[int], trained: set[int]) -> list[str]:
+def changed(
+    before: Image, after: Image, covered: set[int], trained: set[int], named: dict[int, set[Any]] | None = None
+) -> list[str]:
     """Root names reaching an object whose image changed that ``covered`` (identities) does not
     hold, sorted. A tensor at an address in ``trained`` is a live model's or optimizer's (``w =
-    model.fc.weight`` before the loop): the alias watch answers for it."""
+    model.fc.weight`` before the loop): the alias watch answers for it. ``named``: attributes
+    and keys the changeset names, by owner (``self.global_step`` rebinds an attribute of
+    ``self``): an object whose only changes are there changed as the changeset says."""
     names = set()
     for oid, shape in before.shapes.items():
         if oid in covered or oid not in after.shapes or after.shapes[oid] == shape:
             continue
         if shape[0] in ("T", "Tb") and after.held[oid].data_ptr() in trained:
             continue
+        if named and oid in named and _slots_changed(shape, after.shapes[oid]) <= named[oid]:
+            continue
         names.add(before.via[oid])
     return sorted(names)
+
+
+def named_slots(exprs: Iterable[str], frame: FrameType | None) -> dict[int, set[Any]]:
+    """For each changeset expression that names an attribute or a constant key of an object
+    (``self.global_step``, ``stats["n"]``), that object's identity and the attribute or key. The
+    owner is evaluated in the loop's frame: it is what the instrumented code reads itself."""
+    out: dict[int, set[Any]] = {}
+    if frame is None:
+        return out
+    for expr in exprs:
+        try:
+            tree = ast.parse(expr, mode="eval").body
+            if isinstance(tree, ast.Attribute):
+                slot: Any = tree.attr
+            elif isinstance(tree, ast.Subscript):
+                slot = ast.literal_eval(tree.slice)
+            else:
+                continue
+            owner = eval(compile(ast.Expression(tree.value), "<changeset>", "eval"), frame.f_globals, frame.f_locals)
+        except Exception:  # not a plain path, or not bound now
+            continue
+        out.setdefault(id(owner), set()).add(slot)
+    return out
+
+
+def _slots_changed(a: Any, b: Any) -> set[Any]:
+    """The attributes or keys whose items differ between two images of one dict or object
+    (anything else: a marker no changeset names)."""
+    if a[0] != b[0] or a[0] not in ("D", "O") or a[1] is not b[1]:
+        return {_WHOLE}
+    old, new = dict(a[2]), dict(b[2])  # (kind, type, ((attribute or key, item), ...))
+    return {k for k in old.keys() | new.keys() if old.get(k, _WHOLE) != new.get(k, _WHOLE)}
+
+
+_WHOLE = object()
 
 
 def trained_addresses(modules: Iterable[Any], optimizers: Iterable[Any], torch: Any) -> set[int]:
@@ -120,6 +162,11 @@ def trained_addresses(modules: Iterable[Any], optimizers: Iterable[Any], torch: 
             if t.grad is not None:
                 out.add(t.grad.data_ptr())
     for o in optimizers:
+        for g in o.param_groups:  # parameters of no module (`SGD([w])`) are the optimizer's
+            for t in g["params"]:
+                out.add(t.data_ptr())
+                if t.grad is not None:
+                    out.add(t.grad.data_ptr())
         for st in o.state.values():
             out.update(v.data_ptr() for v in st.values() if isinstance(v, torch.Tensor))
     out.discard(0)

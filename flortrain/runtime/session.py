@@ -238,13 +238,17 @@ class Session:
         torch = sys.modules.get("torch")
         try:
             after = audit.Image(audit.roots(frame), ())
-            covered = audit.reachable(state.values(), ())
+            optimizers = [o for _, o in self.registry.optimizers()]
+            # an optimizer's groups are the alias watch's, however the script reaches them
+            # (nanoGPT's `for param_group in optimizer.param_groups` leaves a name on the last)
+            covered = audit.reachable([*state.values(), *(o.param_groups for o in optimizers)], ())
             trained = (
-                audit.trained_addresses([m for _, m in self.registry.root_modules()], [o for _, o in self.registry.optimizers()], torch)
+                audit.trained_addresses([m for _, m in self.registry.root_modules()], optimizers, torch)
                 if torch is not None
                 else set()
             )
-            changed = audit.changed(before, after, covered, trained)
+            named = audit.named_slots(state.keys(), frame)
+            changed = audit.changed(before, after, covered, trained, named)
         except Exception as e:
             self.warn_once(f"{loop_id}.audit", f"loop {loop_id}: side-effect audit unavailable: {e}")
             return
