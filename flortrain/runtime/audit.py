@@ -36,7 +36,7 @@ import io
 import random
 import sys
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -70,8 +70,7 @@ class Image:
     name each was first reached through. The objects are held until the audit ends, so that an
     identity cannot pass to a new object meanwhile."""
 
-    def __init__(self, named: dict[str, Any], opaque: Iterable[Any]) -> None:
-        self.opaque = {id(o) for o in opaque}
+    def __init__(self, named: dict[str, Any], leaves: bool = True) -> None:
         self.shapes: dict[int, Any] = {}
         self.via: dict[int, str] = {}
         self.held: dict[int, Any] = {}
@@ -79,10 +78,10 @@ class Image:
         while stack and len(self.held) < BUDGET:
             obj, name = stack.pop()
             oid = id(obj)
-            if oid in self.shapes or oid in self.opaque or _leaf_atom(obj):
+            if oid in self.shapes or _leaf_atom(obj):
                 continue
             try:
-                shape, children = _shape(obj)
+                shape, children = _shape(obj, leaves)
             except Exception:  # an object that will not say (a sparse tensor, a closed handle)
                 shape, children = ("X",), []
             self.shapes[oid] = shape
@@ -91,10 +90,10 @@ class Image:
             stack.extend((c, name) for c in children)
 
 
-def reachable(objs: Iterable[Any], opaque: Iterable[Any]) -> set[int]:
+def reachable(objs: Iterable[Any]) -> set[int]:
     """Identities of every object reachable from ``objs`` (the changeset's, which checkpoints
     hold), within the budget."""
-    return set(Image({str(i): o for i, o in enumerate(objs)}, opaque).shapes)
+    return set(Image({str(i): o for i, o in enumerate(objs)}, leaves=False).shapes)
 
 
 def changed(
@@ -186,8 +185,10 @@ def _token(x: Any) -> Any:
     return ("@", id(x))
 
 
-def _shape(obj: Any) -> tuple[Any, list[Any]]:
-    """An object's shallow image, and the objects it refers to (walked in turn)."""
+def _shape(obj: Any, leaves: bool = True) -> tuple[Any, list[Any]]:
+    """An object's shallow image, and the objects it refers to (walked in turn). ``leaves``:
+    whether to image objects that refer to nothing walked (tensors, arrays, generators, files);
+    without, only what refers onwards is read, for :func:`reachable`."""
     if isinstance(obj, dict):
         items = list(obj.items())
         return ("D", type(obj), tuple((_token(k), _token(v)) for k, v in items)), [v for _, v in items]
@@ -198,27 +199,34 @@ def _shape(obj: Any) -> tuple[Any, list[Any]]:
     if isinstance(obj, collections.deque):
         items = list(obj)
         return ("L", type(obj), tuple(_token(x) for x in items)), items
-    mod = type(obj).__module__.split(".", 1)[0]
     if isinstance(obj, _NOT_ENTERED):
         return ("X",), []
     torch = sys.modules.get("torch")
-    if torch is not None:
-        if isinstance(obj, torch.Tensor):
-            return _tensor(obj, torch), []
-        if isinstance(obj, torch.nn.Module | torch.optim.Optimizer | torch.utils.data.DataLoader):
-            return ("X",), []  # the alias watch's
-        if isinstance(obj, torch.Generator):
-            return ("G", bytes(obj.get_state().numpy().tobytes())), []
-    if mod == "numpy":
-        return _numpy(obj), []
-    if isinstance(obj, random.Random):
-        return ("R", obj.getstate()), []
-    if isinstance(obj, io.IOBase):
-        return ("F", _position(obj)), []
+    if torch is not None and isinstance(obj, torch.nn.Module | torch.optim.Optimizer | torch.utils.data.DataLoader):
+        return ("X",), []  # the alias watch's
+    leaf = _leaf(obj, torch)
+    if leaf is not None:
+        return (leaf(obj) if leaves else ("X",)), []
     attrs = _attributes(obj)
     if attrs is None:
         return ("X",), []
     return ("O", type(obj), tuple((k, _token(v)) for k, v in attrs)), [v for _, v in attrs]
+
+
+def _leaf(obj: Any, torch: Any) -> Callable[[Any], Any] | None:
+    """How to image an object that refers to nothing the walk enters; None for any other."""
+    if torch is not None:
+        if isinstance(obj, torch.Tensor):
+            return lambda t: _tensor(t, torch)
+        if isinstance(obj, torch.Generator):
+            return lambda g: ("G", bytes(g.get_state().numpy().tobytes()))
+    if type(obj).__module__.split(".", 1)[0] == "numpy":
+        return _numpy
+    if isinstance(obj, random.Random):
+        return lambda r: ("R", r.getstate())
+    if isinstance(obj, io.IOBase):
+        return lambda f: ("F", _position(f))
+    return None
 
 
 def _attributes(obj: Any) -> list[tuple[str, Any]] | None:

@@ -25,7 +25,7 @@ from flortrain.runtime.blobformat import object_refs, tensor_bytes, tensor_sha25
 from flortrain.runtime.capture import Tee
 from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
 from flortrain.runtime.registry import Registry
-from flortrain.runtime.skipblock import Getters, SkipBlock, State
+from flortrain.runtime.skipblock import Getters, SkipBlock, State, resolve
 from flortrain.runtime.spans import Boundary, Segment, SegmentEnd, SpanReplay, scalars_json
 from flortrain.store.db import BlockRow, IterationRow, Store
 from flortrain.store.rows import RunSink
@@ -224,24 +224,35 @@ class Session:
         unusable (a jump over iterations would skip that change), so none is checkpointed."""
         last, self._main_audit = self._main_audit, None
         if last is not None and last[0] == main_id:
-            self.audit_loop(main_id, last[1], last[2], {**_resolved(objects), **_resolved(names)})
+            self.audit_loop(main_id, last[1], last[2], objects, names)
         if frame is not None and i < knobs.ALIAS_WATCH_INSTANCES and main_id not in self.unnamed_effects:
-            try:
-                self._main_audit = (main_id, audit.Image(audit.roots(frame), ()), frame)
-            except Exception as e:
-                self.warn_once(f"{main_id}.audit", f"loop {main_id}: side-effect audit unavailable: {e}")
+            before = self.audit_image(main_id, frame)
+            if before is not None:
+                self._main_audit = (main_id, before, frame)
 
-    def audit_loop(self, loop_id: str, before: audit.Image, frame: FrameType | None, state: dict[str, Any]) -> None:
+    def audit_image(self, loop_id: str, frame: FrameType) -> audit.Image | None:
+        """The side-effect audit's before-image of what a loop's frame can reach (``audit``);
+        None, with a warning, where taking it fails: the loop then goes unaudited."""
+        try:
+            return audit.Image(audit.roots(frame))
+        except Exception as e:
+            self.warn_once(f"{loop_id}.audit", f"loop {loop_id}: side-effect audit unavailable: {e}")
+            return None
+
+    def audit_loop(
+        self, loop_id: str, before: audit.Image, frame: FrameType | None, objects: Getters, names: Getters
+    ) -> None:
         """Compare a loop instance's before-image with the state now (``audit``). State changed in
-        place that ``state`` (the changeset's values) does not reach stops the loop's
+        place that the changeset (``objects``, ``names``) does not reach stops the loop's
         checkpoints, and its main loop's boundaries, for the rest of the run."""
         torch = sys.modules.get("torch")
+        state = {**resolve(objects), **resolve(names)}
         try:
-            after = audit.Image(audit.roots(frame), ())
+            after = audit.Image(audit.roots(frame))
             optimizers = [o for _, o in self.registry.optimizers()]
             # an optimizer's groups are the alias watch's, however the script reaches them
             # (nanoGPT's `for param_group in optimizer.param_groups` leaves a name on the last)
-            covered = audit.reachable([*state.values(), *(o.param_groups for o in optimizers)], ())
+            covered = audit.reachable([*state.values(), *(o.param_groups for o in optimizers)])
             trained = (
                 audit.trained_addresses([m for _, m in self.registry.root_modules()], optimizers, torch)
                 if torch is not None
@@ -254,8 +265,8 @@ class Session:
             return
         if not changed or loop_id in self.unnamed_effects:
             return
-        names = ", ".join(f"`{n}`" for n in changed[:3]) + (", ..." if len(changed) > 3 else "")
-        why = f"changes {names} in place through code its changeset does not see into"
+        listed = ", ".join(f"`{n}`" for n in changed[:3]) + (", ..." if len(changed) > 3 else "")
+        why = f"changes {listed} in place through code its changeset does not see into"
         self.unnamed_effects[loop_id] = why
         if self.main is not None:
             self._no_boundary.add(self.main[0])
@@ -743,12 +754,3 @@ def _persistent_workers(block_id: str, registry_id: int) -> str:
         " replay that runs an epoch after restoring an earlier one may draw different data there"
         " (`flortrain diff` reports it); persistent_workers=False replays exactly"
     )
-
-
-def _resolved(getters: Getters) -> dict[str, Any]:
-    """The values of a changeset's getters that are bound now."""
-    out: dict[str, Any] = {}
-    for expr, get in getters.items():
-        with contextlib.suppress(NameError, AttributeError):
-            out[expr] = get()
-    return out

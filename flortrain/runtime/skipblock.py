@@ -68,6 +68,20 @@ class Ref:
         return f"Ref({self.where!r})"
 
 
+def resolve(getters: Getters) -> dict[str, Any]:
+    """A changeset's current values; an element that is not bound (a name or attribute
+    assigned only in a branch this run never takes: ``if ddp:``) is :data:`ABSENT`. Absence
+    at the end of a loop is state like any other: the loop left the element unbound, and a
+    skipped instance leaves it unbound the same way."""
+    out: dict[str, Any] = {}
+    for expr, get in getters.items():
+        try:
+            out[expr] = get()
+        except (NameError, AttributeError):
+            out[expr] = ABSENT
+    return out
+
+
 class Checkpointable:
     """A changeset that can be captured into a checkpoint payload and restored from one: what a
     SkipBlock does at a loop's end, and a main-loop boundary (iteration spans) at an iteration's
@@ -92,22 +106,9 @@ class Checkpointable:
         """Live objects the state holds beyond its named changeset (registry kind, id, object)."""
         return s.augmentation(self.id, objs)
 
-    def _resolve(self, getters: Getters) -> dict[str, Any]:
-        """The changeset's current values; an element that is not bound (a name or attribute
-        assigned only in a branch this run never takes: ``if ddp:``) is :data:`ABSENT`. Absence
-        at the end of a loop is state like any other: the loop left the element unbound, and a
-        skipped instance leaves it unbound the same way."""
-        out: dict[str, Any] = {}
-        for expr, get in getters.items():
-            try:
-                out[expr] = get()
-            except (NameError, AttributeError):
-                out[expr] = ABSENT
-        return out
-
     def _payload(self, s: Session, objects: Getters, names: Getters) -> dict[str, Any]:
-        objs = {e: o for e, o in self._resolve(objects).items() if o is not ABSENT}
-        vals = self._resolve(names)
+        objs = {e: o for e, o in resolve(objects).items() if o is not ABSENT}
+        vals = resolve(names)
         memo: dict[int, str] = {}
         captured = {expr: capture(o, memo, expr) for expr, o in objs.items()}
         augmented = self.augment(s, list(objs.values()))
@@ -185,7 +186,7 @@ class Checkpointable:
         ``values`` (the generated code assigns them), registry ids aligned, RNG streams."""
         payload = self.payload
         assert payload is not None
-        objs = self._resolve(objects)
+        objs = resolve(objects)
         for expr, st in payload["objects"].items():
             if objs.get(expr, ABSENT) is not ABSENT:
                 restore_into(objs[expr], st)
@@ -242,7 +243,7 @@ class SkipBlock(Checkpointable):
                 ):
                     self.watch = self._snapshot_watched(session)
                     self._audit_frame = sys._getframe(2)
-                    self.audit = _image_or_none(session, self.id, self._audit_frame)
+                    self.audit = session.audit_image(self.id, self._audit_frame)
         self.t0 = time.perf_counter()
         self.cpu0 = time.process_time()
 
@@ -332,7 +333,7 @@ class SkipBlock(Checkpointable):
                 s.warn_once(f"{self.id}.watch", f"block {self.id}: alias watch unavailable: {e}")
         if self.audit is not None:
             before, self.audit = self.audit, None
-            s.audit_loop(self.id, before, self._audit_frame, {**self._resolve(objects), **self._resolve(names)})
+            s.audit_loop(self.id, before, self._audit_frame, objects, names)
         self._audit_frame = None
         if self.id in s.unnamed_effects:  # changes state its checkpoints would not hold
             s.block_done(self, "recorded", compute_s=compute, note=s.unnamed_effects[self.id])
@@ -358,7 +359,7 @@ class SkipBlock(Checkpointable):
 
     def _learn_aliases(self, s: Session, objects: Getters) -> None:
         assert self.watch is not None
-        objs = [o for o in self._resolve(objects).values() if o is not ABSENT]
+        objs = [o for o in resolve(objects).values() if o is not ABSENT]
         covered = {i for _, i, _ in s.augmentation(self.id, objs)} | {
             i for o in objs if (i := s.registry.id_of(o)) is not None
         }
@@ -369,16 +370,6 @@ class SkipBlock(Checkpointable):
             obj = s.registry.get(i)
             if obj is not None and not snapshot_equal(_watched_state(s, obj, owned), before):
                 s.learn(self.id, i, type(obj).__name__)
-
-
-def _image_or_none(s: Session, loop_id: str, frame: FrameType) -> audit.Image | None:
-    """The side-effect audit's before-image of what the loop's frame can reach (``audit``); None,
-    with a warning, where taking it fails: the loop then goes unaudited, as before."""
-    try:
-        return audit.Image(audit.roots(frame), ())
-    except Exception as e:
-        s.warn_once(f"{loop_id}.audit", f"loop {loop_id}: side-effect audit unavailable: {e}")
-        return None
 
 
 def _watched_state(s: Session, obj: Any, owned: frozenset[int]) -> Any:
