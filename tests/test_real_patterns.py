@@ -366,3 +366,89 @@ def test_namedtuples_and_counters_come_back_with_their_types(tmp_path: Path) -> 
     probe = 'print("PROBE", epoch, type(hist[-1]).__name__, hist[-1].loss, type(counts).__name__, counts.most_common(1))'
     rep = replay_matches_plain(tmp_path, text, probe, EVERY)
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+# -- identity: objects the loop replaced, and objects held in two places (review, stop 33) -----------
+def test_an_object_the_loop_replaced_is_made_anew_and_its_other_names_keep_the_old_one(tmp_path: Path) -> None:
+    """``tracker["best"] = Best(..)`` puts a new object in the dict; ``initial`` still names the
+    old one. The restore wrote the new state into the old object, so ``initial`` changed on
+    replay, and ``diff`` passed (found in review at stop 33). Likewise a list slot holding a view
+    of ``base``: writing into it changed ``base``."""
+    text = _restore_case(
+        "import dataclasses\n"
+        "@dataclasses.dataclass(frozen=True)\n"
+        "class Best:\n"
+        "    step: int\n"
+        "    loss: float\n"
+        'tracker = {"best": Best(-1, 99.0)}\n'
+        'initial = tracker["best"]\n'
+        "base = torch.zeros(6)\n"
+        "bufs = [base[:3], base[3:]]\n"
+        "first = bufs[0]\n",
+        '        if loss.item() < tracker["best"].loss:\n'
+        '            tracker["best"] = Best(step, round(loss.item(), 6))\n'
+        "        bufs[0] = model.weight.detach()[0, :3] * 1.0",
+    )
+    probe = 'print("PROBE", epoch, initial, tracker["best"], initial is tracker["best"], base.tolist(), first.tolist(), bufs[0].tolist())'
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+def test_one_object_in_two_containers_and_a_name_is_one_object_after_a_restore(tmp_path: Path) -> None:
+    """``rows.append(row); by_step[k] = row; last = row``: the restore crashed on ``by_step``
+    ("cannot rebuild a ref"), and gave ``last`` a copy, so ``last["end"] = True`` after the loop
+    did not reach ``rows[-1]`` (found in review at stop 33)."""
+    text = _restore_case(
+        "rows = []\nby_step = {}\nlast = None\n",
+        '        row = {"step": step, "loss": round(loss.item(), 6)}\n'
+        "        rows.append(row)\n"
+        "        by_step[(epoch, step)] = row\n"
+        "        last = row\n"
+        '    last["end"] = True',
+    )
+    probe = 'print("PROBE", epoch, len(rows), last is rows[-1], rows[-1] is by_step[(epoch, 7)], sum("end" in r for r in rows))'
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+def test_a_rebound_trained_leaf_still_requires_grad_after_a_restore(tmp_path: Path) -> None:
+    """``w = (w - lr * w.grad).detach().requires_grad_()`` came back a tensor that did not require
+    grad (found in review at stop 33); a rebound ``nn.Parameter`` came back a plain tensor."""
+    text = _restore_case(
+        "w = torch.zeros(4, 2, requires_grad=True)\np = torch.nn.Parameter(torch.zeros(2))\n",
+        "        l2 = torch.nn.functional.cross_entropy(xb @ w + p, yb)\n"
+        "        l2.backward()\n"
+        "        w = (w - 0.5 * w.grad).detach().requires_grad_()\n"
+        "        p = torch.nn.Parameter(p.detach() - 0.5 * p.grad)",
+    )
+    probe = 'print("PROBE", epoch, w.requires_grad, w.is_leaf, type(p).__name__, p.requires_grad, round(w.sum().item(), 6))'
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+def test_a_jump_over_iterations_makes_anew_what_they_replaced(tmp_path: Path) -> None:
+    """A replay that jumps from iteration 0 to a later boundary restored the replaced
+    ``tracker["best"]`` into the object ``initial`` names (found in review at stop 33)."""
+    text = RESTORE_PRELUDE + (
+        "class Box:\n"
+        "    def __init__(self, v):\n"
+        "        self.v = v\n"
+        'tracker = {"best": Box(99.0)}\n'
+        'initial = tracker["best"]\n'
+        "for epoch in range(10):\n"
+        "    if epoch % 4 == 3:\n"
+        "        #PROBE\n"
+        "        pass\n"
+        "    for step in range(8):\n"
+        "        xb, yb = x[step * 8:(step + 1) * 8], y[step * 8:(step + 1) * 8]\n"
+        "        opt.zero_grad()\n"
+        "        loss = torch.nn.functional.cross_entropy(model(xb), yb)\n"
+        "        loss.backward()\n"
+        "        opt.step()\n"
+        '    if loss.item() < tracker["best"].v:\n'
+        '        tracker["best"] = Box(round(loss.item(), 6))\n'
+        'print("w", round(model.weight.sum().item(), 6))\n'
+    )
+    probe = 'print("PROBE", epoch, initial.v, tracker["best"].v, initial is tracker["best"])'
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert "main-loop iterations jumped over" in rep.err, rep.err

@@ -98,7 +98,7 @@ def test_in_place_objects_and_globals_in_a_function() -> None:
                 if _flortrain_M7.jumped():
                     if _flortrain_M7.has("step"): globals()["step"] = _flortrain_M7.value("step")
                     if _flortrain_M7.has("epoch"): epoch = _flortrain_M7.value("epoch")
-                _flortrain_L8 = __flortrain__.block("L8", 8, 10)
+                _flortrain_L8 = __flortrain__.block("L8", 8, 10, objects={"opt": lambda: opt})
                 for b in _flortrain_L8.iterate(loader):
                     opt.step()
                     step += 1
@@ -338,7 +338,7 @@ def test_instrumented_code_compiles_and_keeps_first_statements(name: str) -> Non
     ]
     # every block and main loop of the plan is in the code
     for b in result.plan.blocks:
-        assert f'__flortrain__.block("{b.id}", {b.span.line}, {b.span.end_line})' in code
+        assert f'__flortrain__.block("{b.id}", {b.span.line}, {b.span.end_line}' in code
     for m in result.plan.main_loops:
         assert f'__flortrain__.main_enter("{m.id}")' in code
 

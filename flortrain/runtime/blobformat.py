@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -46,15 +47,20 @@ SECTIONS = ("objects", "extra", "names")
 
 
 class _Ref:
-    """A tensor's place in a part's skeleton: its index in the part's tensor list."""
+    """A tensor's place in a part's skeleton: its index in the part's tensor list, and for a
+    leaf that trains (a rebound ``w = (w - lr * g).detach().requires_grad_()``, a new
+    ``nn.Parameter``) what its bytes leave out: whether it is a Parameter, ``requires_grad``,
+    and its gradient's skeleton. Without them such a name came back a plain tensor that no
+    longer required grad (found in review at stop 33)."""
 
-    __slots__ = ("i",)
+    __slots__ = ("i", "leaf")
 
-    def __init__(self, i: int) -> None:
+    def __init__(self, i: int, leaf: tuple[bool, bool, Any] | None = None) -> None:
         self.i = i
+        self.leaf = leaf
 
-    def __reduce__(self) -> tuple[Any, tuple[int]]:
-        return (_Ref, (self.i,))
+    def __reduce__(self) -> tuple[Any, tuple[int, tuple[bool, bool, Any] | None]]:
+        return (_Ref, (self.i, self.leaf))
 
 
 class _Set:
@@ -154,7 +160,11 @@ class _Splitter:
             ):
                 raise Unsupported(f"a {t.__name__} ({v.layout})")
             local.append(self._tensor(v.detach()))
-            return _Ref(len(local) - 1)
+            ref = _Ref(len(local) - 1)
+            if t is torch.nn.Parameter or v.requires_grad or v.grad is not None:
+                grad = v.grad if v.grad is not None and type(v.grad) is torch.Tensor else None
+                ref.leaf = (t is torch.nn.Parameter, v.requires_grad, None if grad is None else self._split(grad, local))
+            return ref
         return v
 
     def _tensor(self, d: Any) -> int:
@@ -326,7 +336,16 @@ class MissingObject(Exception):
 def _join(v: Any, tensors: list[Any]) -> Any:
     t = type(v)
     if t is _Ref:
-        return tensors[v.i]
+        x = tensors[v.i]
+        if v.leaf is not None:
+            param, requires_grad, grad = v.leaf
+            if param:
+                x = sys.modules["torch"].nn.Parameter(x, requires_grad=requires_grad)
+            elif requires_grad and (x.is_floating_point() or x.is_complex()):
+                x.requires_grad_(True)
+            if grad is not None and x.requires_grad:
+                x.grad = _join(grad, tensors)
+        return x
     if t is dict or t is OrderedDict:
         return t((k, _join(x, tensors)) for k, x in v.items())
     if t is list:

@@ -18,14 +18,14 @@ from types import FrameType
 from typing import Any
 
 from flortrain import knobs
-from flortrain.runtime import audit, rng, versions
+from flortrain.runtime import audit, identity, rng, versions
 from flortrain.runtime import materializer as _materializer
 from flortrain.runtime.adaptive import AdaptivePeriod
 from flortrain.runtime.blobformat import object_refs, tensor_bytes, tensor_sha256
 from flortrain.runtime.capture import Tee
 from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
 from flortrain.runtime.registry import Registry
-from flortrain.runtime.skipblock import Getters, SkipBlock, State, resolve
+from flortrain.runtime.skipblock import ABSENT, Getters, SkipBlock, State, resolve
 from flortrain.runtime.spans import Boundary, Segment, SegmentEnd, SpanReplay, scalars_json
 from flortrain.store.db import BlockRow, IterationRow, Store
 from flortrain.store.rows import RunSink
@@ -71,6 +71,9 @@ class Session:
     #: left it (:meth:`flush`): a writer that training starved of CPU does its work then
     exit_wait: float = 0.0
     _no_boundary: set[str] = field(default_factory=set)
+    #: main loop id -> the objects below its state at the last boundary captured: path -> (id,
+    #: iteration since which that object has been there) (``identity.BoundaryMarks``)
+    identity_tables: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
     #: loop id -> why it is not checkpointed: the side-effect audit saw it change state in place
     #: that its changeset does not name (``audit``)
     unnamed_effects: dict[str, str] = field(default_factory=dict)
@@ -294,7 +297,7 @@ class Session:
         pending, self._jump_pending = self._jump_pending, None
         b = pending[2] if pending is not None and pending[0] == main_id else None
         if b is None and main_id not in self._driven and i < k:
-            b = self._load_boundary(main_id, entry, k)
+            b = self._load_boundary(main_id, entry, k, i)
         if b is None:
             raise RuntimeError(f"flortrain: cannot resume at {main_id} iteration {k}: its boundary checkpoint did not load")
         self.resume, self.replay = None, None  # from here on, an ordinary record
@@ -346,10 +349,12 @@ class Session:
         """Checkpoint the boundary when Eq. 4 allows, the iteration being the unit of compute.
         The first boundary (the loop's entry state) is never needed: a replay is there anyway."""
         now = time.perf_counter()
+        if i == 0 and main_id not in self._no_boundary:
+            self._entry_identities(main_id, objects, values)
         if i == 0 or main_id in self._no_boundary or not self.adaptive.should_materialize(main_id):
             return None
         assert self.main is not None
-        b = Boundary(self, main_id, values)
+        b = Boundary(self, main_id, values, i)
         b.key = f"{main_id}@{main_id}.{self.main[1]}.{i}#0"
         def afford(blocked: float, writer: float) -> bool:
             return self.adaptive.affords(main_id, blocked, writer)
@@ -364,10 +369,22 @@ class Session:
             self._no_boundary.add(main_id)
             self.warn(f"main loop {main_id}: iteration boundaries not checkpointed: {e}")
             return None
+        if b.observed is not None:
+            self.identity_tables[main_id] = b.observed.now
         m = self.adaptive.materialized(main_id, time.perf_counter() - now, self.background)
         self.put_checkpointed(b.key, main_id, i, 0, "boundary", outcome, materialize_s=m)
         self._iteration_begins(main_id)  # the checkpoint is not the next iteration's
         return b
+
+    def _entry_identities(self, main_id: str, objects: Getters, values: tuple[str, ...]) -> None:
+        """The objects below the main loop's state as it starts: what its first boundary tells
+        replaced objects by (``identity``)."""
+        try:
+            b = Boundary(self, main_id, values)
+            objs = {e: o for e, o in resolve(objects).items() if o is not ABSENT}
+            self.identity_tables[main_id] = identity.entry_table(b.roots(self, objs))
+        except Exception as e:  # boundaries then judge every object new: right, only slower
+            self.warn_once(f"{main_id}.identity", f"main loop {main_id}: cannot walk its state: {e}")
 
     # -- checkpoints -------------------------------------------------------------------------------
     def checkpoint(
@@ -453,7 +470,7 @@ class Session:
                 self._end_segment(main_id, entry, i)
                 j = spans.target(main_id, entry, i, sys._getframe(1))
                 self._end_segment(main_id, entry, i, j)
-                b = self._load_boundary(main_id, entry, j) if j > i else None
+                b = self._load_boundary(main_id, entry, j, i) if j > i else None
                 if b is not None:
                     self._jump_pending, skip = (main_id, j, b), j - i
             try:
@@ -481,7 +498,7 @@ class Session:
         else:
             j = spans.target(main_id, entry, i, frame)
             self._end_segment(main_id, entry, i, j)
-            found = self._load_boundary(main_id, entry, j) if j > i else None
+            found = self._load_boundary(main_id, entry, j, i) if j > i else None
             if found is None:
                 return None
             b = found
@@ -492,7 +509,8 @@ class Session:
         self.counts["jumped"] = self.counts.get("jumped", 0) + j - i
         return b
 
-    def _load_boundary(self, main_id: str, entry: int, j: int) -> Boundary | None:
+    def _load_boundary(self, main_id: str, entry: int, j: int, i: int) -> Boundary | None:
+        """Boundary ``j`` of the main loop, loaded for a jump from iteration ``i``."""
         assert self.replay is not None
         key = f"{main_id}@{main_id}.{entry}.{j}#0"
         ck = self.replay.checkpoints.get(key)
@@ -501,6 +519,7 @@ class Session:
             self.warn_once(f"corrupt:{key}", f"boundary checkpoint {key} is missing or corrupt; running on")
             return None
         b = Boundary(self, main_id, ())
+        b.at = i
         problem = b.load(self, data)
         if problem is not None:
             self.warn_once(f"unusable:{main_id}", f"boundary checkpoint {key} {problem}; running on")

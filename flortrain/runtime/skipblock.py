@@ -22,18 +22,21 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from flortrain import knobs
-from flortrain.runtime import audit, rng
+from flortrain.runtime import audit, identity, rng
 from flortrain.runtime.blobformat import MissingObject
 from flortrain.runtime.materializer import deserialize, digests
 from flortrain.runtime.state import (
+    _IMMUTABLE,
+    Mark,
+    Restorer,
     Unrestorable,
     capture,
     carries_graph,
     clone_state,
     fingerprint,
     graph_of,
-    restore_into,
     snapshot_equal,
+    why_unrestorable,
 )
 
 if TYPE_CHECKING:
@@ -56,6 +59,9 @@ class _Absent:
 
 #: A changeset element that is not bound at the end of the loop.
 ABSENT = _Absent()
+
+#: Rebound values that are not objects with an identity worth keeping (two names holding 3)
+_VALUES = _IMMUTABLE
 
 
 class Ref:
@@ -94,6 +100,9 @@ class Checkpointable:
         self.payload: dict[str, Any] | None = None
         self.key = ""
         self.registry_start = registry_start
+        #: the position a replay restores from: 0 for a block's instance (its start), the
+        #: iteration a jump leaves for a main-loop boundary (``identity``)
+        self.at = 0
 
     def has(self, name: str) -> bool:
         """Whether the recorded state left ``name`` bound (else it stays as it is: unbound)."""
@@ -106,35 +115,60 @@ class Checkpointable:
         """Live objects the state holds beyond its named changeset (registry kind, id, object)."""
         return s.augmentation(self.id, objs)
 
+    def roots(self, s: Session, objs: dict[str, Any]) -> dict[str, Any]:
+        """The objects the state restores in place, by the path their capture has: the named
+        changeset's, then those :meth:`augment` adds (``module#3``)."""
+        return {**objs, **{f"{kind}#{i}": o for kind, i, o in self.augment(s, list(objs.values()))}}
+
+    def marks(self, s: Session) -> identity.InstanceMarks | identity.BoundaryMarks | None:
+        """What notes the objects the loop replaced (``identity``); None: nothing to compare with."""
+        return None
+
     def _payload(self, s: Session, objects: Getters, names: Getters) -> dict[str, Any]:
         objs = {e: o for e, o in resolve(objects).items() if o is not ABSENT}
         vals = resolve(names)
         memo: dict[int, str] = {}
-        captured = {expr: capture(o, memo, expr) for expr, o in objs.items()}
+        marks = self.marks(s)
+        mark: Mark | None = marks
+        captured = {expr: capture(o, memo, expr, mark) for expr, o in objs.items()}
         augmented = self.augment(s, list(objs.values()))
         extra = {
-            f"{kind}#{i}": {**capture(o, memo, f"{kind}#{i}"), "type": type(o).__name__} for kind, i, o in augmented
+            f"{kind}#{i}": {**capture(o, memo, f"{kind}#{i}", mark), "type": type(o).__name__} for kind, i, o in augmented
         }
-        # a rebound name holding a live object the state restores in place (`model = model.train()`)
-        # gets that object back, not a copy the optimizer does not know
-        by_id = {id(o): expr for expr, o in objs.items()}
-        by_id.update((id(o), f"{kind}#{i}") for kind, i, o in augmented)
+        # a rebound name holding an object the state holds (`model = model.train()`, `last =
+        # row` after `rows.append(row)`) gets that object back, not a copy of it; so does a
+        # second name for the same object (`a = b = []`)
         rebound: dict[str, Any] = {}
         for expr, v in vals.items():
             if v is ABSENT:
                 continue  # not in the payload: `has()` is false and the name stays unbound
-            if id(v) in by_id:
-                rebound[expr] = Ref(by_id[id(v)])
+            if id(v) in memo:
+                rebound[expr] = Ref(memo[id(v)])
                 continue
             _no_live_objects_inside(s, expr, v)
             rebound[expr] = self._detachable(expr, v)
+            if not isinstance(v, _VALUES):
+                memo[id(v)] = expr
         _no_views_of_parameters(s, rebound, objs)
         registry = {
             "start": self.registry_start,
             "end": s.registry.count(),
             "ids": {e: i for e, v in vals.items() if (i := s.registry.id_of(v)) is not None},
         }
-        return {"objects": captured, "extra": extra, "names": rebound, "rng": rng.capture(), "registry": registry}
+        payload = {"objects": captured, "extra": extra, "names": rebound, "rng": rng.capture(), "registry": registry}
+        if marks is not None:
+            payload["since"] = marks.since
+        if isinstance(marks, identity.InstanceMarks):
+            # a block's instance is restored at its start (a boundary's position is the jump's,
+            # known only on replay, where ``load`` checks it): refuse what no restore can use
+            why = self.unusable(payload)
+            if why is not None:
+                raise Unrestorable(why)
+        return payload
+
+    def unusable(self, payload: dict[str, Any]) -> str | None:
+        """Why a restore of ``payload`` would fail (at :attr:`at`), checked before it starts."""
+        return why_unrestorable({**payload["objects"], **payload["extra"]}, payload.get("since"), self.at)
 
     def _detachable(self, expr: str, v: Any) -> Any:
         """A rebound value as the checkpoint stores it. A tensor carrying an autograd graph is
@@ -170,7 +204,8 @@ class Checkpointable:
                 del extra[ref]
                 continue
             return f"refers to {ref} ({st['type']}), which the replay does not have"
-        return None
+        why = self.unusable(self.payload)
+        return f"cannot be restored here: {why}" if why is not None else None
 
     def _registry_fits(self, recorded_start: int) -> bool:
         """Whether the record had the replay's modules/optimizers alive when this was taken: a
@@ -187,15 +222,22 @@ class Checkpointable:
         payload = self.payload
         assert payload is not None
         objs = resolve(objects)
+        r = Restorer(payload.get("since"), self.at)
         for expr, st in payload["objects"].items():
             if objs.get(expr, ABSENT) is not ABSENT:
-                restore_into(objs[expr], st)
+                r.into(objs[expr], st, expr)
         for ref, st in payload["extra"].items():
-            restore_into(s.registry.get(_registry_id(ref)), st)
+            r.into(s.registry.get(_registry_id(ref)), st, ref)
         for expr, v in payload["names"].items():
             if isinstance(v, Ref):
-                v = objs[v.where] if v.where in objs else s.registry.get(_registry_id(v.where))
+                if v.where in r.placed:
+                    v = r.placed[v.where]
+                elif v.where in objs:
+                    v = objs[v.where]
+                else:
+                    v = s.registry.get(_registry_id(v.where))
             self.values[expr] = v
+            r.placed[expr] = v
         # objects the recorded state created keep their ids, so later ids stay aligned
         reg = payload["registry"]
         s.registry.pad(reg["end"] - reg["start"])
@@ -212,6 +254,7 @@ class SkipBlock(Checkpointable):
         block_id: str,
         span: tuple[int, int] = (0, 0),
         detach_ok: tuple[str, ...] = (),
+        objects: Getters | None = None,
     ) -> None:
         super().__init__(block_id, detach_ok, session.registry.count() if session is not None else 0)
         self.session = session
@@ -234,10 +277,12 @@ class SkipBlock(Checkpointable):
         else:
             self.key = session.next_key(block_id)
             self.state = session.initial_state(self)
+        self.entry: dict[str, int] | None = None
         if session is not None:
             session.frames.append(self)
             if self.state is State.RECORD:
                 session.registry.reset_block()
+                self.entry = self._identities(session, objects)
                 if session.adaptive.costs.get(block_id) is None or (
                     session.adaptive.costs[block_id].n < knobs.ALIAS_WATCH_INSTANCES
                 ):
@@ -246,6 +291,25 @@ class SkipBlock(Checkpointable):
                     self.audit = session.audit_image(self.id, self._audit_frame)
         self.t0 = time.perf_counter()
         self.cpu0 = time.process_time()
+
+    def _identities(self, session: Session, objects: Getters | None) -> dict[str, int] | None:
+        """The objects below the changeset as the instance starts (``identity``); None when
+        they cannot be walked, and the instance is then not checkpointed."""
+        if objects is None:
+            return None
+        try:
+            objs = {e: o for e, o in resolve(objects).items() if o is not ABSENT}
+            return identity.identities(self.roots(session, objs))
+        except Exception as e:
+            session.warn_once(f"{self.id}.identity", f"block {self.id}: cannot walk its state: {e}")
+            return None
+
+    def marks(self, s: Session) -> identity.InstanceMarks | identity.BoundaryMarks | None:
+        if self.state is not State.RECORD:
+            return None  # a replay's executed instance: digests only, nothing is restored
+        if self.entry is None:
+            raise Unrestorable("its state at the instance's start is unknown")
+        return identity.InstanceMarks(self.entry)
 
     def _snapshot_watched(self, session: Session) -> dict[int, Any] | None:
         """Before-images of live modules and optimizers for the alias watch. A failure here is a

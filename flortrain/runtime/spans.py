@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
+from flortrain.runtime import identity
 from flortrain.runtime.skipblock import Checkpointable
 
 if TYPE_CHECKING:
@@ -63,9 +64,16 @@ def scalars_json(getters: Getters) -> str | None:
 class Boundary(Checkpointable):
     """The state at the start of one main-loop iteration."""
 
-    def __init__(self, session: Session, main_id: str, detach_ok: tuple[str, ...]) -> None:
+    def __init__(self, session: Session, main_id: str, detach_ok: tuple[str, ...], index: int = 0) -> None:
         super().__init__(main_id, detach_ok, session.registry.count())
         self.jumped_to: int | None = None
+        self.index = index  # the iteration whose start this is
+        self.observed: identity.BoundaryMarks | None = None
+
+    def marks(self, s: Session) -> identity.InstanceMarks | identity.BoundaryMarks | None:
+        """Against the previous boundary this record captured (the loop's entry first)."""
+        self.observed = identity.BoundaryMarks(s.identity_tables.get(self.id, {}), self.index)
+        return self.observed
 
     def augment(self, s: Session, objs: list[Any]) -> list[tuple[str, int, Any]]:
         """Every live root module, optimizer and data loader, on top of the loop's own: an

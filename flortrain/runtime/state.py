@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import collections
 import copy
+import pickle
 import random
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from flortrain.runtime import versions
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range, frozenset)
+
+
+#: Called with the path and the object of every captured object below a changeset element (not
+#: plain values, not second sightings): how record notes which of them the loop replaced
+#: (:mod:`flortrain.runtime.identity`).
+Mark = Callable[[str, Any], None]
 
 
 class Unrestorable(Exception):
@@ -93,9 +101,13 @@ def _attr_path(obj: Any, path: str) -> Any:
     return obj
 
 
-def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dict[str, Any]:
+def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: Mark | None = None) -> dict[str, Any]:
     """A picklable description of ``obj``'s state, referencing (not copying) its tensors: the
-    materializer serializes it before training continues (or forks, for copy-on-write)."""
+    materializer serializes it before training continues (or forks, for copy-on-write).
+
+    ``memo`` maps each object already described to its path: a second sighting is a ``ref`` to
+    it, so a restore puts the same object in both places. ``mark`` sees every object below
+    ``obj`` (see :data:`Mark`)."""
     memo = {} if memo is None else memo
     if isinstance(obj, _IMMUTABLE) or _is_numpy_value(obj):
         return {"kind": "value", "value": obj}
@@ -115,7 +127,8 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
                 "buffers": {n: b for n, b in obj.named_buffers() if n not in state},
                 "training": [m.training for m in obj.modules()],
                 "requires_grad": [p.requires_grad for p in obj.parameters()],
-                "attrs": {name: _plain_attrs(m, torch, memo, f"{path}.{name}") for name, m in obj.named_modules()},
+                # unmarked: a module's plain attributes are restored in place (``identity``)
+                "attrs": {name: _plain_attrs(m, torch, memo, f"{path}.{name}", None) for name, m in obj.named_modules()},
             }
         if isinstance(obj, torch.optim.Optimizer):
             groups = [g["params"] for g in obj.param_groups]
@@ -137,7 +150,10 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
             if obj.grad_fn is not None:
                 raise CarriesGraph(carries_graph(path, obj))
             t = obj.detach()
-            return {"kind": "tensor", "value": t, "grad": obj.grad, "requires_grad": obj.requires_grad}
+            state = {"kind": "tensor", "value": t, "grad": obj.grad, "requires_grad": obj.requires_grad}
+            if isinstance(obj, torch.nn.Parameter):
+                state["param"] = True  # a replaced one is rebuilt a Parameter, as the loop made it
+            return state
         if isinstance(obj, torch.Generator):
             return {"kind": "generator", "state": obj.get_state()}
     np = sys.modules.get("numpy")
@@ -153,20 +169,49 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "") -> dic
     if _is_data_source(obj):
         return {"kind": "data_source", "rngs": {p: capture(g) for p, g in data_source_rngs(obj).items()}}
     if isinstance(obj, collections.deque):
-        return {"kind": "deque", "items": [capture(x, memo, f"{path}[{i}]") for i, x in enumerate(obj)]}
+        items = [_child(x, memo, f"{path}[{i}]", mark) for i, x in enumerate(obj)]
+        return {"kind": "deque", "items": items, "maxlen": obj.maxlen}
     if isinstance(obj, list):
-        return _typed({"kind": "list", "items": [capture(x, memo, f"{path}[{i}]") for i, x in enumerate(obj)]}, obj, list)
+        return _typed({"kind": "list", "items": [_child(x, memo, f"{path}[{i}]", mark) for i, x in enumerate(obj)]}, obj, list)
     if isinstance(obj, tuple):
-        return _typed({"kind": "tuple", "items": [capture(x, memo, f"{path}[{i}]") for i, x in enumerate(obj)]}, obj, tuple)
+        return _typed({"kind": "tuple", "items": [_child(x, memo, f"{path}[{i}]", mark) for i, x in enumerate(obj)]}, obj, tuple)
     if isinstance(obj, dict):
-        return _typed({"kind": "dict", "items": {k: capture(v, memo, f"{path}[{k!r}]") for k, v in obj.items()}}, obj, dict)
+        return _typed({"kind": "dict", "items": {k: _child(v, memo, f"{path}[{k!r}]", mark) for k, v in obj.items()}}, obj, dict)
     if isinstance(obj, set):
         return {"kind": "set", "value": obj}
     if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
         return {"kind": "stateful", "state": obj.state_dict()}
     if hasattr(obj, "__dict__") and not isinstance(obj, type):
-        return {"kind": "object", "items": {k: capture(v, memo, f"{path}.{k}") for k, v in vars(obj).items()}}
+        state = {"kind": "object", "items": {k: _child(v, memo, f"{path}.{k}", mark) for k, v in vars(obj).items()}}
+        if _picklable_class(type(obj)):
+            state["cls"] = type(obj)  # a replaced one is rebuilt as pickle would: new, then its dict
+        return state
     raise Unrestorable(f"cannot capture a {type(obj).__name__}")
+
+
+def _child(obj: Any, memo: dict[int, str], path: str, mark: Mark | None) -> dict[str, Any]:
+    """:func:`capture` of an object inside another, shown to ``mark`` when it is an object (not
+    a plain value, not a second sighting)."""
+    state = capture(obj, memo, path, mark)
+    if mark is not None and state["kind"] not in ("value", "ref"):
+        mark(path, obj)
+    return state
+
+
+_CLASSES: dict[type, bool] = {}
+
+
+def _picklable_class(cls: type) -> bool:
+    """Whether pickle finds ``cls`` again by its name (not a class made inside a function): only
+    then can a checkpoint name it, and a restore make a new instance of it."""
+    ok = _CLASSES.get(cls)
+    if ok is None:
+        try:
+            ok = pickle.loads(pickle.dumps(cls)) is cls
+        except Exception:
+            ok = False
+        _CLASSES[cls] = ok
+    return ok
 
 
 def _typed(state: dict[str, Any], obj: Any, base: type) -> dict[str, Any]:
@@ -199,7 +244,7 @@ def _is_numpy_value(obj: Any) -> bool:
     return np is not None and isinstance(obj, np.generic | np.dtype)
 
 
-def _plain_attrs(module: Any, torch: Any, memo: dict[int, str], path: str) -> dict[str, Any]:
+def _plain_attrs(module: Any, torch: Any, memo: dict[int, str], path: str, mark: Mark | None) -> dict[str, Any]:
     """Captured states of a module's public attributes that training may change in place and
     ``state_dict`` leaves out: plain values, unregistered tensors, containers (``self.stats =
     {"n": 0}`` updated in ``forward``) and private RNG objects. Other objects (a config, a
@@ -210,7 +255,7 @@ def _plain_attrs(module: Any, torch: Any, memo: dict[int, str], path: str) -> di
             continue
         if isinstance(v, (*_IMMUTABLE, *_CONTAINERS, torch.Tensor)) or _is_rng(v) or _is_numpy_value(v):
             try:
-                out[k] = capture(v, memo, f"{path}.{k}")
+                out[k] = _child(v, memo, f"{path}.{k}", mark)
             except CarriesGraph:
                 raise
             except Unrestorable:
@@ -231,46 +276,146 @@ def _is_rng(obj: Any) -> bool:
     )
 
 
-def rebuild(state: dict[str, Any]) -> Any:
-    """A fresh object from a captured state, for slots whose live value is not restorable in place."""
-    kind = state["kind"]
-    if kind in ("value", "ndarray", "set"):
-        return state["value"]
-    if kind == "tensor":
-        t = state["value"]
-        if state["requires_grad"] and t.is_floating_point():
-            t = t.detach().requires_grad_(True)
-            t.grad = state["grad"]
-        return t
-    if kind == "list":
-        return _container(state, [rebuild(s) for s in state["items"]])
-    if kind == "tuple":
-        return _container(state, [rebuild(s) for s in state["items"]])
-    if kind == "dict":
-        return _container(state, {k: rebuild(v) for k, v in state["items"].items()})
-    if kind == "random":
-        r = random.Random()
-        r.setstate(state["state"])
-        return r
-    raise Unrestorable(f"cannot rebuild a {kind} without a live object")
+class _Missing:
+    """A slot the live container does not have (a key the loop added)."""
 
 
-def restore_into(live: Any, state: dict[str, Any]) -> Any:
-    """Load ``state`` into ``live`` in place when its kind allows; return the object the slot
-    holding ``live`` should now hold (``live`` itself unless it had to be rebuilt).
+_MISSING = _Missing()
 
-    ``state`` is taken over: its tensors become the live gradients and optimizer state without a
-    copy. Every state restored is a payload ``deserialize`` has just built for this one restore
-    (fresh tensors no cache or other object holds); cloning them cost a replay of the CNN
-    benchmark two copies of every gradient per checkpoint, the module's and the optimizer's."""
-    kind = state["kind"]
-    if kind == "data_source":
-        for path, st in state.get("rngs", {}).items():
-            restore_into(_attr_path(live, path), st)
-        return live
-    if kind in ("value", "ref"):
-        return state.get("value", live) if kind == "value" else live
-    if kind == "module":
+
+class Restorer:
+    """Puts captured states back into live objects, keeping the identities the loop left.
+
+    An object a container held at the loop's start and still held at its end is restored in
+    place: everything that refers to it (an optimizer to its parameters, ``first = bufs[0]``)
+    sees the restored values, as after the loop. An object the loop *replaced*
+    (``tracker["best"] = Best(..)``, ``bufs[0] = t * 1.0``) is made new, and the one the slot
+    held stays as it was: writing the new state into it, as restores did until stop 34, changed
+    every other name for it (found in review at stop 33). ``since`` names the replaced slots
+    (:mod:`flortrain.runtime.identity`): the path of each, and the position (a main-loop
+    iteration; 1 for a block's instance) from which its object has been there. A slot is
+    restored in place when its object was there already at ``at``, the position the replay
+    restores from. A checkpoint without ``since`` (taken before stop 34) restores every slot in
+    place, as then.
+
+    ``placed`` maps each restored object's path to the object now there: a second sighting of
+    an object in the state (``last = row`` after ``rows.append(row)``; one row in two
+    containers) is that same object again."""
+
+    def __init__(self, since: dict[str, int] | None = None, at: int = 0) -> None:
+        self.since = since or {}
+        self.at = at
+        self.placed: dict[str, Any] = {}
+
+    def replaced(self, path: str) -> bool:
+        """Whether the object at ``path`` came there after the position the replay is at."""
+        return self.since.get(path, 0) > self.at
+
+    def child(self, live: Any, state: dict[str, Any], path: str) -> Any:
+        """What a slot inside a restored object holds afterwards."""
+        if live is _MISSING or self.replaced(path):
+            return self.fresh(state, path)
+        return self.into(live, state, path)
+
+    def into(self, live: Any, state: dict[str, Any], path: str) -> Any:
+        """Load ``state`` into ``live`` in place when its kind allows; return the object the slot
+        holding ``live`` should now hold (``live`` itself unless it had to be rebuilt).
+
+        ``state`` is taken over: its tensors become the live gradients and optimizer state
+        without a copy. Every state restored is a payload ``deserialize`` has just built for this
+        one restore (fresh tensors no cache or other object holds); cloning them cost a replay of
+        the CNN benchmark two copies of every gradient per checkpoint, the module's and the
+        optimizer's."""
+        kind = state["kind"]
+        if kind == "value":
+            return state["value"]
+        if kind == "ref":
+            return self.placed.get(state["path"], live)
+        out = self._into(live, state, path)
+        self.placed[path] = out
+        return out
+
+    def _into(self, live: Any, state: dict[str, Any], path: str) -> Any:
+        kind = state["kind"]
+        if kind == "data_source":
+            for p, st in state.get("rngs", {}).items():
+                Restorer().into(_attr_path(live, p), st, p)
+            return live
+        if kind == "module":
+            return self._module(live, state, path)
+        if kind == "optimizer":
+            return _optimizer(live, state)
+        if kind in ("scheduler", "stateful"):
+            live.load_state_dict(copy.deepcopy(state["state"]) if kind == "scheduler" else state["state"])
+            return live
+        if kind == "deque":
+            if not isinstance(live, collections.deque) or live.maxlen != state.get("maxlen", live.maxlen):
+                return self.fresh(state, path)
+            items = [self.child(live[i] if i < len(live) else _MISSING, s, f"{path}[{i}]") for i, s in enumerate(state["items"])]
+            live.clear()
+            live.extend(items)
+            return live
+        if kind == "tensor":
+            torch = _torch()
+            assert torch is not None
+            if isinstance(live, torch.Tensor) and live.shape == state["value"].shape and live.dtype == state["value"].dtype:
+                with torch.no_grad():
+                    live.copy_(state["value"])
+                live.grad = state["grad"]
+                return live
+            return self.fresh(state, path)
+        if kind in ("generator", "np_randomstate", "random"):
+            (live.set_state if kind != "random" else live.setstate)(state["state"])
+            return live
+        if kind == "np_generator":
+            live.bit_generator.state = state["state"]
+            return live
+        if kind == "ndarray":
+            value = state["value"]
+            if getattr(live, "shape", None) == value.shape and getattr(live, "dtype", None) == value.dtype:
+                live[...] = value
+                return live
+            return value  # rebound to another shape or dtype: the record's array, not a cast
+        if kind == "set":
+            if not isinstance(live, set):
+                return set(state["value"])
+            live.clear()
+            live.update(state["value"])
+            return live
+        if kind == "list":
+            if not isinstance(live, list):  # the slot held something else before (None)
+                return self.fresh(state, path)
+            live[:] = [self.child(live[i] if i < len(live) else _MISSING, s, f"{path}[{i}]") for i, s in enumerate(state["items"])]
+            return live
+        if kind == "tuple":
+            if isinstance(live, tuple) and len(live) == len(state["items"]):
+                return _container(state, [self.child(x, s, f"{path}[{i}]") for i, (x, s) in enumerate(zip(live, state["items"], strict=True))])
+            return self.fresh(state, path)
+        if kind == "dict":
+            items = state["items"]
+            if not isinstance(live, dict):  # the slot held something else before (None)
+                return self.fresh(state, path)
+            for k in [k for k in live if k not in items]:
+                del live[k]
+            for k, s in items.items():
+                live[k] = self.child(live.get(k, _MISSING), s, f"{path}[{k!r}]")
+            if list(live) != list(items):  # the loop reordered keys (`move_to_end`, pop and re-insert)
+                ordered = {k: live[k] for k in items}
+                live.clear()
+                live.update(ordered)
+            return live
+        if kind == "object":
+            if live is None or not hasattr(live, "__dict__"):
+                if "cls" in state:
+                    return self.fresh(state, path)
+                raise Unrestorable(f"cannot restore a {type(live).__name__} from an object's state")
+            d = vars(live)
+            for k, s in state["items"].items():
+                d[k] = self.child(d.get(k, _MISSING), s, f"{path}.{k}")
+            return live
+        raise Unrestorable(f"unknown state kind {kind}")
+
+    def _module(self, live: Any, state: dict[str, Any], path: str) -> Any:
         torch = _torch()
         live.load_state_dict(state["state"])
         buffers = dict(live.named_buffers())
@@ -288,105 +433,137 @@ def restore_into(live: Any, state: dict[str, Any]) -> Any:
             if name in subs:
                 d = subs[name].__dict__
                 for k, v in attrs.items():
-                    d[k] = restore_into(d[k], v) if k in d else rebuild(v)
+                    d[k] = self.child(d.get(k, _MISSING), v, f"{path}.{name}.{k}")
         return live
-    if kind == "optimizer":
-        torch = _torch()
-        orders = [list(g) for g in live.param_groups]
-        live.load_state_dict(state["state"])
-        for group, order in zip(live.param_groups, orders, strict=False):
-            # load_state_dict rebuilds each group with "params" last; the script's groups had
-            # them first. Keep the live order: a resumed run's groups are then the record's,
-            # down to what iterating one or digesting it sees.
-            items = dict(group)
-            group.clear()
-            group.update({k: items[k] for k in order if k in items})
-            group.update(items)
-        with torch.no_grad():
-            for group, values, grads in zip(live.param_groups, state["params"], state["grads"], strict=True):
-                for p, v, g in zip(group["params"], values, grads, strict=True):
-                    p.copy_(v)
-                    p.grad = g
-        if state.get("called") is not None:
-            live._opt_called = state["called"]
-        return live
-    if kind in ("scheduler", "stateful"):
-        live.load_state_dict(copy.deepcopy(state["state"]) if kind == "scheduler" else state["state"])
-        return live
-    if kind == "deque":
-        if not isinstance(live, collections.deque):
-            return collections.deque(rebuild(s) for s in state["items"])
-        live.clear()
-        live.extend(rebuild(s) for s in state["items"])
-        return live
-    if kind == "tensor":
-        torch = _torch()
-        assert torch is not None
-        if isinstance(live, torch.Tensor) and live.shape == state["value"].shape and live.dtype == state["value"].dtype:
-            with torch.no_grad():
-                live.copy_(state["value"])
-            live.grad = state["grad"]
-            return live
-        return rebuild(state)
-    if kind == "generator":
-        live.set_state(state["state"])
-        return live
-    if kind == "np_randomstate":
-        live.set_state(state["state"])
-        return live
-    if kind == "np_generator":
-        live.bit_generator.state = state["state"]
-        return live
-    if kind == "random":
-        live.setstate(state["state"])
-        return live
-    if kind == "ndarray":
-        value = state["value"]
-        if getattr(live, "shape", None) == value.shape and getattr(live, "dtype", None) == value.dtype:
-            live[...] = value
-            return live
-        return value  # rebound to another shape or dtype: the record's array, not a cast
-    if kind == "set":
-        if not isinstance(live, set):
+
+    def fresh(self, state: dict[str, Any], path: str) -> Any:
+        """A new object from a captured state, for a slot whose object the loop replaced (or
+        whose live value cannot take the state in place)."""
+        kind = state["kind"]
+        if kind == "value":
+            return state["value"]
+        if kind == "ref":
+            if state["path"] in self.placed:
+                return self.placed[state["path"]]
+            raise Unrestorable(f"`{path}` refers to `{state['path']}`, which the checkpoint does not restore first")
+        out = self._fresh(state, path)
+        self.placed[path] = out
+        return out
+
+    def _fresh(self, state: dict[str, Any], path: str) -> Any:
+        kind = state["kind"]
+        if kind == "ndarray":
+            return state["value"]
+        if kind == "set":
             return set(state["value"])
-        live.clear()
-        live.update(state["value"])
-        return live
-    if kind == "list":
-        items = state["items"]
-        if not isinstance(live, list):  # the slot held something else before (None)
-            return rebuild(state)
-        if len(live) == len(items):
-            for i, s in enumerate(items):
-                live[i] = restore_into(live[i], s)
-        else:
-            live[:] = [rebuild(s) for s in items]
-        return live
-    if kind == "tuple":
-        if isinstance(live, tuple) and len(live) == len(state["items"]):
-            return _container(state, [restore_into(x, s) for x, s in zip(live, state["items"], strict=True)])
-        return rebuild(state)
+        if kind == "tensor":
+            t = state["value"]
+            if state.get("param"):
+                torch = _torch()
+                t = torch.nn.Parameter(t.detach(), requires_grad=state["requires_grad"])
+            elif state["requires_grad"] and t.is_floating_point():
+                t = t.detach().requires_grad_(True)
+            if t.requires_grad:
+                t.grad = state["grad"]
+            return t
+        if kind in ("list", "tuple"):
+            return _container(state, [self.fresh(s, f"{path}[{i}]") for i, s in enumerate(state["items"])])
+        if kind == "deque":
+            return collections.deque((self.fresh(s, f"{path}[{i}]") for i, s in enumerate(state["items"])), state.get("maxlen"))
+        if kind == "dict":
+            return _container(state, {k: self.fresh(v, f"{path}[{k!r}]") for k, v in state["items"].items()})
+        if kind == "object" and "cls" in state:
+            obj = state["cls"].__new__(state["cls"])
+            vars(obj).update({k: self.fresh(v, f"{path}.{k}") for k, v in state["items"].items()})
+            return obj
+        if kind == "random":
+            r = random.Random()
+            r.setstate(state["state"])
+            return r
+        if kind == "generator":
+            g = _torch().Generator()
+            g.set_state(state["state"])
+            return g
+        if kind in ("np_randomstate", "np_generator"):
+            np = sys.modules["numpy"]
+            if kind == "np_randomstate":
+                rs = np.random.RandomState()
+                rs.set_state(state["state"])
+                return rs
+            bits = getattr(np.random, state["state"]["bit_generator"])()
+            bits.state = state["state"]
+            return np.random.Generator(bits)
+        raise Unrestorable(_unrebuildable(path, kind))
+
+
+def _unrebuildable(path: str, kind: str) -> str:
+    return (
+        f"`{path}` holds a {kind.replace('_', ' ')} the loop put there; flortrain restores one only into"
+        " the object that was there before"
+    )
+
+
+def _optimizer(live: Any, state: dict[str, Any]) -> Any:
+    torch = _torch()
+    orders = [list(g) for g in live.param_groups]
+    live.load_state_dict(state["state"])
+    for group, order in zip(live.param_groups, orders, strict=False):
+        # load_state_dict rebuilds each group with "params" last; the script's groups had
+        # them first. Keep the live order: a resumed run's groups are then the record's,
+        # down to what iterating one or digesting it sees.
+        items = dict(group)
+        group.clear()
+        group.update({k: items[k] for k in order if k in items})
+        group.update(items)
+    with torch.no_grad():
+        for group, values, grads in zip(live.param_groups, state["params"], state["grads"], strict=True):
+            for p, v, g in zip(group["params"], values, grads, strict=True):
+                p.copy_(v)
+                p.grad = g
+    if state.get("called") is not None:
+        live._opt_called = state["called"]
+    return live
+
+
+#: kinds a restore can make anew (:meth:`Restorer.fresh`); the others only load into a live object
+_REBUILDABLE = frozenset(
+    {"value", "ref", "ndarray", "set", "tensor", "list", "tuple", "deque", "dict", "random", "generator",
+     "np_randomstate", "np_generator"}
+)
+
+
+def children(state: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
+    """The captured objects directly inside ``state``, with the paths :func:`capture` gave them."""
+    kind = state["kind"]
+    if kind in ("list", "tuple", "deque"):
+        return [(f"{path}[{i}]", s) for i, s in enumerate(state["items"])]
     if kind == "dict":
-        items = state["items"]
-        if not isinstance(live, dict):  # the slot held something else before (None)
-            return rebuild(state)
-        for k in [k for k in live if k not in items]:
-            del live[k]
-        for k, s in items.items():
-            live[k] = restore_into(live[k], s) if k in live else rebuild(s)
-        if list(live) != list(items):  # the loop reordered keys (`move_to_end`, pop and re-insert)
-            ordered = {k: live[k] for k in items}
-            live.clear()
-            live.update(ordered)
-        return live
+        return [(f"{path}[{k!r}]", s) for k, s in state["items"].items()]
     if kind == "object":
-        if live is None or not hasattr(live, "__dict__"):
-            raise Unrestorable(f"cannot restore a {type(live).__name__} from an object's state")
-        d = vars(live)
-        for k, s in state["items"].items():
-            d[k] = restore_into(d[k], s) if k in d else rebuild(s)
-        return live
-    raise Unrestorable(f"unknown state kind {kind}")
+        return [(f"{path}.{k}", s) for k, s in state["items"].items()]
+    if kind == "module":
+        return [(f"{path}.{name}.{k}", s) for name, attrs in state["attrs"].items() for k, s in attrs.items()]
+    return []
+
+
+def why_unrestorable(states: dict[str, dict[str, Any]], since: dict[str, int] | None, at: int) -> str | None:
+    """Why a :class:`Restorer` at ``at`` would fail on ``states`` (path to captured state, each
+    restored in place), or None: checked before anything is restored, since a restore that
+    stops halfway would leave training state half-written."""
+    r = Restorer(since, at)
+    stack = [(p, s, False) for p, s in states.items()]
+    while stack:
+        path, st, fresh = stack.pop()
+        fresh = fresh or r.replaced(path)
+        if fresh and not (st["kind"] in _REBUILDABLE or (st["kind"] == "object" and "cls" in st)):
+            return _unrebuildable(path, st["kind"])
+        stack.extend((p, s, fresh) for p, s in children(st, path))
+    return None
+
+
+def restore_into(live: Any, state: dict[str, Any]) -> Any:
+    """Load ``state`` into ``live`` in place (every slot inside it too); see :class:`Restorer`."""
+    return Restorer().into(live, state, "")
 
 
 def snapshot_equal(a: Any, b: Any) -> bool:

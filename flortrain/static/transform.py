@@ -149,6 +149,9 @@ class _Transformer(cst.CSTTransformer):
             end_line = self.get_metadata(PositionProvider, original).end.line
             values = ", ".join(f'"{v}"' for v in block.values)
             extra = f", values=({values},)" if values else ""
+            objects = _getters(block.changeset, Restore.IN_PLACE)
+            if objects != "{}":  # read as the instance starts too: which objects it replaces
+                extra += f", objects={objects}"
             enter = _stmt(f'{var} = {RUNTIME}.block("{block.id}", {line}, {end_line}{extra})\n')
             assert isinstance(enter, cst.SimpleStatementLine)
             return cst.FlattenSentinel([enter.with_changes(leading_lines=lead), loop, _end_statement(block)])
