@@ -452,3 +452,20 @@ def test_a_jump_over_iterations_makes_anew_what_they_replaced(tmp_path: Path) ->
     probe = 'print("PROBE", epoch, initial.v, tracker["best"].v, initial is tracker["best"])'
     rep = replay_matches_plain(tmp_path, text, probe, EVERY)
     assert "main-loop iterations jumped over" in rep.err, rep.err
+
+
+def test_rebound_views_of_one_tensor_stay_views_and_keep_their_strides(tmp_path: Path) -> None:
+    """``flat = torch.cat(..)`` and ``head = flat[:3]`` rebound in the loop came back separate
+    copies, so ``flat.mul_(2)`` after the loop did not reach ``head``; ``wt = (..).t()`` came
+    back contiguous (found in review at stop 33)."""
+    text = _restore_case(
+        "flat = torch.zeros(10)\nhead = flat[:3]\nwt = torch.zeros(4, 8).t()\n",
+        "        flat = torch.cat([p.detach().flatten() for p in model.parameters()])\n"
+        "        head = flat[:3]\n"
+        "        wt = (xb * 2).t()\n"
+        "    flat.mul_(2)\n"
+        "    keep = [head, wt]",
+    )
+    probe = 'print("PROBE", epoch, [round(v, 6) for v in head.tolist()], wt.is_contiguous(), wt.stride())'
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err

@@ -53,14 +53,19 @@ class _Ref:
     and its gradient's skeleton. Without them such a name came back a plain tensor that no
     longer required grad (found in review at stop 33)."""
 
-    __slots__ = ("i", "leaf")
+    __slots__ = ("i", "leaf", "view")
 
-    def __init__(self, i: int, leaf: tuple[bool, bool, Any] | None = None) -> None:
+    def __init__(
+        self, i: int, leaf: tuple[bool, bool, Any] | None = None, view: tuple[Any, ...] | None = None
+    ) -> None:
         self.i = i
         self.leaf = leaf
+        #: (shape, stride, offset) into tensor ``i``, a span of storage other tensors of the
+        #: payload share (:meth:`_Splitter.share`)
+        self.view = view
 
-    def __reduce__(self) -> tuple[Any, tuple[int, tuple[bool, bool, Any] | None]]:
-        return (_Ref, (self.i, self.leaf))
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (_Ref, (self.i, self.leaf, self.view))
 
 
 class _Set:
@@ -117,14 +122,17 @@ class _Splitter:
         self.tensors: list[Any] = []  # global table, deduplicated
         self.index: dict[tuple[Any, ...], int] = {}
         self.metas: list[tuple[str, tuple[int, ...], int]] = []
+        self.storages: set[int] = set()
+        #: two tensors of the table share storage, or one is not contiguous (:meth:`share`)
+        self.irregular = False
 
-    def part(self, value: Any, digested: bool = True) -> tuple[Any, list[int], str]:
-        """A part's skeleton, its local-to-global tensor map, and its skeleton's digest (empty
-        for a part ``diff`` does not compare: not pickled twice for nothing)."""
+    def part(self, value: Any) -> tuple[Any, list[int]]:
+        """A part's skeleton and its local-to-global tensor map."""
         local: list[int] = []
-        skeleton = self._split(value, local)
-        if not digested:
-            return skeleton, local, ""
+        return self._split(value, local), local
+
+    def digest(self, skeleton: Any) -> str:
+        """A skeleton's digest."""
         buf = io.BytesIO()
         p = pickle.Pickler(buf, protocol=5)
         p.fast = True  # no memo: the bytes depend on values, not on which objects were shared
@@ -132,7 +140,7 @@ class _Splitter:
             p.dump(skeleton)
         except (RecursionError, ValueError, pickle.PicklingError, TypeError, AttributeError) as e:
             raise Unsupported(str(e)) from None
-        return skeleton, local, hashlib.blake2b(buf.getbuffer(), digest_size=16).hexdigest()
+        return hashlib.blake2b(buf.getbuffer(), digest_size=16).hexdigest()
 
     def _split(self, v: Any, local: list[int]) -> Any:
         t = type(v)
@@ -168,13 +176,85 @@ class _Splitter:
         return v
 
     def _tensor(self, d: Any) -> int:
-        key = (d.untyped_storage().data_ptr(), d.storage_offset(), tuple(d.shape), tuple(d.stride()), d.dtype)
+        ptr = d.untyped_storage().data_ptr()
+        key = (ptr, d.storage_offset(), tuple(d.shape), tuple(d.stride()), d.dtype)
         i = self.index.get(key)
         if i is None:
             i = self.index[key] = len(self.tensors)
             self.tensors.append(d)
-            self.metas.append((str(d.dtype).removeprefix("torch."), tuple(d.shape), d.numel() * d.element_size()))
+            self.metas.append(_meta(d))
+            if d.numel():
+                if ptr in self.storages or not d.is_contiguous():
+                    self.irregular = True
+                self.storages.add(ptr)
         return i
+
+    def share(self, locals_: list[list[int]], skeletons: list[Any]) -> None:
+        """Keep the tensors of the payload that share storage views of one another, and a
+        non-contiguous tensor its strides: each such group is staged as one span of its storage,
+        and each member becomes a view of it (``_Ref.view``). Copied one by one, ``head =
+        flat[:3]`` came back a tensor a later ``flat.mul_(2)`` no longer reached, and ``wt =
+        x.t()`` came back contiguous (found in review at stop 33). A group whose span is more
+        than twice its members' size (two rows far apart in a big table) stays copied one by one:
+        values right, sharing lost (docs/limitations.md)."""
+        torch = self.torch
+        groups: dict[int, list[int]] = {}
+        for g, t in enumerate(self.tensors):
+            if t.numel():
+                groups.setdefault(t.untyped_storage().data_ptr(), []).append(g)
+        geometry: dict[int, tuple[int, tuple[Any, ...]]] = {}
+        for members in groups.values():
+            ts = [self.tensors[g] for g in members]
+            if (len(ts) == 1 and ts[0].is_contiguous()) or len({t.dtype for t in ts}) > 1:
+                continue
+            lo = min(t.storage_offset() for t in ts)
+            hi = max(t.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) for t in ts)
+            if hi - lo > 2 * sum(t.numel() for t in ts) + 1024:
+                continue
+            base = torch.as_strided(ts[0], (hi - lo,), (1,), lo)
+            b = len(self.tensors)
+            self.tensors.append(base)
+            self.metas.append(_meta(base))
+            for g, t in zip(members, ts, strict=True):
+                geometry[g] = (b, (tuple(t.shape), tuple(t.stride()), t.storage_offset() - lo))
+        if not geometry:
+            return
+        for skeleton, local in zip(skeletons, locals_, strict=True):
+            for ref in _refs(skeleton):
+                g = local[ref.i]
+                if g in geometry:
+                    local[ref.i], ref.view = geometry[g]
+        # the members are staged only through their span now: drop them from the table
+        keep = [g for g in range(len(self.tensors)) if g not in geometry]
+        new = {g: j for j, g in enumerate(keep)}
+        self.tensors = [self.tensors[g] for g in keep]
+        self.metas = [self.metas[g] for g in keep]
+        for local in locals_:
+            local[:] = [new[g] for g in local]
+
+
+def _meta(d: Any) -> tuple[str, tuple[int, ...], int]:
+    return (str(d.dtype).removeprefix("torch."), tuple(d.shape), d.numel() * d.element_size())
+
+
+def _refs(v: Any) -> list[_Ref]:
+    """Every tensor reference in a skeleton, a leaf's gradient's included."""
+    out: list[_Ref] = []
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if t is _Ref:
+            out.append(x)
+            if x.leaf is not None and x.leaf[2] is not None:
+                stack.append(x.leaf[2])
+        elif t is dict or t is OrderedDict:
+            stack.extend(x.values())
+        elif t is list or t is tuple:
+            stack.extend(x)
+        elif t is _Set:
+            stack.extend(x.items)
+    return out
 
 
 def stage(payload: dict[str, Any], torch: Any) -> Staged:
@@ -182,16 +262,17 @@ def stage(payload: dict[str, Any], torch: Any) -> Staged:
     docstring). Raises :class:`Unsupported` for what this format cannot take."""
     s = _Splitter(torch)
     parts: list[tuple[tuple[str, ...], Any, list[int]]] = []
-    skeletons: list[tuple[str | None, str, list[int]]] = []
-    rest = {k: v for k, v in payload.items() if k not in SECTIONS}
     for section in SECTIONS:
         for key, value in payload.get(section, {}).items():
-            skeleton, local, digest = s.part(value)
-            parts.append(((section, key), skeleton, local))
-            skeletons.append((f"{section}:{key}", digest, local))
-    skeleton, local, digest = s.part(rest, digested=False)  # RNG states, registry: not compared
-    parts.append(((), skeleton, local))
-    skeletons.append((None, digest, local))
+            parts.append(((section, key), *s.part(value)))
+    parts.append(((), *s.part({k: v for k, v in payload.items() if k not in SECTIONS})))
+    if s.irregular:
+        s.share([p[2] for p in parts], [p[1] for p in parts])
+    skeletons: list[tuple[str | None, str, list[int]]] = [
+        # the rest (RNG states, registry) is not compared: not pickled twice for nothing
+        (f"{path[0]}:{path[1]}", s.digest(skeleton), local) if path else (None, "", local)
+        for path, skeleton, local in parts
+    ]
     try:
         pickled = pickle.dumps(parts, protocol=5)
     except Exception as e:
@@ -337,6 +418,8 @@ def _join(v: Any, tensors: list[Any]) -> Any:
     t = type(v)
     if t is _Ref:
         x = tensors[v.i]
+        if v.view is not None:
+            x = x.as_strided(*v.view)
         if v.leaf is not None:
             param, requires_grad, grad = v.leaf
             if param:
