@@ -469,3 +469,30 @@ def test_rebound_views_of_one_tensor_stay_views_and_keep_their_strides(tmp_path:
     probe = 'print("PROBE", epoch, [round(v, 6) for v in head.tolist()], wt.is_contiguous(), wt.stride())'
     rep = replay_matches_plain(tmp_path, text, probe, EVERY)
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+def test_a_file_read_line_by_line_in_the_loop_continues_where_the_record_left_it(tmp_path: Path) -> None:
+    """``f.readline()`` inside the loop: a skipped instance left the file at the prologue's
+    position, so the next executed instance read the first lines again (found in review at stop
+    33). The checkpoint holds the position of a file open for reading."""
+    (tmp_path / "data.csv").write_text("".join(f"{i % 7 * 0.1:.1f},{i % 3 * 0.5:.1f},1.0,2.0\n" for i in range(64)))
+    text = _restore_case(
+        'f = open("data.csv")\n',
+        "        vals = [float(v) for v in f.readline().split(',')]",
+    )
+    probe = 'print("PROBE", epoch, f.tell())'
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+def test_a_name_for_an_optimizer_group_still_drives_the_optimizer_after_a_restore(tmp_path: Path) -> None:
+    """``group = opt.param_groups[0]`` before the loop, ``group["lr"] *= 0.5`` after each epoch:
+    ``load_state_dict`` made new group dicts, so after a restore the decay changed a dict the
+    optimizer no longer read (found in review at stop 33)."""
+    text = _restore_case(
+        "group = opt.param_groups[0]\ngroups = opt.param_groups\n",
+        '    group["lr"] *= 0.5',
+    )
+    probe = 'print("PROBE", epoch, opt.param_groups[0]["lr"], group["lr"], groups is opt.param_groups)'
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err

@@ -39,6 +39,7 @@ object has no other name to see it change.
 from __future__ import annotations
 
 import collections
+import io
 import sys
 from typing import Any
 
@@ -83,7 +84,7 @@ def _inside(obj: Any, path: str, torch: Any) -> list[tuple[str, Any]]:
         return [(f"{path}[{i}]", x) for i, x in enumerate(obj)]
     if isinstance(obj, dict):
         return [(f"{path}[{k!r}]", x) for k, x in obj.items()]
-    if isinstance(obj, set) or _is_rng(obj) or (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+    if isinstance(obj, set | io.IOBase) or _is_rng(obj) or (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
         return []
     if hasattr(obj, "__dict__") and not isinstance(obj, type):
         return [(f"{path}.{k}", x) for k, x in vars(obj).items()]
