@@ -496,3 +496,34 @@ def test_a_name_for_an_optimizer_group_still_drives_the_optimizer_after_a_restor
     probe = 'print("PROBE", epoch, opt.param_groups[0]["lr"], group["lr"], groups is opt.param_groups)'
     rep = replay_matches_plain(tmp_path, text, probe, EVERY)
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+def test_a_name_updated_in_place_still_shares_its_object_after_a_restore_or_a_jump(tmp_path: Path) -> None:
+    """``gsum = buffers["gsum"]`` before the loop, ``gsum += g`` in it: ``+=`` on an array or a
+    list keeps the object, which ``buffers`` shares. Stored by value and rebound, the name left
+    ``buffers["gsum"]`` behind after a restore (found in review at stop 33). Probed every fourth
+    epoch, the replay both jumps over iterations and skips the probed epochs' inner loops."""
+    text = RESTORE_PRELUDE + (
+        'buffers = {"gsum": np.zeros(4), "log": [], "t": torch.zeros(2)}\n'
+        'gsum, log, t = buffers["gsum"], buffers["log"], buffers["t"]\n'
+        "for epoch in range(10):\n"
+        "    if epoch % 4 == 3:\n"
+        "        #PROBE\n"
+        "        pass\n"
+        "    for step in range(8):\n"
+        "        xb, yb = x[step * 8:(step + 1) * 8], y[step * 8:(step + 1) * 8]\n"
+        "        opt.zero_grad()\n"
+        "        loss = torch.nn.functional.cross_entropy(model(xb), yb)\n"
+        "        loss.backward()\n"
+        "        opt.step()\n"
+        "        gsum += model.weight.grad.numpy()[0]\n"
+        "        log += [round(loss.item(), 6)]\n"
+        "        t += model.bias.detach()\n"
+        'print("w", round(model.weight.sum().item(), 6))\n'
+    )
+    probe = (
+        'print("PROBE", epoch, buffers["gsum"].round(5).tolist(), len(buffers["log"]), gsum is buffers["gsum"],'
+        ' log is buffers["log"], buffers["t"].tolist(), t is buffers["t"])'
+    )
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert "3 block instances skipped, 0 executed, 7 main-loop iterations jumped over" in rep.err, rep.err

@@ -55,13 +55,13 @@ def test_main_loop_for_block_while_block_and_rebound_names() -> None:
             if _flortrain_M5.jumped():
                 if _flortrain_M5.has("total"): total = _flortrain_M5.value("total")
                 if _flortrain_M5.has("epoch"): epoch = _flortrain_M5.value("epoch")
-            _flortrain_L6 = __flortrain__.block("L6", 6, 7)
+            _flortrain_L6 = __flortrain__.block("L6", 6, 7, names={"total": lambda: total})
             for b in _flortrain_L6.iterate([1, 2, 3]):
                 total += b
             if _flortrain_L6.end({}, {"total": lambda: total}):
                 if _flortrain_L6.has("total"): total = _flortrain_L6.value("total")
             k = 0
-            _flortrain_L9 = __flortrain__.block("L9", 9, 9)
+            _flortrain_L9 = __flortrain__.block("L9", 9, 9, names={"k": lambda: k})
             while _flortrain_L9.live() and (k < 2): k += 1
             if _flortrain_L9.end({}, {"k": lambda: k}):
                 if _flortrain_L9.has("k"): k = _flortrain_L9.value("k")
@@ -98,7 +98,7 @@ def test_in_place_objects_and_globals_in_a_function() -> None:
                 if _flortrain_M7.jumped():
                     if _flortrain_M7.has("step"): globals()["step"] = _flortrain_M7.value("step")
                     if _flortrain_M7.has("epoch"): epoch = _flortrain_M7.value("epoch")
-                _flortrain_L8 = __flortrain__.block("L8", 8, 10, objects={"opt": lambda: opt})
+                _flortrain_L8 = __flortrain__.block("L8", 8, 10, objects={"opt": lambda: opt}, names={"step": lambda: step})
                 for b in _flortrain_L8.iterate(loader):
                     opt.step()
                     step += 1

@@ -22,18 +22,23 @@ __all__ = ["block", "main_enter", "main_exit", "main_iter", "main_iteration", "p
 
 
 def block(
-    block_id: str, first_line: int = 0, last_line: int = 0, values: tuple[str, ...] = (), objects: Getters | None = None
+    block_id: str,
+    first_line: int = 0,
+    last_line: int = 0,
+    values: tuple[str, ...] = (),
+    objects: Getters | None = None,
+    names: Getters | None = None,
 ) -> SkipBlock:
     """Open the SkipBlock of one memoized loop instance, whose loop spans these lines of the
     script (how the runtime notices an exception carrying control out of the loop). ``values``
     are rebound names read after the loop only as numbers: stored detached if they carry a graph.
-    ``objects`` are the changeset's objects restored in place, read as the instance starts (which
-    of the objects inside them the loop replaces, ``identity``)."""
+    ``objects`` are the changeset's objects restored in place and ``names`` its rebound names,
+    read as the instance starts (which objects the loop replaces, ``identity``)."""
     s = _session.current
     if s is None:
         return SkipBlock(None, block_id, (first_line, last_line), values)
     with s.holding():
-        return SkipBlock(s, block_id, (first_line, last_line), values, objects if objects is not None else {})
+        return SkipBlock(s, block_id, (first_line, last_line), values, objects if objects is not None else {}, names)
 
 
 def main_enter(main_id: str) -> None:

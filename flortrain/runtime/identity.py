@@ -66,6 +66,20 @@ def identities(roots: dict[str, Any]) -> dict[str, int]:
     return out
 
 
+#: The prefix of a rebound name's path among the marks (``name:gsum``): beside the paths of
+#: objects, which start with the changeset expression of the object holding them.
+NAME = "name:"
+
+
+def name_identities(values: dict[str, Any]) -> dict[str, int]:
+    """The ``id`` of each rebound name's object (not plain values), by :data:`NAME` path. A name
+    that still holds its object at the end (``gsum += g`` on an array, ``log += [x]``) is
+    restored into the object it holds on replay, which other names may share
+    (``gsum = buffers["gsum"]``): stored by value and rebound, it left ``buffers["gsum"]``
+    behind (found in review at stop 33)."""
+    return {NAME + k: id(v) for k, v in values.items() if not (isinstance(v, _IMMUTABLE) or _is_numpy_value(v))}
+
+
 def _inside(obj: Any, path: str, torch: Any) -> list[tuple[str, Any]]:
     """The objects :func:`capture` describes directly inside ``obj``, with their paths."""
     if torch is not None:

@@ -197,12 +197,12 @@ class Session:
         if objects is not None and names is not None:
             if self.mode == "record":
                 self._audit_iteration(main_id, i, objects, names, frame)
-                boundary = self._resume_jump(main_id, i, objects) if self.resume is not None else None
+                boundary = self._resume_jump(main_id, i, objects, names) if self.resume is not None else None
                 scalars = scalars_json(names)
                 if boundary is None:
                     boundary = self._record_boundary(main_id, i, objects, names, values)
             else:
-                boundary = self._jump(main_id, i, objects, values, frame)
+                boundary = self._jump(main_id, i, objects, names, values, frame)
         state = rng.capture()
         key = (main_id, self.main[1], self.main[2])
         t = time.perf_counter() - self.started
@@ -286,7 +286,7 @@ class Session:
         if isinstance(self.store, Store):
             self.store.write_held()  # the checkpoints' rows and claims (`Store.hold_claims`)
 
-    def _resume_jump(self, main_id: str, i: int, objects: Getters) -> Boundary | None:
+    def _resume_jump(self, main_id: str, i: int, objects: Getters, names: Getters) -> Boundary | None:
         """``record --resume``: at the resumed main loop's first iteration, restore the killed
         run's boundary checkpoint and continue recording from there; its output from then on is
         printed and captured again (the Tee was muted until here)."""
@@ -301,7 +301,7 @@ class Session:
         if b is None:
             raise RuntimeError(f"flortrain: cannot resume at {main_id} iteration {k}: its boundary checkpoint did not load")
         self.resume, self.replay = None, None  # from here on, an ordinary record
-        b.restore(self, objects)
+        b.restore(self, objects, names)
         b.jumped_to = k
         self.main[2] = k
         if self.tee is not None:
@@ -350,7 +350,7 @@ class Session:
         The first boundary (the loop's entry state) is never needed: a replay is there anyway."""
         now = time.perf_counter()
         if i == 0 and main_id not in self._no_boundary:
-            self._entry_identities(main_id, objects, values)
+            self._entry_identities(main_id, objects, names, values)
         if i == 0 or main_id in self._no_boundary or not self.adaptive.should_materialize(main_id):
             return None
         assert self.main is not None
@@ -376,13 +376,16 @@ class Session:
         self._iteration_begins(main_id)  # the checkpoint is not the next iteration's
         return b
 
-    def _entry_identities(self, main_id: str, objects: Getters, values: tuple[str, ...]) -> None:
-        """The objects below the main loop's state as it starts: what its first boundary tells
-        replaced objects by (``identity``)."""
+    def _entry_identities(self, main_id: str, objects: Getters, names: Getters, values: tuple[str, ...]) -> None:
+        """The objects below the main loop's state, and its names' objects, as it starts: what
+        its first boundary tells replaced objects by (``identity``)."""
         try:
             b = Boundary(self, main_id, values)
             objs = {e: o for e, o in resolve(objects).items() if o is not ABSENT}
-            self.identity_tables[main_id] = identity.entry_table(b.roots(self, objs))
+            table = identity.entry_table(b.roots(self, objs))
+            bound = {k: v for k, v in resolve(names).items() if v is not ABSENT}
+            table.update((p, (i, 0)) for p, i in identity.name_identities(bound).items())
+            self.identity_tables[main_id] = table
         except Exception as e:  # boundaries then judge every object new: right, only slower
             self.warn_once(f"{main_id}.identity", f"main loop {main_id}: cannot walk its state: {e}")
 
@@ -483,7 +486,7 @@ class Session:
             yield item
 
     def _jump(
-        self, main_id: str, i: int, objects: Getters, values: tuple[str, ...], frame: FrameType | None
+        self, main_id: str, i: int, objects: Getters, names: Getters, values: tuple[str, ...], frame: FrameType | None
     ) -> Boundary | None:
         assert self.main is not None and self.replay is not None
         spans = self.replay.spans
@@ -502,7 +505,7 @@ class Session:
             if found is None:
                 return None
             b = found
-        b.restore(self, objects)
+        b.restore(self, objects, names)
         b.jumped_to = j
         self.main[2] = j
         self.store.put_jump(self.run_id, main_id, entry, i, j)

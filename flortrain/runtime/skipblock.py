@@ -30,6 +30,7 @@ from flortrain.runtime.state import (
     Mark,
     Restorer,
     Unrestorable,
+    assign_into,
     capture,
     carries_graph,
     clone_state,
@@ -149,6 +150,8 @@ class Checkpointable:
             rebound[expr] = self._detachable(expr, v)
             if not isinstance(v, _VALUES):
                 memo[id(v)] = expr
+                if marks is not None:
+                    marks(identity.NAME + expr, v)
         _no_views_of_parameters(s, rebound, objs)
         registry = {
             "start": self.registry_start,
@@ -216,12 +219,15 @@ class Checkpointable:
         """Whether an object of the checkpoint the replay does not have may be left out."""
         return False
 
-    def restore(self, s: Session, objects: Getters) -> None:
+    def restore(self, s: Session, objects: Getters, names: Getters | None = None) -> None:
         """Put the loaded checkpoint's state back: objects in place, rebound names into
-        ``values`` (the generated code assigns them), registry ids aligned, RNG streams."""
+        ``values`` (the generated code assigns them), registry ids aligned, RNG streams. A name
+        that held the same object all along (``gsum += g``) gets its value written into the
+        object it holds now, which other names may share (``identity.name_identities``)."""
         payload = self.payload
         assert payload is not None
         objs = resolve(objects)
+        live = resolve(names or {}) if "since" in payload else {}
         r = Restorer(payload.get("since"), self.at)
         for expr, st in payload["objects"].items():
             if objs.get(expr, ABSENT) is not ABSENT:
@@ -236,6 +242,8 @@ class Checkpointable:
                     v = objs[v.where]
                 else:
                     v = s.registry.get(_registry_id(v.where))
+            elif live.get(expr, ABSENT) is not ABSENT and not r.replaced(identity.NAME + expr) and assign_into(live[expr], v):
+                v = live[expr]
             self.values[expr] = v
             r.placed[expr] = v
         # objects the recorded state created keep their ids, so later ids stay aligned
@@ -255,6 +263,7 @@ class SkipBlock(Checkpointable):
         span: tuple[int, int] = (0, 0),
         detach_ok: tuple[str, ...] = (),
         objects: Getters | None = None,
+        names: Getters | None = None,
     ) -> None:
         super().__init__(block_id, detach_ok, session.registry.count() if session is not None else 0)
         self.session = session
@@ -282,7 +291,7 @@ class SkipBlock(Checkpointable):
             session.frames.append(self)
             if self.state is State.RECORD:
                 session.registry.reset_block()
-                self.entry = self._identities(session, objects)
+                self.entry = self._identities(session, objects, names)
                 if session.adaptive.costs.get(block_id) is None or (
                     session.adaptive.costs[block_id].n < knobs.ALIAS_WATCH_INSTANCES
                 ):
@@ -292,14 +301,18 @@ class SkipBlock(Checkpointable):
         self.t0 = time.perf_counter()
         self.cpu0 = time.process_time()
 
-    def _identities(self, session: Session, objects: Getters | None) -> dict[str, int] | None:
-        """The objects below the changeset as the instance starts (``identity``); None when
-        they cannot be walked, and the instance is then not checkpointed."""
+    def _identities(self, session: Session, objects: Getters | None, names: Getters | None) -> dict[str, int] | None:
+        """The objects below the changeset, and the rebound names' objects, as the instance
+        starts (``identity``); None when they cannot be walked, and the instance is then not
+        checkpointed."""
         if objects is None:
             return None
         try:
             objs = {e: o for e, o in resolve(objects).items() if o is not ABSENT}
-            return identity.identities(self.roots(session, objs))
+            out = identity.identities(self.roots(session, objs))
+            bound = {e: v for e, v in resolve(names or {}).items() if v is not ABSENT}
+            out.update(identity.name_identities(bound))
+            return out
         except Exception as e:
             session.warn_once(f"{self.id}.identity", f"block {self.id}: cannot walk its state: {e}")
             return None
@@ -366,7 +379,7 @@ class SkipBlock(Checkpointable):
             return False
         if self.state is State.SKIP:
             t0 = time.perf_counter()
-            self.restore(s, objects)
+            self.restore(s, objects, names)
             s.block_done(self, "skipped", restore_s=time.perf_counter() - t0)
             return True
         if self.state is State.EXECUTE:

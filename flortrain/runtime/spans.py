@@ -106,10 +106,10 @@ class Boundary(Checkpointable):
         iterated again. A missing module or optimizer is training state: the jump is refused."""
         return ref.startswith("loader#") and (obj is None or int(ref.split("#", 1)[1]) >= self.registry_start)
 
-    def restore(self, s: Session, objects: Getters) -> None:
+    def restore(self, s: Session, objects: Getters, names: Getters | None = None) -> None:
         assert self.payload is not None
         s.registry.pad(self.payload["registry"]["start"] - s.registry.count())
-        super().restore(s, objects)
+        super().restore(s, objects, names)
 
     def jumped(self) -> bool:
         """Whether the replay restored a later iteration's boundary (the generated code then

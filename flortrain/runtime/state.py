@@ -591,6 +591,42 @@ def why_unrestorable(states: dict[str, dict[str, Any]], since: dict[str, int] | 
     return None
 
 
+def assign_into(live: Any, value: Any) -> bool:
+    """Write a rebound name's stored value into the object the name holds, where the two are
+    alike (a tensor or array of the same shape and dtype, a list, dict, set or deque); False,
+    and nothing written, otherwise. Items of a container come back as the stored copies."""
+    torch = _torch()
+    if torch is not None and isinstance(value, torch.Tensor):
+        if not isinstance(live, torch.Tensor) or live.shape != value.shape or live.dtype != value.dtype:
+            return False
+        if live.grad_fn is not None:  # written in place, a later backward through it would fail
+            return False
+        with torch.no_grad():
+            live.copy_(value)
+        if live.requires_grad or value.grad is not None:
+            live.grad = value.grad
+        return True
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.ndarray):
+        if type(live) is not type(value) or live.shape != value.shape or live.dtype != value.dtype:
+            return False
+        live[...] = value
+        return True
+    if type(live) is not type(value):
+        return False
+    if isinstance(value, list):
+        live[:] = value
+    elif isinstance(value, dict | set):
+        live.clear()
+        live.update(value)
+    elif isinstance(value, collections.deque) and live.maxlen == value.maxlen:
+        live.clear()
+        live.extend(value)
+    else:
+        return False
+    return True
+
+
 def restore_into(live: Any, state: dict[str, Any]) -> Any:
     """Load ``state`` into ``live`` in place (every slot inside it too); see :class:`Restorer`."""
     return Restorer().into(live, state, "")

@@ -149,9 +149,11 @@ class _Transformer(cst.CSTTransformer):
             end_line = self.get_metadata(PositionProvider, original).end.line
             values = ", ".join(f'"{v}"' for v in block.values)
             extra = f", values=({values},)" if values else ""
-            objects = _getters(block.changeset, Restore.IN_PLACE)
-            if objects != "{}":  # read as the instance starts too: which objects it replaces
-                extra += f", objects={objects}"
+            # read as the instance starts too: which objects the loop replaces (``identity``)
+            for kw, kind in (("objects", Restore.IN_PLACE), ("names", Restore.REBOUND)):
+                getters = _getters(block.changeset, kind)
+                if getters != "{}":
+                    extra += f", {kw}={getters}"
             enter = _stmt(f'{var} = {RUNTIME}.block("{block.id}", {line}, {end_line}{extra})\n')
             assert isinstance(enter, cst.SimpleStatementLine)
             return cst.FlattenSentinel([enter.with_changes(leading_lines=lead), loop, _end_statement(block)])
