@@ -161,6 +161,7 @@ def record(
     session.start_materializer()
     t0 = time.perf_counter()
     hook = _module_recorder(script, store, run_id, meta, session, done.modules)
+    session.project = hook.files  # the side-effect audit walks the project modules' globals too
     status = execute(session, code, script, args, torch_script, hook)
     elapsed = time.perf_counter() - t0
     store.finish_run(run_id, "complete" if status == 0 else "failed", status)

@@ -130,3 +130,42 @@ def test_changes_the_changeset_holds_keep_the_loop_memoized(tmp_path: Path) -> N
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
     rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert "in place through code" not in rec.err, rec.err
+
+
+HELPERS = """\
+COUNTS = {"steps": 0}
+calls = 0
+
+
+def step_fn(model, opt, xb, yb):
+    global calls
+    calls += 1
+    COUNTS["steps"] += 1
+    loss = ((model(xb).squeeze(1) - yb) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+"""
+
+PROJECT_MODULE = PRELUDE + """\
+import helpers
+from helpers import step_fn
+for epoch in range(4):
+    for step in range(4):
+        idx = torch.randint(0, 64, (8,))
+        loss = step_fn(model, opt, X[idx], Y[idx])
+    #PROBE
+    print(f"epoch {epoch} {loss:.6f}")
+"""
+
+
+def test_a_helper_module_counting_in_its_own_globals_is_not_skipped_over(tmp_path: Path) -> None:
+    """``step_fn`` in the project's ``helpers.py`` changes that module's ``COUNTS`` and rebinds
+    its ``calls``: no name of the loop's frame reaches them (``from helpers import step_fn``),
+    so the audit walks the project modules' globals too (found in review at stop 33)."""
+    (tmp_path / "helpers.py").write_text(HELPERS)
+    rep = replay_matches_plain(tmp_path, PROJECT_MODULE, 'print(f"PROBE {epoch} {helpers.calls} {helpers.COUNTS}")', EVERY)
+    assert "0 block instances skipped, 4 executed" in rep.err, rep.err
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert "changes `helpers`, `helpers.COUNTS` in place" in rec.err, rec.err

@@ -52,9 +52,12 @@ _NOT_ENTERED = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctio
                 types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType)
 
 
-def roots(frame: FrameType | None) -> dict[str, Any]:
+def roots(frame: FrameType | None, project: Any = None) -> dict[str, Any]:
     """The names a loop's code can reach state through: its frame's locals and its module's
-    globals, without dunders and flortrain's own."""
+    globals, and the globals of the project's own modules (``project``: which files are, an
+    ``importhook.ProjectFiles``), without dunders and flortrain's own. A helper in ``utils.py``
+    counting into its module's ``COUNTS`` changes state no name of the loop's frame reaches
+    (``from utils import step_fn``; found in review at stop 33)."""
     if frame is None:
         return {}
     out: dict[str, Any] = {}
@@ -62,6 +65,33 @@ def roots(frame: FrameType | None) -> dict[str, Any]:
         for k, v in scope.items():
             if not (k.startswith("__") or k.startswith("_flortrain")):
                 out[k] = v
+    if project is not None:
+        for name, module in project_modules(project).items():
+            if vars(module) is frame.f_globals:
+                continue
+            # the module's namespace itself, whose image shows a global rebound (`global calls;
+            # calls += 1` in a helper); then each global, walked first, so that a change inside
+            # one is named by it (`utils.COUNTS`)
+            out[name] = vars(module)
+            for k, v in vars(module).items():
+                if not (k.startswith("__") or k.startswith("_flortrain")):
+                    out[f"{name}.{k}"] = v
+    return out
+
+
+_PROJECT: dict[str, bool] = {}
+
+
+def project_modules(project: Any) -> dict[str, types.ModuleType]:
+    """The imported modules whose files are the project's (each file judged once)."""
+    out: dict[str, types.ModuleType] = {}
+    for name, module in list(sys.modules.items()):
+        ours = _PROJECT.get(name)
+        if ours is None:
+            path = getattr(module, "__file__", None)
+            ours = _PROJECT[name] = isinstance(path, str) and name != "__main__" and project.contains(path)
+        if ours and isinstance(module, types.ModuleType):
+            out[name] = module
     return out
 
 

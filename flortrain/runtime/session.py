@@ -74,6 +74,9 @@ class Session:
     #: main loop id -> the objects below its state at the last boundary captured: path -> (id,
     #: iteration since which that object has been there) (``identity.BoundaryMarks``)
     identity_tables: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    #: which files are the project's own modules (record sets it): their globals are state a
+    #: loop can change through a function of theirs (``audit.project_roots``)
+    project: Any = None
     #: loop id -> why it is not checkpointed: the side-effect audit saw it change state in place
     #: that its changeset does not name (``audit``)
     unnamed_effects: dict[str, str] = field(default_factory=dict)
@@ -237,7 +240,7 @@ class Session:
         """The side-effect audit's before-image of what a loop's frame can reach (``audit``);
         None, with a warning, where taking it fails: the loop then goes unaudited."""
         try:
-            return audit.Image(audit.roots(frame))
+            return audit.Image(audit.roots(frame, self.project))
         except Exception as e:
             self.warn_once(f"{loop_id}.audit", f"loop {loop_id}: side-effect audit unavailable: {e}")
             return None
@@ -251,7 +254,7 @@ class Session:
         torch = sys.modules.get("torch")
         state = {**resolve(objects), **resolve(names)}
         try:
-            after = audit.Image(audit.roots(frame))
+            after = audit.Image(audit.roots(frame, self.project))
             optimizers = [o for _, o in self.registry.optimizers()]
             # an optimizer's groups are the alias watch's, however the script reaches them
             # (nanoGPT's `for param_group in optimizer.param_groups` leaves a name on the last)
