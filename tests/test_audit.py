@@ -169,3 +169,33 @@ def test_a_helper_module_counting_in_its_own_globals_is_not_skipped_over(tmp_pat
     assert "0 block instances skipped, 4 executed" in rep.err, rep.err
     rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert "changes `helpers`, `helpers.COUNTS` in place" in rec.err, rec.err
+
+
+LATE_SYNC = PRELUDE + """\
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+target = torch.nn.Linear(4, 1)
+for epoch in range(6):
+    for step in range(4):
+        idx = torch.randint(0, 64, (8,))
+        loss = ((model(X[idx]).squeeze(1) - Y[idx]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if epoch >= 3 and step == 3:
+            vector_to_parameters(parameters_to_vector(model.parameters()).detach(), target.parameters())
+    #PROBE
+    print(f"epoch {epoch} {loss.item():.6f}")
+"""
+
+
+def test_a_module_a_loop_starts_changing_late_is_learned_then(tmp_path: Path) -> None:
+    """A target network synced from epoch 3 on through ``vector_to_parameters``: the alias watch
+    only watched the first two instances, so later checkpoints left ``target`` out and a skipped
+    instance restored without it (found in review at stop 33). A light watch (memory and version
+    counter of the modules no checkpoint holds) learns it at the instance that changes it, and
+    the loop stays memoized."""
+    probe = 'print("PROBE", epoch, [round(v, 5) for v in target.weight.detach().flatten().tolist()])'
+    rep = replay_matches_plain(tmp_path, LATE_SYNC, probe, EVERY)
+    assert "6 block instances skipped, 0 executed" in rep.err, rep.err
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert "changed a Linear (registry #" in rec.err and "checkpointed with the block from now on" in rec.err, rec.err
