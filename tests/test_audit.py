@@ -199,3 +199,30 @@ def test_a_module_a_loop_starts_changing_late_is_learned_then(tmp_path: Path) ->
     assert "6 block instances skipped, 0 executed" in rep.err, rep.err
     rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert "changed a Linear (registry #" in rec.err and "checkpointed with the block from now on" in rec.err, rec.err
+
+
+ISLICE = PRELUDE + """\
+import itertools
+batches = [torch.randint(0, 64, (8,)) for _ in range(40)]
+stream = iter(batches)
+for epoch in range(4):
+    for idx in itertools.islice(stream, 6):
+        loss = ((model(X[idx]).squeeze(1) - Y[idx]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    held_out = next(stream)
+    #PROBE
+    print(f"epoch {epoch} {loss.item():.6f}")
+"""
+
+
+def test_an_iterator_a_loop_consumes_through_islice_is_not_skipped_over(tmp_path: Path) -> None:
+    """``itertools.islice(stream, 6)`` advances ``stream``, which no rule sees: a skipped
+    instance left it where the prologue did, so the next executed one trained on the first
+    batches again (found in review at stop 33). The audit images a sequence iterator by its
+    position."""
+    rep = replay_matches_plain(tmp_path, ISLICE, 'print("PROBE", epoch, held_out.tolist())', EVERY)
+    assert "0 block instances skipped, 4 executed" in rep.err, rep.err
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert "changes `stream` in place" in rec.err, rec.err

@@ -20,9 +20,10 @@ checkpointed), and record says which name reaches it. Exact, where it would have
 What an image holds: containers by their items (an item that is an object, by identity: each
 object has its own image), plain objects by their attributes, tensors by memory and version
 counter (by content where a kernel writes behind the counter, ``versions``), NumPy arrays by a
-hash of their bytes (up to :data:`ARRAY_LIMIT`), random generators by their state, files by
-their position. Modules, optimizers and data loaders are the alias watch's; functions, classes
-and modules are not entered. The walk stops after :data:`BUDGET` objects: what it did not reach
+hash of their bytes (up to :data:`ARRAY_LIMIT`), random generators by their state, files and
+iterators over a sequence by their position. Modules, optimizers and data loaders are the alias
+watch's; functions, classes and modules are not entered (the project's own modules' globals are
+roots of their own, :func:`roots`). The walk stops after :data:`BUDGET` objects: what it did not reach
 is not audited. Instances after the audited ones are not audited either: a loop that starts
 changing such state later (at epoch 10) is not caught (``docs/limitations.md``).
 """
@@ -254,9 +255,21 @@ def _leaf(obj: Any, torch: Any) -> Callable[[Any], Any] | None:
         return _numpy
     if isinstance(obj, random.Random):
         return lambda r: ("R", r.getstate())
+    if isinstance(obj, _SEQUENCE_ITERATORS):
+        return _iterator_position
     if isinstance(obj, io.IOBase):
         return lambda f: ("F", _position(f))
     return None
+
+
+#: Iterators over a sequence, whose position ``__reduce__`` tells (``stream = iter(batches)``
+#: consumed by ``itertools.islice(stream, 6)`` inside the loop; found in review at stop 33)
+_SEQUENCE_ITERATORS: tuple[type, ...] = (type(iter([])), type(iter(())), type(iter(range(0))), type(iter("")))
+
+
+def _iterator_position(it: Any) -> Any:
+    reduced = it.__reduce__()
+    return ("I", reduced[2] if len(reduced) > 2 else "exhausted")
 
 
 def _attributes(obj: Any) -> list[tuple[str, Any]] | None:
