@@ -527,3 +527,60 @@ def test_a_name_updated_in_place_still_shares_its_object_after_a_restore_or_a_ju
     )
     rep = replay_matches_plain(tmp_path, text, probe, EVERY)
     assert "3 block instances skipped, 0 executed, 7 main-loop iterations jumped over" in rep.err, rep.err
+
+
+def test_a_rebound_name_holding_rows_the_state_holds_gives_back_those_rows(tmp_path: Path) -> None:
+    """``top = sorted(top + [row])[:3]`` and ``last = (epoch, row)`` over rows ``history`` holds:
+    stored by value, the names came back holding copies, and ``r["in_top"] += 1`` after the loop
+    did not reach ``history`` (found in review at stop 34). Jumps and skipped instances both."""
+    text = RESTORE_PRELUDE + (
+        "history = []\ntop = []\nlast = None\n"
+        "for epoch in range(8):\n"
+        "    if epoch % 4 == 3:\n"
+        "        #PROBE\n"
+        "        pass\n"
+        "    for step in range(8):\n"
+        "        xb, yb = x[step * 8:(step + 1) * 8], y[step * 8:(step + 1) * 8]\n"
+        "        opt.zero_grad()\n"
+        "        loss = torch.nn.functional.cross_entropy(model(xb), yb)\n"
+        "        loss.backward()\n"
+        "        opt.step()\n"
+        '        row = {"e": epoch, "s": step, "loss": round(loss.item(), 4)}\n'
+        "        history.append(row)\n"
+        '        top = sorted(top + [row], key=lambda r: r["loss"])[:3]\n'
+        "        last = (epoch, row)\n"
+        "    for r in top:\n"
+        '        r["in_top"] = r.get("in_top", 0) + 1\n'
+        '    last[1]["last"] = True\n'
+        'print("top", [(h["e"], h["s"], h.get("in_top"), h.get("last")) for h in history if len(h) > 3])\n'
+    )
+    probe = 'print("PROBE", epoch, [(h["e"], h["s"], h.get("in_top"), h.get("last")) for h in history if len(h) > 3])'
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert "main-loop iterations jumped over" in rep.err and "0 executed" in rep.err, rep.err
+
+
+def test_a_view_the_loop_replaces_is_not_written_into_when_its_address_is_reused(tmp_path: Path) -> None:
+    """``bufs = [table[epoch], ...]`` each epoch, replaced out of place in the loop: CPython put
+    the new tensor at the freed view's address, so the slot read as kept and the restore wrote
+    into the view, and so into ``table`` (found in review at stop 34)."""
+    text = (
+        "import torch\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "X, Y = torch.randn(64, 4), torch.randn(64, 2)\n"
+        "table = torch.zeros(8, 2)\n"
+        "for epoch in range(6):\n"
+        "    bufs = [table[epoch], table[epoch + 1]]\n"
+        "    for i in range(8):\n"
+        "        xb, yb = X[i * 8:(i + 1) * 8], Y[i * 8:(i + 1) * 8]\n"
+        "        loss = ((model(xb) - yb) ** 2).mean()\n"
+        "        opt.zero_grad(); loss.backward(); opt.step()\n"
+        "        bufs[0] = bufs[0] * 0.9 + model.bias.detach()\n"
+        "        bufs[1] = bufs[1] * 0.5 + model.bias.detach()\n"
+        "    #PROBE\n"
+        'print("bufs", [round(v, 4) for v in bufs[0].tolist()])\n'
+    )
+    probe = 'print("PROBE", epoch, round(float(table.abs().sum()), 4))'
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert "6 block instances skipped, 0 executed" in rep.err, rep.err

@@ -31,9 +31,11 @@ are restored in place, as before. Walking them cost 0.4 to 1.9 ms per instance o
 instance recorded, for a shape (a module attribute the loop replaces while another name still
 holds the old object) no script in the suite or the review has. limitations.md says so.
 
-An ``id`` can be reused once its object is freed; a slot whose object was freed and replaced
-by a new one at the same address reads as unchanged. Nothing can tell the difference: a freed
-object has no other name to see it change.
+The walk keeps the objects it found, not their ``id``s, until the instance ends (a boundary's,
+until the next boundary captured): an ``id`` is reused once its object is freed, and a tensor
+view freed in the loop, whose address the loop's new tensor then took, read as kept, so the
+restore wrote into the view and so into the tensor it viewed (found in review at stop 34).
+Keeping them costs memory only for objects the loop replaces, until its end.
 """
 
 from __future__ import annotations
@@ -46,11 +48,11 @@ from typing import Any
 from flortrain.runtime.state import _IMMUTABLE, _is_numpy_value, _is_rng
 
 
-def identities(roots: dict[str, Any]) -> dict[str, int]:
-    """The ``id`` of every object below each root, by the path :func:`capture` gives it (an
-    object seen twice by its first path only, as capture's memo does)."""
+def identities(roots: dict[str, Any]) -> dict[str, Any]:
+    """Every object below each root, by the path :func:`capture` gives it (an object seen twice
+    by its first path only, as capture's memo does)."""
     torch = sys.modules.get("torch")
-    out: dict[str, int] = {}
+    out: dict[str, Any] = {}
     seen: set[int] = set()
     # depth first, in capture's order, roots one after another: the first path to reach a
     # shared object is the one capture's memo keeps
@@ -61,23 +63,31 @@ def identities(roots: dict[str, Any]) -> dict[str, int]:
             continue
         seen.add(id(obj))
         if not root:  # a root is restored in place by its own name: never replaced
-            out[path] = id(obj)
+            out[path] = obj
         stack.extend((p, x, False) for p, x in reversed(_inside(obj, path, torch)))
     return out
 
+
+_NOTHING = object()
 
 #: The prefix of a rebound name's path among the marks (``name:gsum``): beside the paths of
 #: objects, which start with the changeset expression of the object holding them.
 NAME = "name:"
 
 
-def name_identities(values: dict[str, Any]) -> dict[str, int]:
-    """The ``id`` of each rebound name's object (not plain values), by :data:`NAME` path. A name
+def name_identities(values: dict[str, Any]) -> dict[str, Any]:
+    """Each rebound name's object (not plain values), by :data:`NAME` path. A name
     that still holds its object at the end (``gsum += g`` on an array, ``log += [x]``) is
     restored into the object it holds on replay, which other names may share
     (``gsum = buffers["gsum"]``): stored by value and rebound, it left ``buffers["gsum"]``
     behind (found in review at stop 33)."""
-    return {NAME + k: id(v) for k, v in values.items() if not (isinstance(v, _IMMUTABLE) or _is_numpy_value(v))}
+    return {NAME + k: v for k, v in values.items() if not (isinstance(v, _IMMUTABLE) or _is_numpy_value(v))}
+
+
+def shares(value: Any, memo: dict[int, str]) -> bool:
+    """Whether an object below ``value`` is one a capture's ``memo`` has seen: a rebound name
+    holding objects the state holds (``identities`` of the name alone)."""
+    return any(id(o) in memo for o in identities({"": value}).values())
 
 
 def _inside(obj: Any, path: str, torch: Any) -> list[tuple[str, Any]]:
@@ -110,12 +120,12 @@ class InstanceMarks:
     :func:`identities` found there when the instance opened is marked 1 (a restore at the
     instance's start, position 0, makes it anew)."""
 
-    def __init__(self, entry: dict[str, int]) -> None:
+    def __init__(self, entry: dict[str, Any]) -> None:
         self.entry = entry
         self.since: dict[str, int] = {}
 
     def __call__(self, path: str, obj: Any) -> None:
-        if self.entry.get(path) != id(obj):
+        if self.entry.get(path, _NOTHING) is not obj:
             self.since[path] = 1
 
 
@@ -126,20 +136,20 @@ class BoundaryMarks:
     arrived between two captured boundaries is marked with the later one: a jump from between
     them makes it anew, which keeps values right and only loses an identity nothing shared."""
 
-    def __init__(self, table: dict[str, tuple[int, int]], k: int) -> None:
+    def __init__(self, table: dict[str, tuple[Any, int]], k: int) -> None:
         self.table = table
         self.k = k
         self.since: dict[str, int] = {}
-        self.now: dict[str, tuple[int, int]] = {}
+        self.now: dict[str, tuple[Any, int]] = {}
 
     def __call__(self, path: str, obj: Any) -> None:
         before = self.table.get(path)
-        since = before[1] if before is not None and before[0] == id(obj) else self.k
-        self.now[path] = (id(obj), since)
+        since = before[1] if before is not None and before[0] is obj else self.k
+        self.now[path] = (obj, since)
         if since:
             self.since[path] = since
 
 
-def entry_table(roots: dict[str, Any]) -> dict[str, tuple[int, int]]:
+def entry_table(roots: dict[str, Any]) -> dict[str, tuple[Any, int]]:
     """A main loop's first :class:`BoundaryMarks` table: every object there at position 0."""
-    return {path: (i, 0) for path, i in identities(roots).items()}
+    return {path: (o, 0) for path, o in identities(roots).items()}

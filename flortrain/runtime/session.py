@@ -71,9 +71,9 @@ class Session:
     #: left it (:meth:`flush`): a writer that training starved of CPU does its work then
     exit_wait: float = 0.0
     _no_boundary: set[str] = field(default_factory=set)
-    #: main loop id -> the objects below its state at the last boundary captured: path -> (id,
-    #: iteration since which that object has been there) (``identity.BoundaryMarks``)
-    identity_tables: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    #: main loop id -> the objects below its state at the last boundary captured: path -> (the
+    #: object, iteration since which it has been there) (``identity.BoundaryMarks``)
+    identity_tables: dict[str, dict[str, tuple[Any, int]]] = field(default_factory=dict)
     #: which files are the project's own modules (record sets it): their globals are state a
     #: loop can change through a function of theirs (``audit.project_roots``)
     project: Any = None
@@ -387,7 +387,8 @@ class Session:
             objs = {e: o for e, o in resolve(objects).items() if o is not ABSENT}
             table = identity.entry_table(b.roots(self, objs))
             bound = {k: v for k, v in resolve(names).items() if v is not ABSENT}
-            table.update((p, (i, 0)) for p, i in identity.name_identities(bound).items())
+            table.update((p, (o, 0)) for p, o in identity.name_identities(bound).items())
+            table.update(identity.entry_table({identity.NAME + e: v for e, v in bound.items()}))
             self.identity_tables[main_id] = table
         except Exception as e:  # boundaries then judge every object new: right, only slower
             self.warn_once(f"{main_id}.identity", f"main loop {main_id}: cannot walk its state: {e}")

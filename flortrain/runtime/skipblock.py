@@ -27,6 +27,7 @@ from flortrain.runtime.blobformat import MissingObject
 from flortrain.runtime.materializer import deserialize, digests
 from flortrain.runtime.state import (
     _IMMUTABLE,
+    _MISSING,
     Mark,
     Restorer,
     Unrestorable,
@@ -63,6 +64,19 @@ ABSENT = _Absent()
 
 #: Rebound values that are not objects with an identity worth keeping (two names holding 3)
 _VALUES = _IMMUTABLE
+
+
+class Captured:
+    """A rebound name whose value holds objects the state also holds (``top = sorted(top +
+    [row])[:3]`` over rows in ``history``; ``last = (epoch, row)``): stored as a captured state,
+    so that a restore gives it those same objects, not copies (found in review at stop 34: an
+    annotation through ``last[1]`` after the loop did not reach ``history``)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        return (Captured, (self.state,))
 
 
 class Ref:
@@ -147,6 +161,11 @@ class Checkpointable:
                 rebound[expr] = Ref(memo[id(v)])
                 continue
             _no_live_objects_inside(s, expr, v)
+            if not isinstance(v, _VALUES) and identity.shares(v, memo):
+                rebound[expr] = Captured(capture(v, memo, identity.NAME + expr, mark))
+                if marks is not None:
+                    marks(identity.NAME + expr, v)
+                continue
             rebound[expr] = self._detachable(expr, v)
             if not isinstance(v, _VALUES):
                 memo[id(v)] = expr
@@ -242,6 +261,9 @@ class Checkpointable:
                     v = objs[v.where]
                 else:
                     v = s.registry.get(_registry_id(v.where))
+            elif isinstance(v, Captured):
+                held = live.get(expr, ABSENT)
+                v = r.child(_MISSING if held is ABSENT else held, v.state, identity.NAME + expr)
             elif live.get(expr, ABSENT) is not ABSENT and not r.replaced(identity.NAME + expr) and assign_into(live[expr], v):
                 v = live[expr]
             self.values[expr] = v
@@ -287,7 +309,7 @@ class SkipBlock(Checkpointable):
         else:
             self.key = session.next_key(block_id)
             self.state = session.initial_state(self)
-        self.entry: dict[str, int] | None = None
+        self.entry: dict[str, Any] | None = None
         if session is not None:
             session.frames.append(self)
             if self.state is State.RECORD:
@@ -304,7 +326,7 @@ class SkipBlock(Checkpointable):
         self.t0 = time.perf_counter()
         self.cpu0 = time.process_time()
 
-    def _identities(self, session: Session, objects: Getters | None, names: Getters | None) -> dict[str, int] | None:
+    def _identities(self, session: Session, objects: Getters | None, names: Getters | None) -> dict[str, Any] | None:
         """The objects below the changeset, and the rebound names' objects, as the instance
         starts (``identity``); None when they cannot be walked, and the instance is then not
         checkpointed."""
@@ -315,6 +337,7 @@ class SkipBlock(Checkpointable):
             out = identity.identities(self.roots(session, objs))
             bound = {e: v for e, v in resolve(names or {}).items() if v is not ABSENT}
             out.update(identity.name_identities(bound))
+            out.update(identity.identities({identity.NAME + e: v for e, v in bound.items()}))
             return out
         except Exception as e:
             session.warn_once(f"{self.id}.identity", f"block {self.id}: cannot walk its state: {e}")
@@ -403,6 +426,7 @@ class SkipBlock(Checkpointable):
             s.frames.pop()
         if self.state is State.RECORD:
             self._record(s, objects, names)
+            self.entry = None  # the objects it holds live no longer than the instance
             return False
         if self.state is State.SKIP:
             t0 = time.perf_counter()
