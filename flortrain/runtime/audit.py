@@ -84,13 +84,18 @@ _PROJECT: dict[str, bool] = {}
 
 
 def project_modules(project: Any) -> dict[str, types.ModuleType]:
-    """The imported modules whose files are the project's (each file judged once)."""
+    """The imported modules whose files are the project's (each file judged once). A file under
+    an installed or standard prefix is passed over by its name: resolving each of torch's
+    ~1,500 module paths held the first audited iteration up 0.19 s (stop 34)."""
     out: dict[str, types.ModuleType] = {}
+    excluded = tuple(getattr(project, "excluded", ()))
     for name, module in list(sys.modules.items()):
         ours = _PROJECT.get(name)
         if ours is None:
             path = getattr(module, "__file__", None)
-            ours = _PROJECT[name] = isinstance(path, str) and name != "__main__" and project.contains(path)
+            ours = _PROJECT[name] = (
+                isinstance(path, str) and name != "__main__" and not path.startswith(excluded) and project.contains(path)
+            )
         if ours and isinstance(module, types.ModuleType):
             out[name] = module
     return out
