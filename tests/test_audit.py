@@ -23,20 +23,33 @@ model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 """
 
-SET_ADD = PRELUDE + """\
+#: One SGD step on the batch ``idx``, inside the memoized loop (8 spaces).
+STEP = """\
+        loss = ((model(X[idx]).squeeze(1) - Y[idx]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+#: The epoch's end: the probe's place, and the plain run's one line per epoch.
+EPOCH_END = """\
+    #PROBE
+    print(f"epoch {epoch} {loss.item():.6f}")
+"""
+
+SET_ADD = (
+    PRELUDE
+    + """\
 seen = set()
 for epoch in range(4):
     for step in range(4):
         idx = torch.randint(0, 64, (8,))
         for i in idx.tolist():
             seen.add(i)              # `add` reads a tensor, but writes a set
-        loss = ((model(X[idx]).squeeze(1) - Y[idx]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    #PROBE
-    print(f"epoch {epoch} {loss.item():.6f}")
 """
+    + STEP
+    + EPOCH_END
+)
 
 
 def test_a_set_filled_through_add_is_not_skipped_over(tmp_path: Path) -> None:
@@ -77,21 +90,23 @@ def test_a_callable_object_with_its_own_stream_is_not_skipped_over(tmp_path: Pat
     assert "0 block instances skipped, 4 executed" in rep.err, rep.err
 
 
-MAIN_BODY = PRELUDE + """\
+MAIN_BODY = (
+    PRELUDE
+    + """\
 import numpy as np
 
 acc = np.zeros(4)
 for epoch in range(6):
     for step in range(4):
         idx = torch.randint(0, 64, (8,))
-        loss = ((model(X[idx]).squeeze(1) - Y[idx]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+"""
+    + STEP
+    + """\
     np.add(acc, model.weight.detach().numpy()[0], acc)   # a positional `out`, in the epoch body
     #PROBE
     print(f"epoch {epoch} {loss.item():.6f}")
 """
+)
 
 
 def test_a_main_loop_that_changes_an_array_in_place_is_not_jumped_over(tmp_path: Path) -> None:
@@ -105,21 +120,23 @@ def test_a_main_loop_that_changes_an_array_in_place_is_not_jumped_over(tmp_path:
     assert "changes `acc` in place" in rec.err, rec.err
 
 
-COVERED = PRELUDE + """\
+COVERED = (
+    PRELUDE
+    + """\
 history = []
 log = {"history": history, "runs": 1}   # reaches state the changeset holds
 w = model.weight                        # an alias of a parameter the optimizer updates
 for epoch in range(4):
     for step in range(4):
         idx = torch.randint(0, 64, (8,))
-        loss = ((model(X[idx]).squeeze(1) - Y[idx]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+"""
+    + STEP
+    + """\
         history.append(loss.item())
     #PROBE
     print(f"epoch {epoch} {loss.item():.6f} {w.sum().item():.6f}")
 """
+)
 
 
 def test_changes_the_changeset_holds_keep_the_loop_memoized(tmp_path: Path) -> None:
@@ -171,21 +188,23 @@ def test_a_helper_module_counting_in_its_own_globals_is_not_skipped_over(tmp_pat
     assert "changes `helpers`, `helpers.COUNTS` in place" in rec.err, rec.err
 
 
-LATE_SYNC = PRELUDE + """\
+LATE_SYNC = (
+    PRELUDE
+    + """\
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 target = torch.nn.Linear(4, 1)
 for epoch in range(6):
     for step in range(4):
         idx = torch.randint(0, 64, (8,))
-        loss = ((model(X[idx]).squeeze(1) - Y[idx]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+"""
+    + STEP
+    + """\
         if epoch >= 3 and step == 3:
             vector_to_parameters(parameters_to_vector(model.parameters()).detach(), target.parameters())
     #PROBE
     print(f"epoch {epoch} {loss.item():.6f}")
 """
+)
 
 
 def test_a_module_a_loop_starts_changing_late_is_learned_then(tmp_path: Path) -> None:
@@ -201,20 +220,22 @@ def test_a_module_a_loop_starts_changing_late_is_learned_then(tmp_path: Path) ->
     assert "changed a Linear (registry #" in rec.err and "checkpointed with the block from now on" in rec.err, rec.err
 
 
-ISLICE = PRELUDE + """\
+ISLICE = (
+    PRELUDE
+    + """\
 import itertools
 batches = [torch.randint(0, 64, (8,)) for _ in range(40)]
 stream = iter(batches)
 for epoch in range(4):
     for idx in itertools.islice(stream, 6):
-        loss = ((model(X[idx]).squeeze(1) - Y[idx]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+"""
+    + STEP
+    + """\
     held_out = next(stream)
     #PROBE
     print(f"epoch {epoch} {loss.item():.6f}")
 """
+)
 
 
 def test_an_iterator_a_loop_consumes_through_islice_is_not_skipped_over(tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def test_a_replaced_object_is_made_anew_and_a_kept_one_restored_in_place() -> No
 def test_a_boundary_marks_each_object_with_the_iteration_it_arrived_by() -> None:
     a, b = {"v": 0}, {"v": 1}
     live = {"a": a, "b": b}
-    table = entry_table({"live": live})
+    table = entry_table({"live": live}, {})
     live["b"] = b2 = {"v": 2}  # replaced during iteration 0..2
     m3 = BoundaryMarks(table, 3)
     state3 = capture(live, {}, "live", m3)

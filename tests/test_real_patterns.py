@@ -309,22 +309,31 @@ x = torch.randn(64, 4)
 y = torch.randint(0, 2, (64,))
 """
 
-LOOP = """\
-for epoch in range(4):
+STEPS = """\
     for step in range(8):
         xb, yb = x[step * 8:(step + 1) * 8], y[step * 8:(step + 1) * 8]
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(xb), yb)
         loss.backward()
         opt.step()
-BODY
-    #PROBE
-    print(f"epoch {epoch} {loss.item():.6f}")
+"""
+
+#: A probe every fourth epoch, at its start: a replay jumps over the main loop's iterations
+#: between probes, and skips the probed epochs' inner loops.
+JUMP_GUARD = """\
+    if epoch % 4 == 3:
+        #PROBE
+        pass
 """
 
 
-def _restore_case(setup: str, body: str) -> str:
-    return RESTORE_PRELUDE + setup + LOOP.replace("BODY", body)
+def _restore_case(setup: str, body: str, *, epochs: int = 4, jump: bool = False, after: str = "") -> str:
+    """A script with the SGD loop over ``epochs`` epochs of 8 steps, ``body`` at the end of each
+    step (8 spaces) or epoch (4 spaces): probed at every epoch's end, or, with ``jump``, at the
+    start of every fourth (:data:`JUMP_GUARD`); ``after`` follows the loop."""
+    head = f"for epoch in range({epochs}):\n" + (JUMP_GUARD if jump else "")
+    tail = "" if jump else '    #PROBE\n    print(f"epoch {epoch} {loss.item():.6f}")\n'
+    return RESTORE_PRELUDE + setup + head + STEPS + body + "\n" + tail + after
 
 
 def test_a_slot_that_held_none_before_the_loop_is_restored_with_the_loops_dict(tmp_path: Path) -> None:
@@ -429,25 +438,15 @@ def test_a_rebound_trained_leaf_still_requires_grad_after_a_restore(tmp_path: Pa
 def test_a_jump_over_iterations_makes_anew_what_they_replaced(tmp_path: Path) -> None:
     """A replay that jumps from iteration 0 to a later boundary restored the replaced
     ``tracker["best"]`` into the object ``initial`` names (found in review at stop 33)."""
-    text = RESTORE_PRELUDE + (
+    text = _restore_case(
         "class Box:\n"
         "    def __init__(self, v):\n"
         "        self.v = v\n"
         'tracker = {"best": Box(99.0)}\n'
-        'initial = tracker["best"]\n'
-        "for epoch in range(10):\n"
-        "    if epoch % 4 == 3:\n"
-        "        #PROBE\n"
-        "        pass\n"
-        "    for step in range(8):\n"
-        "        xb, yb = x[step * 8:(step + 1) * 8], y[step * 8:(step + 1) * 8]\n"
-        "        opt.zero_grad()\n"
-        "        loss = torch.nn.functional.cross_entropy(model(xb), yb)\n"
-        "        loss.backward()\n"
-        "        opt.step()\n"
+        'initial = tracker["best"]\n',
         '    if loss.item() < tracker["best"].v:\n'
-        '        tracker["best"] = Box(round(loss.item(), 6))\n'
-        'print("w", round(model.weight.sum().item(), 6))\n'
+        '        tracker["best"] = Box(round(loss.item(), 6))',
+        epochs=10, jump=True, after='print("w", round(model.weight.sum().item(), 6))\n',
     )
     probe = 'print("PROBE", epoch, initial.v, tracker["best"].v, initial is tracker["best"])'
     rep = replay_matches_plain(tmp_path, text, probe, EVERY)
@@ -503,23 +502,13 @@ def test_a_name_updated_in_place_still_shares_its_object_after_a_restore_or_a_ju
     list keeps the object, which ``buffers`` shares. Stored by value and rebound, the name left
     ``buffers["gsum"]`` behind after a restore (found in review at stop 33). Probed every fourth
     epoch, the replay both jumps over iterations and skips the probed epochs' inner loops."""
-    text = RESTORE_PRELUDE + (
+    text = _restore_case(
         'buffers = {"gsum": np.zeros(4), "log": [], "t": torch.zeros(2)}\n'
-        'gsum, log, t = buffers["gsum"], buffers["log"], buffers["t"]\n'
-        "for epoch in range(10):\n"
-        "    if epoch % 4 == 3:\n"
-        "        #PROBE\n"
-        "        pass\n"
-        "    for step in range(8):\n"
-        "        xb, yb = x[step * 8:(step + 1) * 8], y[step * 8:(step + 1) * 8]\n"
-        "        opt.zero_grad()\n"
-        "        loss = torch.nn.functional.cross_entropy(model(xb), yb)\n"
-        "        loss.backward()\n"
-        "        opt.step()\n"
+        'gsum, log, t = buffers["gsum"], buffers["log"], buffers["t"]\n',
         "        gsum += model.weight.grad.numpy()[0]\n"
         "        log += [round(loss.item(), 6)]\n"
-        "        t += model.bias.detach()\n"
-        'print("w", round(model.weight.sum().item(), 6))\n'
+        "        t += model.bias.detach()",
+        epochs=10, jump=True, after='print("w", round(model.weight.sum().item(), 6))\n',
     )
     probe = (
         'print("PROBE", epoch, buffers["gsum"].round(5).tolist(), len(buffers["log"]), gsum is buffers["gsum"],'
@@ -533,26 +522,17 @@ def test_a_rebound_name_holding_rows_the_state_holds_gives_back_those_rows(tmp_p
     """``top = sorted(top + [row])[:3]`` and ``last = (epoch, row)`` over rows ``history`` holds:
     stored by value, the names came back holding copies, and ``r["in_top"] += 1`` after the loop
     did not reach ``history`` (found in review at stop 34). Jumps and skipped instances both."""
-    text = RESTORE_PRELUDE + (
-        "history = []\ntop = []\nlast = None\n"
-        "for epoch in range(8):\n"
-        "    if epoch % 4 == 3:\n"
-        "        #PROBE\n"
-        "        pass\n"
-        "    for step in range(8):\n"
-        "        xb, yb = x[step * 8:(step + 1) * 8], y[step * 8:(step + 1) * 8]\n"
-        "        opt.zero_grad()\n"
-        "        loss = torch.nn.functional.cross_entropy(model(xb), yb)\n"
-        "        loss.backward()\n"
-        "        opt.step()\n"
+    text = _restore_case(
+        "history = []\ntop = []\nlast = None\n",
         '        row = {"e": epoch, "s": step, "loss": round(loss.item(), 4)}\n'
         "        history.append(row)\n"
         '        top = sorted(top + [row], key=lambda r: r["loss"])[:3]\n'
         "        last = (epoch, row)\n"
         "    for r in top:\n"
         '        r["in_top"] = r.get("in_top", 0) + 1\n'
-        '    last[1]["last"] = True\n'
-        'print("top", [(h["e"], h["s"], h.get("in_top"), h.get("last")) for h in history if len(h) > 3])\n'
+        '    last[1]["last"] = True',
+        epochs=8, jump=True,
+        after='print("top", [(h["e"], h["s"], h.get("in_top"), h.get("last")) for h in history if len(h) > 3])\n',
     )
     probe = 'print("PROBE", epoch, [(h["e"], h["s"], h.get("in_top"), h.get("last")) for h in history if len(h) > 3])'
     rep = replay_matches_plain(tmp_path, text, probe, EVERY)
@@ -584,3 +564,27 @@ def test_a_view_the_loop_replaces_is_not_written_into_when_its_address_is_reused
     probe = 'print("PROBE", epoch, round(float(table.abs().sum()), 4))'
     rep = replay_matches_plain(tmp_path, text, probe, EVERY)
     assert "6 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+EMA = (
+    "ema = [p.detach().clone() for p in model.parameters()]\n",
+    "        with torch.no_grad():\n"
+    "            for e, p in zip(ema, model.parameters()):\n"
+    "                e.mul_(0.9).add_(p, alpha=0.1)",
+)
+EMA_PROBE = 'print("PROBE", epoch, round(sum(e.sum().item() for e in ema), 6), p is model.bias, round(p.sum().item(), 6))'
+
+
+def test_a_loop_variable_left_on_a_model_parameter_is_memoized_as_that_parameter(tmp_path: Path) -> None:
+    """``for e, p in zip(ema, model.parameters())`` leaves ``p`` on the model's last parameter:
+    the loop was refused ("`p` shares memory with a model parameter"), and so was every loop
+    keeping an EMA this way. A rebound name holding a live module's own tensor is restored as
+    that tensor, after the module's restore."""
+    rep = replay_matches_plain(tmp_path, _restore_case(*EMA), EMA_PROBE, EVERY)
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+def test_a_loop_variable_left_on_a_model_parameter_survives_a_jump(tmp_path: Path) -> None:
+    text = _restore_case(*EMA, epochs=10, jump=True, after='print("last", p is model.bias, p.requires_grad)\n')
+    rep = replay_matches_plain(tmp_path, text, EMA_PROBE, EVERY)
+    assert "3 block instances skipped, 0 executed, 7 main-loop iterations jumped over" in rep.err, rep.err

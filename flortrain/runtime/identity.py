@@ -150,6 +150,17 @@ class BoundaryMarks:
             self.since[path] = since
 
 
-def entry_table(roots: dict[str, Any]) -> dict[str, tuple[Any, int]]:
+def entry(roots: dict[str, Any], names: dict[str, Any]) -> dict[str, Any]:
+    """What a loop holds as it starts, by path: the objects below its in-place ``roots``, each
+    rebound name's object (:func:`name_identities`) and the objects below those. A memoized
+    loop's instance compares with it (:class:`InstanceMarks`); a main loop's first boundary
+    with it at position 0 (:func:`entry_table`)."""
+    out = identities(roots)
+    out.update(name_identities(names))
+    out.update(identities({NAME + e: v for e, v in names.items()}))
+    return out
+
+
+def entry_table(roots: dict[str, Any], names: dict[str, Any]) -> dict[str, tuple[Any, int]]:
     """A main loop's first :class:`BoundaryMarks` table: every object there at position 0."""
-    return {path: (o, 0) for path, o in identities(roots).items()}
+    return {path: (o, 0) for path, o in entry(roots, names).items()}

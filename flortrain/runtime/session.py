@@ -25,7 +25,7 @@ from flortrain.runtime.blobformat import object_refs, tensor_bytes, tensor_sha25
 from flortrain.runtime.capture import Tee
 from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
 from flortrain.runtime.registry import Registry
-from flortrain.runtime.skipblock import ABSENT, Getters, SkipBlock, State, resolve
+from flortrain.runtime.skipblock import Getters, SkipBlock, State, bound, resolve
 from flortrain.runtime.spans import Boundary, Segment, SegmentEnd, SpanReplay, scalars_json
 from flortrain.store.db import BlockRow, IterationRow, Store
 from flortrain.store.rows import RunSink
@@ -384,12 +384,7 @@ class Session:
         its first boundary tells replaced objects by (``identity``)."""
         try:
             b = Boundary(self, main_id, values)
-            objs = {e: o for e, o in resolve(objects).items() if o is not ABSENT}
-            table = identity.entry_table(b.roots(self, objs))
-            bound = {k: v for k, v in resolve(names).items() if v is not ABSENT}
-            table.update((p, (o, 0)) for p, o in identity.name_identities(bound).items())
-            table.update(identity.entry_table({identity.NAME + e: v for e, v in bound.items()}))
-            self.identity_tables[main_id] = table
+            self.identity_tables[main_id] = identity.entry_table(b.roots(self, bound(objects)), bound(names))
         except Exception as e:  # boundaries then judge every object new: right, only slower
             self.warn_once(f"{main_id}.identity", f"main loop {main_id}: cannot walk its state: {e}")
 

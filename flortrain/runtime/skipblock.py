@@ -89,6 +89,38 @@ class Ref:
         return f"Ref({self.where!r})"
 
 
+class Member:
+    """A rebound name that held a parameter or buffer of a live module (the loop variable ``p``
+    of ``for e, p in zip(ema, model.parameters())``): a restore gives it that module's tensor
+    of that name, which the module's own restore has written, not a copy that would no longer
+    follow training. ``module`` is the root module's registry id, ``name`` the tensor's
+    qualified name in it (``0.weight``)."""
+
+    def __init__(self, module: int, name: str) -> None:
+        self.module = module
+        self.name = name
+
+    def __repr__(self) -> str:  # what the state digest of a checkpoint sees
+        return f"Member({self.module}, {self.name!r})"
+
+    def live(self, s: Session) -> Any:
+        """The tensor this names in the live module (None: the module is gone)."""
+        m = s.registry.get(self.module)
+        if m is None:
+            return None
+        prefix, _, leaf = self.name.rpartition(".")
+        return getattr(m.get_submodule(prefix), leaf)
+
+
+def _members(s: Session) -> dict[int, Member]:
+    """Every parameter and buffer of the live root modules, by ``id``, as a :class:`Member`."""
+    out: dict[int, Member] = {}
+    for i, m in s.registry.root_modules():
+        for name, t in [*m.named_parameters(), *m.named_buffers()]:
+            out.setdefault(id(t), Member(i, name))
+    return out
+
+
 def resolve(getters: Getters) -> dict[str, Any]:
     """A changeset's current values; an element that is not bound (a name or attribute
     assigned only in a branch this run never takes: ``if ddp:``) is :data:`ABSENT`. Absence
@@ -101,6 +133,12 @@ def resolve(getters: Getters) -> dict[str, Any]:
         except (NameError, AttributeError):
             out[expr] = ABSENT
     return out
+
+
+def bound(getters: Getters) -> dict[str, Any]:
+    """The elements of a changeset bound now, with their values (:func:`resolve` without
+    :data:`ABSENT`): what a walk or a watch looks at."""
+    return {e: v for e, v in resolve(getters).items() if v is not ABSENT}
 
 
 class Checkpointable:
@@ -140,7 +178,7 @@ class Checkpointable:
         return None
 
     def _payload(self, s: Session, objects: Getters, names: Getters) -> dict[str, Any]:
-        objs = {e: o for e, o in resolve(objects).items() if o is not ABSENT}
+        objs = bound(objects)
         vals = resolve(names)
         memo: dict[int, str] = {}
         marks = self.marks(s)
@@ -154,12 +192,19 @@ class Checkpointable:
         # row` after `rows.append(row)`) gets that object back, not a copy of it; so does a
         # second name for the same object (`a = b = []`)
         rebound: dict[str, Any] = {}
+        members: dict[int, Member] | None = None
+        torch = sys.modules.get("torch")
         for expr, v in vals.items():
             if v is ABSENT:
                 continue  # not in the payload: `has()` is false and the name stays unbound
             if id(v) in memo:
                 rebound[expr] = Ref(memo[id(v)])
                 continue
+            if torch is not None and isinstance(v, torch.Tensor):
+                members = _members(s) if members is None else members
+                if id(v) in members:  # a model's own tensor: the live one, after the model's restore
+                    rebound[expr] = members[id(v)]
+                    continue
             _no_live_objects_inside(s, expr, v)
             if not isinstance(v, _VALUES) and identity.shares(v, memo):
                 rebound[expr] = Captured(capture(v, memo, identity.NAME + expr, mark))
@@ -254,7 +299,9 @@ class Checkpointable:
         for ref, st in payload["extra"].items():
             r.into(s.registry.get(_registry_id(ref)), st, ref)
         for expr, v in payload["names"].items():
-            if isinstance(v, Ref):
+            if isinstance(v, Member):
+                v = v.live(s)
+            elif isinstance(v, Ref):
                 if v.where in r.placed:
                     v = r.placed[v.where]
                 elif v.where in objs:
@@ -314,7 +361,8 @@ class SkipBlock(Checkpointable):
             session.frames.append(self)
             if self.state is State.RECORD:
                 session.registry.reset_block()
-                self.entry = self._identities(session, objects, names)
+                roots = self._entry_roots(session, objects)
+                self.entry = self._identities(session, roots, names)
                 if session.adaptive.costs.get(block_id) is None or (
                     session.adaptive.costs[block_id].n < knobs.ALIAS_WATCH_INSTANCES
                 ):
@@ -322,23 +370,30 @@ class SkipBlock(Checkpointable):
                     self._audit_frame = sys._getframe(2)
                     self.audit = session.audit_image(self.id, self._audit_frame)
                 elif session.track_versions:
-                    self.light = self._light_watch(session, objects)
+                    self.light = self._light_watch(session, roots)
         self.t0 = time.perf_counter()
         self.cpu0 = time.process_time()
 
-    def _identities(self, session: Session, objects: Getters | None, names: Getters | None) -> dict[str, Any] | None:
-        """The objects below the changeset, and the rebound names' objects, as the instance
-        starts (``identity``); None when they cannot be walked, and the instance is then not
-        checkpointed."""
+    def _entry_roots(self, session: Session, objects: Getters | None) -> dict[str, Any] | None:
+        """The objects the state restores in place as the instance starts (:meth:`roots`), taken
+        once for the identity walk and the light watch; None when they cannot be had, and the
+        instance is then not checkpointed."""
         if objects is None:
             return None
         try:
-            objs = {e: o for e, o in resolve(objects).items() if o is not ABSENT}
-            out = identity.identities(self.roots(session, objs))
-            bound = {e: v for e, v in resolve(names or {}).items() if v is not ABSENT}
-            out.update(identity.name_identities(bound))
-            out.update(identity.identities({identity.NAME + e: v for e, v in bound.items()}))
-            return out
+            return self.roots(session, bound(objects))
+        except Exception as e:
+            session.warn_once(f"{self.id}.identity", f"block {self.id}: cannot walk its state: {e}")
+            return None
+
+    def _identities(self, session: Session, roots: dict[str, Any] | None, names: Getters | None) -> dict[str, Any] | None:
+        """The objects below the changeset, and the rebound names' objects, as the instance
+        starts (``identity``); None when they cannot be walked, and the instance is then not
+        checkpointed."""
+        if roots is None:
+            return None
+        try:
+            return identity.entry(roots, bound(names or {}))
         except Exception as e:
             session.warn_once(f"{self.id}.identity", f"block {self.id}: cannot walk its state: {e}")
             return None
@@ -350,16 +405,15 @@ class SkipBlock(Checkpointable):
             raise Unrestorable("its state at the instance's start is unknown")
         return identity.InstanceMarks(self.entry)
 
-    def _light_watch(self, session: Session, objects: Getters | None) -> dict[int, Any] | None:
+    def _light_watch(self, session: Session, roots: dict[str, Any] | None) -> dict[int, Any] | None:
         """After the alias watch's instances, a light watch on every later one: a token of the
         parameters and buffers (memory and version counter) of each live module the block's
         checkpoints do not hold. A loop that starts changing one late (a target network synced
         from epoch 2 on through ``vector_to_parameters``) then has it learned, as the alias watch
         would have, instead of restoring without it (found in review at stop 33). The cost is
         a few tenths of a microsecond per tensor of such modules, none for the rest."""
+        covered = {id(o) for o in (roots or {}).values()}  # unknown roots: watch every module
         try:
-            objs = [o for o in resolve(objects or {}).values() if o is not ABSENT]
-            covered = {id(o) for o in objs} | {id(o) for _, _, o in session.augmentation(self.id, objs)}
             return {i: _light_token(m) for i, m in session.registry.root_modules() if id(m) not in covered}
         except Exception as e:
             session.warn_once(f"{self.id}.watch", f"block {self.id}: alias watch unavailable: {e}")
@@ -367,8 +421,7 @@ class SkipBlock(Checkpointable):
 
     def _learn_light(self, s: Session, objects: Getters) -> None:
         assert self.light is not None
-        objs = [o for o in resolve(objects).values() if o is not ABSENT]
-        covered = {id(o) for o in objs} | {id(o) for _, _, o in s.augmentation(self.id, objs)}
+        covered = {id(o) for o in self.roots(s, bound(objects)).values()}
         for i, before in self.light.items():
             obj = s.registry.get(i)
             if obj is not None and id(obj) not in covered and _light_token(obj) != before:
@@ -490,7 +543,7 @@ class SkipBlock(Checkpointable):
 
     def _learn_aliases(self, s: Session, objects: Getters) -> None:
         assert self.watch is not None
-        objs = [o for o in resolve(objects).values() if o is not ABSENT]
+        objs = list(bound(objects).values())
         covered = {i for _, i, _ in s.augmentation(self.id, objs)} | {
             i for o in objs if (i := s.registry.id_of(o)) is not None
         }
