@@ -196,6 +196,30 @@ def test_a_carried_tensor_used_for_autograd_is_not_stored_detached() -> None:
     assert values == ()
 
 
+def test_a_class_field_named_like_the_loss_is_not_a_read_of_the_loss() -> None:
+    """``loss: float`` in a dataclass binds a class attribute: counted as a use of the module's
+    ``loss`` after the loop, it put the graph-carrying ``loss`` into the boundary state, and
+    every boundary was refused (found in review at stop 34)."""
+    changes, values = _boundary("""
+        @dataclass
+        class Best:
+            step: int
+            loss: float
+            note = "best"
+        best = Best(0, 9.0)
+        for epoch in range(10):
+            for b in loader:
+                loss = model(b)
+                loss.backward()
+                opt.step()
+                best.step += 1
+            best.loss = round(best.loss, 4)
+    """)
+    # nothing after the inner loop reads `loss`: it does not cross a boundary
+    assert "loss" not in changes and "note" not in changes, changes
+    assert "best.loss" in changes and values == ()
+
+
 def test_explain_names_the_boundary_state() -> None:
     plan = analyse(parse("train.py", (REALCODE / "nanogpt.py").read_text()))
     text = plan.explain()

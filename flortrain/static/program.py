@@ -330,16 +330,32 @@ class _Indexer(cst.CSTVisitor):
         node.value.visit(self)
         return False
 
-    def visit_Assign(self, node: cst.Assign) -> None:
+    def visit_Assign(self, node: cst.Assign) -> bool:
+        if self.in_class_body[-1]:
+            return self._class_attribute(node.value)
         for t in node.targets:
             names = list(_target_names(t.target))
             self.scope.bound.update(names)
             self._note_type(t.target, node.value)
+        return True
 
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
+        if self.in_class_body[-1]:
+            return self._class_attribute(node.annotation, node.value)
         self.scope.bound.update(_target_names(node.target))
         if node.value is not None:
             self._note_type(node.target, node.value)
+        return True
+
+    def _class_attribute(self, *parts: cst.CSTNode | None) -> bool:
+        """A class body's ``loss: float`` or ``lr = 0.1`` binds a class attribute, not a name of
+        the scope around the class: only its annotation and value are uses there. Counted as a
+        use, a dataclass field ``loss`` made the loop's own ``loss`` look read after the loop,
+        and a main loop's boundaries were refused for it (found in review at stop 34)."""
+        for part in parts:
+            if part is not None:
+                part.visit(self)
+        return False
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
         self.scope.bound.update(_target_names(node.target))
