@@ -138,3 +138,25 @@ def test_a_loop_that_appends_modules_is_not_checkpointed_and_replays_right(tmp_p
     probe = 'print("PROBE", epoch, len(snaps), round(snaps[-1].weight.sum().item(), 6))'
     rep = replay_matches_plain(tmp_path, text, probe, {"FLORTRAIN_PERIOD": "every"})
     assert "0 block instances skipped, 3 executed" in rep.err, rep.err
+
+
+class _Loader:
+    """Like ``ctypes.cdll``: an unknown attribute is a library to load, and a missing one raises
+    ``OSError``, not ``AttributeError``."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise OSError(f"{name}: cannot open shared object file")
+
+
+def test_the_walk_survives_objects_whose_attributes_raise_other_errors() -> None:
+    """A module imported inside the loop (``import sys as _s``) led the walk to ``ctypes.cdll``,
+    whose ``hasattr(.., "state_dict")`` raised ``OSError``, and every boundary of the loop failed
+    (found at stop 35). Modules are not walked, and such an object is a plain object."""
+    import sys
+
+    holder = Holder()
+    holder.loader = _Loader()  # type: ignore[attr-defined]
+    found = identities({"h": holder, "mod": {"sys": sys}})
+    assert found["h.loader"] is holder.loader and found["mod['sys']"] is sys
+    assert not any(p.startswith("mod['sys'].") for p in found)
+    assert capture(holder, {}, "h")["items"]["loader"]["kind"] == "object"

@@ -588,3 +588,23 @@ def test_a_loop_variable_left_on_a_model_parameter_survives_a_jump(tmp_path: Pat
     text = _restore_case(*EMA, epochs=10, jump=True, after='print("last", p is model.bias, p.requires_grad)\n')
     rep = replay_matches_plain(tmp_path, text, EMA_PROBE, EVERY)
     assert "3 block instances skipped, 0 executed, 7 main-loop iterations jumped over" in rep.err, rep.err
+
+
+def test_modules_imported_inside_the_loop_keep_its_checkpoints(tmp_path: Path) -> None:
+    """``import sys as _s`` in the epoch body and ``import math`` in the step loop rebind names to
+    modules: stored by value they could not be pickled, and walking ``sys`` reached
+    ``ctypes.cdll``, whose ``hasattr`` raises ``OSError``; either way every boundary failed
+    (found at stop 35). A module is bound again by name on restore."""
+    text = _restore_case(
+        "",
+        "        import math\n"
+        "        loss = loss * math.sqrt(1.0)\n"
+        "    import sys as _s\n"
+        '    _s.stdout.write("tick\\n")',
+        epochs=10, jump=True,
+    )
+    probe = 'print("PROBE", epoch, round(model.weight.sum().item(), 6), _s.__name__)'
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert "7 main-loop iterations jumped over" in rep.err, rep.err
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert "not checkpointed" not in rec.err, rec.err

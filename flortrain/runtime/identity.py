@@ -43,9 +43,10 @@ from __future__ import annotations
 import collections
 import io
 import sys
+import types
 from typing import Any
 
-from flortrain.runtime.state import _IMMUTABLE, _is_numpy_value, _is_rng
+from flortrain.runtime.state import _IMMUTABLE, _is_numpy_value, _is_rng, attr, is_stateful, item
 
 
 def identities(roots: dict[str, Any]) -> dict[str, Any]:
@@ -105,13 +106,13 @@ def _inside(obj: Any, path: str, torch: Any) -> list[tuple[str, Any]]:
     if np is not None and isinstance(obj, np.ndarray | np.random.RandomState | np.random.Generator):
         return []
     if isinstance(obj, list | tuple | collections.deque):
-        return [(f"{path}[{i}]", x) for i, x in enumerate(obj)]
+        return [(item(path, i), x) for i, x in enumerate(obj)]
     if isinstance(obj, dict):
-        return [(f"{path}[{k!r}]", x) for k, x in obj.items()]
-    if isinstance(obj, set | io.IOBase) or _is_rng(obj) or (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-        return []
+        return [(item(path, k), x) for k, x in obj.items()]
+    if isinstance(obj, set | io.IOBase | types.ModuleType) or _is_rng(obj) or is_stateful(obj):
+        return []  # a module (`import x` inside the loop) is bound by name, never restored
     if hasattr(obj, "__dict__") and not isinstance(obj, type):
-        return [(f"{path}.{k}", x) for k, x in vars(obj).items()]
+        return [(attr(path, k), x) for k, x in vars(obj).items()]
     return []
 
 

@@ -13,9 +13,11 @@ whatever the probes; the main-loop context decides it.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Mapping
 from enum import StrEnum
 from types import FrameType
@@ -32,11 +34,13 @@ from flortrain.runtime.state import (
     Restorer,
     Unrestorable,
     assign_into,
+    attr,
     capture,
     carries_graph,
     clone_state,
     fingerprint,
     graph_of,
+    item,
     snapshot_equal,
     why_unrestorable,
 )
@@ -110,6 +114,19 @@ class Member:
             return None
         prefix, _, leaf = self.name.rpartition(".")
         return getattr(m.get_submodule(prefix), leaf)
+
+
+class Imported:
+    """A rebound name that held a module (``import math`` inside the loop): a module is not
+    state, and a restore binds the name to the module of that name, importing it as the skipped
+    ``import`` statement would have. Stored by value, it could not be pickled, and every
+    checkpoint of the loop failed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:  # what the state digest of a checkpoint sees
+        return f"Imported({self.name!r})"
 
 
 def _members(s: Session) -> dict[int, Member]:
@@ -199,6 +216,9 @@ class Checkpointable:
                 continue  # not in the payload: `has()` is false and the name stays unbound
             if id(v) in memo:
                 rebound[expr] = Ref(memo[id(v)])
+                continue
+            if isinstance(v, types.ModuleType) and sys.modules.get(v.__name__) is v:
+                rebound[expr] = Imported(v.__name__)
                 continue
             if torch is not None and isinstance(v, torch.Tensor):
                 members = _members(s) if members is None else members
@@ -301,6 +321,8 @@ class Checkpointable:
         for expr, v in payload["names"].items():
             if isinstance(v, Member):
                 v = v.live(s)
+            elif isinstance(v, Imported):
+                v = importlib.import_module(v.name)
             elif isinstance(v, Ref):
                 if v.where in r.placed:
                     v = r.placed[v.where]
@@ -648,11 +670,11 @@ def _contained_tensors(v: Any, path: str, torch: Any, out: list[tuple[str, Any]]
         return
     seen.add(id(v))
     if isinstance(v, list | tuple):
-        items: list[tuple[str, Any]] = [(f"{path}[{i}]", x) for i, x in enumerate(v)]
+        items: list[tuple[str, Any]] = [(item(path, i), x) for i, x in enumerate(v)]
     elif isinstance(v, dict):
-        items = [(f"{path}[{k!r}]", x) for k, x in v.items()]
+        items = [(item(path, k), x) for k, x in v.items()]
     elif type(v).__module__ != "builtins" and isinstance(getattr(v, "__dict__", None), dict):
-        items = [(f"{path}.{k}", x) for k, x in vars(v).items()]
+        items = [(attr(path, k), x) for k, x in vars(v).items()]
     else:
         return
     for p, x in items:

@@ -29,6 +29,18 @@ _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range, frozense
 Mark = Callable[[str, Any], None]
 
 
+def item(path: str, key: Any) -> str:
+    """The path of a container's item (``rows[3]``, ``tracker['best']``). Capture, the identity
+    walk, :func:`children` and :class:`Restorer` all name paths through this and :func:`attr`:
+    a restore finds an object's marks only if it names the object as capture did."""
+    return f"{path}[{key!r}]"
+
+
+def attr(path: str, name: str) -> str:
+    """The path of an object's attribute (``trainer.stats``): see :func:`item`."""
+    return f"{path}.{name}"
+
+
 class Unrestorable(Exception):
     """An object the checkpoint cannot hold faithfully: the block instance is not memoized."""
 
@@ -83,7 +95,7 @@ def data_source_rngs(obj: Any) -> dict[str, Any]:
         for k, v in list(vars(o).items()):
             if k.startswith("_") or v is None:
                 continue
-            p = f"{path}.{k}" if path else k
+            p = attr(path, k) if path else k
             if _is_rng(v):
                 if id(v) not in seen:
                     seen.add(id(v))
@@ -129,7 +141,7 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: 
                 "training": [m.training for m in obj.modules()],
                 "requires_grad": [p.requires_grad for p in obj.parameters()],
                 # unmarked: a module's plain attributes are restored in place (``identity``)
-                "attrs": {name: _plain_attrs(m, torch, memo, f"{path}.{name}", None) for name, m in obj.named_modules()},
+                "attrs": {name: _plain_attrs(m, torch, memo, attr(path, name), None) for name, m in obj.named_modules()},
             }
         if isinstance(obj, torch.optim.Optimizer):
             groups = [g["params"] for g in obj.param_groups]
@@ -170,22 +182,22 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: 
     if _is_data_source(obj):
         return {"kind": "data_source", "rngs": {p: capture(g) for p, g in data_source_rngs(obj).items()}}
     if isinstance(obj, collections.deque):
-        items = [_child(x, memo, f"{path}[{i}]", mark) for i, x in enumerate(obj)]
+        items = [_child(x, memo, item(path, i), mark) for i, x in enumerate(obj)]
         return {"kind": "deque", "items": items, "maxlen": obj.maxlen}
     if isinstance(obj, list):
-        return _typed({"kind": "list", "items": [_child(x, memo, f"{path}[{i}]", mark) for i, x in enumerate(obj)]}, obj, list)
+        return _typed({"kind": "list", "items": [_child(x, memo, item(path, i), mark) for i, x in enumerate(obj)]}, obj, list)
     if isinstance(obj, tuple):
-        return _typed({"kind": "tuple", "items": [_child(x, memo, f"{path}[{i}]", mark) for i, x in enumerate(obj)]}, obj, tuple)
+        return _typed({"kind": "tuple", "items": [_child(x, memo, item(path, i), mark) for i, x in enumerate(obj)]}, obj, tuple)
     if isinstance(obj, dict):
-        return _typed({"kind": "dict", "items": {k: _child(v, memo, f"{path}[{k!r}]", mark) for k, v in obj.items()}}, obj, dict)
+        return _typed({"kind": "dict", "items": {k: _child(v, memo, item(path, k), mark) for k, v in obj.items()}}, obj, dict)
     if isinstance(obj, set):
         return {"kind": "set", "value": obj}
     if isinstance(obj, io.IOBase):
         return {"kind": "file", "position": _file_position(obj, path)}
-    if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+    if is_stateful(obj):
         return {"kind": "stateful", "state": obj.state_dict()}
     if hasattr(obj, "__dict__") and not isinstance(obj, type):
-        state = {"kind": "object", "items": {k: _child(v, memo, f"{path}.{k}", mark) for k, v in vars(obj).items()}}
+        state = {"kind": "object", "items": {k: _child(v, memo, attr(path, k), mark) for k, v in vars(obj).items()}}
         if _picklable_class(type(obj)):
             state["cls"] = type(obj)  # a replaced one is rebuilt as pickle would: new, then its dict
         return state
@@ -271,7 +283,7 @@ def _plain_attrs(module: Any, torch: Any, memo: dict[int, str], path: str, mark:
             continue
         if isinstance(v, (*_IMMUTABLE, *_CONTAINERS, torch.Tensor)) or _is_rng(v) or _is_numpy_value(v):
             try:
-                out[k] = _child(v, memo, f"{path}.{k}", mark)
+                out[k] = _child(v, memo, attr(path, k), mark)
             except CarriesGraph:
                 raise
             except Unrestorable:
@@ -280,6 +292,18 @@ def _plain_attrs(module: Any, torch: Any, memo: dict[int, str], path: str, mark:
 
 
 _CONTAINERS = (list, tuple, dict, set, collections.deque)
+
+
+def is_stateful(obj: Any) -> bool:
+    """Whether ``obj`` keeps its state behind ``state_dict``/``load_state_dict`` (a scheduler, a
+    sampler, a user's tracker). Asked of any object a changeset reaches, some of which answer
+    an unknown attribute with something other than ``AttributeError``: ``ctypes.cdll.state_dict``
+    tries to load a library of that name and raises ``OSError`` (found at stop 35 through a
+    module imported inside the loop), which made every boundary of the loop fail."""
+    try:
+        return hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")
+    except Exception:
+        return False
 
 
 def _is_rng(obj: Any) -> bool:
@@ -367,7 +391,7 @@ class Restorer:
         if kind == "deque":
             if not isinstance(live, collections.deque) or live.maxlen != state.get("maxlen", live.maxlen):
                 return self.fresh(state, path)
-            items = [self.child(live[i] if i < len(live) else _MISSING, s, f"{path}[{i}]") for i, s in enumerate(state["items"])]
+            items = [self.child(live[i] if i < len(live) else _MISSING, s, item(path, i)) for i, s in enumerate(state["items"])]
             live.clear()
             live.extend(items)
             return live
@@ -405,11 +429,11 @@ class Restorer:
         if kind == "list":
             if not isinstance(live, list):  # the slot held something else before (None)
                 return self.fresh(state, path)
-            live[:] = [self.child(live[i] if i < len(live) else _MISSING, s, f"{path}[{i}]") for i, s in enumerate(state["items"])]
+            live[:] = [self.child(live[i] if i < len(live) else _MISSING, s, item(path, i)) for i, s in enumerate(state["items"])]
             return live
         if kind == "tuple":
             if isinstance(live, tuple) and len(live) == len(state["items"]):
-                return _container(state, [self.child(x, s, f"{path}[{i}]") for i, (x, s) in enumerate(zip(live, state["items"], strict=True))])
+                return _container(state, [self.child(x, s, item(path, i)) for i, (x, s) in enumerate(zip(live, state["items"], strict=True))])
             return self.fresh(state, path)
         if kind == "dict":
             items = state["items"]
@@ -418,7 +442,7 @@ class Restorer:
             for k in [k for k in live if k not in items]:
                 del live[k]
             for k, s in items.items():
-                live[k] = self.child(live.get(k, _MISSING), s, f"{path}[{k!r}]")
+                live[k] = self.child(live.get(k, _MISSING), s, item(path, k))
             if list(live) != list(items):  # the loop reordered keys (`move_to_end`, pop and re-insert)
                 ordered = {k: live[k] for k in items}
                 live.clear()
@@ -431,7 +455,7 @@ class Restorer:
                 raise Unrestorable(f"cannot restore a {type(live).__name__} from an object's state")
             d = vars(live)
             for k, s in state["items"].items():
-                d[k] = self.child(d.get(k, _MISSING), s, f"{path}.{k}")
+                d[k] = self.child(d.get(k, _MISSING), s, attr(path, k))
             return live
         raise Unrestorable(f"unknown state kind {kind}")
 
@@ -453,7 +477,7 @@ class Restorer:
             if name in subs:
                 d = subs[name].__dict__
                 for k, v in attrs.items():
-                    d[k] = self.child(d.get(k, _MISSING), v, f"{path}.{name}.{k}")
+                    d[k] = self.child(d.get(k, _MISSING), v, attr(attr(path, name), k))
         return live
 
     def fresh(self, state: dict[str, Any], path: str) -> Any:
@@ -487,14 +511,14 @@ class Restorer:
                 t.grad = state["grad"]
             return t
         if kind in ("list", "tuple"):
-            return _container(state, [self.fresh(s, f"{path}[{i}]") for i, s in enumerate(state["items"])])
+            return _container(state, [self.fresh(s, item(path, i)) for i, s in enumerate(state["items"])])
         if kind == "deque":
-            return collections.deque((self.fresh(s, f"{path}[{i}]") for i, s in enumerate(state["items"])), state.get("maxlen"))
+            return collections.deque((self.fresh(s, item(path, i)) for i, s in enumerate(state["items"])), state.get("maxlen"))
         if kind == "dict":
-            return _container(state, {k: self.fresh(v, f"{path}[{k!r}]") for k, v in state["items"].items()})
+            return _container(state, {k: self.fresh(v, item(path, k)) for k, v in state["items"].items()})
         if kind == "object" and "cls" in state:
             obj = state["cls"].__new__(state["cls"])
-            vars(obj).update({k: self.fresh(v, f"{path}.{k}") for k, v in state["items"].items()})
+            vars(obj).update({k: self.fresh(v, attr(path, k)) for k, v in state["items"].items()})
             return obj
         if kind == "random":
             r = random.Random()
@@ -566,13 +590,13 @@ def children(state: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]
     """The captured objects directly inside ``state``, with the paths :func:`capture` gave them."""
     kind = state["kind"]
     if kind in ("list", "tuple", "deque"):
-        return [(f"{path}[{i}]", s) for i, s in enumerate(state["items"])]
+        return [(item(path, i), s) for i, s in enumerate(state["items"])]
     if kind == "dict":
-        return [(f"{path}[{k!r}]", s) for k, s in state["items"].items()]
+        return [(item(path, k), s) for k, s in state["items"].items()]
     if kind == "object":
-        return [(f"{path}.{k}", s) for k, s in state["items"].items()]
+        return [(attr(path, k), s) for k, s in state["items"].items()]
     if kind == "module":
-        return [(f"{path}.{name}.{k}", s) for name, attrs in state["attrs"].items() for k, s in attrs.items()]
+        return [(attr(attr(path, name), k), s) for name, attrs in state["attrs"].items() for k, s in attrs.items()]
     return []
 
 
