@@ -45,12 +45,16 @@ reports a 90% bootstrap interval for each workload's median overhead to exit and
 median over workloads: on this VM single pairs spread by ±15%, and the interval says whether
 the repetitions pin a figure down.
 
+``--steady-allocator`` runs every mode with glibc malloc settings that keep freed memory
+(:data:`STEADY_ALLOCATOR`): a plain run's page-fault churn, which a recorded run sometimes
+escapes by accident, is then out of the comparison (see the constant).
+
 ``--epochs-times K`` runs each workload K times as long: what a record pays once (the wait
 for the writer at exit, the first checkpoints) then weighs K times less, and what it pays per
 epoch as much.
 
     python benchmarks/record_overhead.py [--quick] [--reps N] [--only NAME...] [--against COMMIT | --bar]
-                                         [--epochs-times K]
+                                         [--epochs-times K] [--steady-allocator]
 
 Writes benchmarks/results/record_overhead.json and .png.
 """
@@ -178,6 +182,16 @@ WORKLOADS: dict[str, tuple[str, int, int, str]] = {
     "rnn": (RNN, 12, 10, 'print("PROBE", model.out.weight.norm().item())'),
 }
 MODES = ("plain", "record", "record-every")
+
+#: ``--steady-allocator``: glibc malloc serves large blocks from its heap and keeps what is
+#: freed, instead of mapping each large tensor afresh and unmapping it when freed. By default
+#: the CNN's plain run takes ~400k page faults per epoch (fresh zeroed pages for every step's
+#: gradients and activations), and they cost a third of its epoch (2.0 s against 1.25 s with
+#: these settings, measured at stop 35). A recorded run sometimes skips most of them for a few
+#: epochs, by accident of where its staging buffers sit in the heap, and then runs faster than
+#: plain: its overhead came out negative. With both runs' allocator steady the comparison
+#: holds what flortrain itself costs.
+STEADY_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 #: ``--bar``: only the pair the issue's bar compares, so that more repetitions fit in the time
 BAR_MODES = ("plain", "record")
 
@@ -267,7 +281,8 @@ def _checkpointed(store: Path) -> tuple[int, int]:
 
 
 def bench(
-    name: str, reps: int, quick: bool, against: Path | None = None, bar: bool = False, epochs_times: int = 1
+    name: str, reps: int, quick: bool, against: Path | None = None, bar: bool = False, epochs_times: int = 1,
+    base_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     py = sys.executable
     modes = BAR_MODES if bar else (*MODES, "record-against") if against is not None else MODES
@@ -286,7 +301,7 @@ def bench(
             orders.append(order)
             for mode in order:
                 script.write_text(source(name, quick, times=epochs_times))
-                env = {"FLORTRAIN_STORE": str(work / mode)}
+                env = {**(base_env or {}), "FLORTRAIN_STORE": str(work / mode)}
                 if mode == "record-every":
                     env["FLORTRAIN_PERIOD"] = "every"
                 if mode == "record-against":
@@ -361,17 +376,23 @@ def main() -> None:
     ap.add_argument("--epochs-times", type=int, default=1, metavar="K",
                     help="K times each workload's epochs: a longer run, where what a record pays once"
                          " (its exit, its first checkpoints) weighs less (adds -xK to the file names)")
+    ap.add_argument("--steady-allocator", action="store_true",
+                    help="run every mode with glibc malloc keeping freed memory (STEADY_ALLOCATOR):"
+                         " takes the page-fault churn of a plain run out of the comparison (adds -steady)")
     args = ap.parse_args()
     if args.bar and args.against:
         ap.error("--bar and --against measure different things; run them separately")
     reps = 1 if args.quick else args.reps
     become_subreaper()
     with _worktree(args.against) as against:
-        results = {name: bench(name, reps, args.quick, against, args.bar, args.epochs_times) for name in args.only}
+        base_env = STEADY_ALLOCATOR if args.steady_allocator else None
+        results = {
+            name: bench(name, reps, args.quick, against, args.bar, args.epochs_times, base_env) for name in args.only
+        }
     doc = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "reps": reps, "quick": args.quick, "bar": args.bar, "epochs_times": args.epochs_times, "epsilon": 1 / 15,
-        "against": args.against,
+        "against": args.against, "steady_allocator": args.steady_allocator,
         "results": results,
     }
     if len(args.only) == len(WORKLOADS):
@@ -382,7 +403,11 @@ def main() -> None:
         doc["median_record_training_interval"] = interval([_pairs(r) for r in results.values()])
     OUT.mkdir(parents=True, exist_ok=True)
     # the run's variant in its files' names: longer epochs, then quick
-    suffix = (f"-x{args.epochs_times}" if args.epochs_times != 1 else "") + ("-quick" if args.quick else "")
+    suffix = (
+        (f"-x{args.epochs_times}" if args.epochs_times != 1 else "")
+        + ("-steady" if args.steady_allocator else "")
+        + ("-quick" if args.quick else "")
+    )
     stem = "record_overhead" + ("-bar" if args.bar else "") + suffix
     # every mode of this tree ran as without --against: its figures are the tree's figures too
     (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=2))
