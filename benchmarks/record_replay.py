@@ -8,9 +8,11 @@ For each workload, R repetitions of (interleaved, so drift affects all equally):
 - ``python S''`` / ``replay S''``   an inner probe: the probed loop re-executes
 
 Wall-clock medians end to end, process start-up included (that is what a user waits for).
-Writes benchmarks/results/record_replay.json and .png.
+Writes benchmarks/results/record_replay.json and .png (``record_replay-SUFFIX`` with
+``--suffix``). A replay re-executes with a steady heap (``runtime/allocator.py``); run with
+``FLORTRAIN_REPLAY_ALLOCATOR=default`` in the environment to measure it without.
 
-    python benchmarks/record_replay.py [--reps 5]
+    python benchmarks/record_replay.py [--reps 5] [--workload NAME ...] [--suffix SUFFIX]
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from record_overhead import _HELD  # noqa: E402  (the pattern of record's closing line, kept once)
+from record_overhead import source as overhead_source  # noqa: E402
 
 #: The floor every run pays before training: the interpreter, torch, and the first optimizer
 #: (which imports torch._dynamo).
@@ -54,7 +57,7 @@ NANOGPT_EDITS = {
     "batch_size = 8 ": "batch_size = 16 ",
 }
 
-WORKLOADS: dict[str, tuple[Path, list[str], tuple[str, str] | None, tuple[str, str] | None, dict[str, str]]] = {
+WORKLOADS: dict[str, tuple[Path | str, list[str], tuple[str, str] | None, tuple[str, str] | None, dict[str, str]]] = {
     # name: (source file, args, outer probe (after, statement), inner probe (after, statement),
     #        edits to the source that make the run long enough to measure beyond start-up)
     # None for a probe: use the file's `# flortrain-probe outer/inner:` marker
@@ -64,6 +67,15 @@ WORKLOADS: dict[str, tuple[Path, list[str], tuple[str, str] | None, tuple[str, s
         ["--epochs", "40"],
         ("        scheduler.step()\n", "        print('PROBE', model[0].weight.norm().item())\n"),
         ("        loss.backward()\n", "        print('PROBE', model[0].weight.grad.norm().item())\n"),
+        {},
+    ),
+    # record_overhead's CNN (a source text, not a file): large tensors freed and allocated at
+    # every step, where a re-executing replay's steady heap shows (runtime/allocator.py)
+    "cnn": (
+        overhead_source("cnn", quick=False),
+        [],
+        ("    model.train()\n", "    print('PROBE', model.fc1.weight.norm().item())\n"),
+        ("        opt.step()\n", "        if i == 0: print('PROBE', epoch, model.fc1.weight.norm().item())\n"),
         {},
     ),
     # start-up dominates, and a 6 ms epoch costs about as much as its checkpoint: Eq. 4 declines
@@ -157,7 +169,7 @@ def checkpoints(store: Path) -> dict[str, dict[str, int]]:
 
 def bench(name: str, reps: int) -> dict[str, Any]:
     src, args, outer, inner, edits = WORKLOADS[name]
-    base = src.read_text()
+    base = src.read_text() if isinstance(src, Path) else src
     for old, new in edits.items():
         assert old in base, old
         base = base.replace(old, new)
@@ -253,12 +265,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
+    ap.add_argument("--suffix", default="", help="added to the results' file names (record_replay-SUFFIX.json)")
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     results = [bench(w, a.reps) for w in (a.workload or list(WORKLOADS))]
     doc = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}, "results": results}
-    (OUT / "record_replay.json").write_text(json.dumps(doc, indent=2))
-    plot(results, OUT / "record_replay.png")
+    stem = "record_replay" + (f"-{a.suffix}" if a.suffix else "")
+    doc["replay_allocator"] = os.environ.get("FLORTRAIN_REPLAY_ALLOCATOR", "steady")
+    (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=2))
+    plot(results, OUT / f"{stem}.png")
     for r in results:
         med = r["median_s"]
         assert isinstance(med, dict)

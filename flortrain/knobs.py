@@ -98,6 +98,12 @@ STATIC_OVERLAPS = ("on", "off")
 DB_TIMEOUT_ENV = "FLORTRAIN_DB_TIMEOUT"
 DEFAULT_DB_TIMEOUT_S = 30.0
 
+#: "steady" (the default: glibc malloc keeps large blocks and freed memory on its heap while a
+#: replay re-executes training, ``runtime/allocator.py``) or "default" (leave malloc as it is).
+REPLAY_ALLOCATOR_ENV = "FLORTRAIN_REPLAY_ALLOCATOR"
+REPLAY_ALLOCATORS = ("steady", "default")
+
+
 #: Fault injection for tests: ``name=value`` pairs, comma separated (``writer-delay=2``: the
 #: writer sleeps that long before each checkpoint, a slow disk).
 INJECT_ENV = "FLORTRAIN_INJECT"
@@ -126,6 +132,10 @@ def _choice(env: str, choices: tuple[str, ...]) -> str:
 
 def materializer() -> str:
     return _choice(MATERIALIZER_ENV, MATERIALIZERS)
+
+
+def replay_allocator() -> str:
+    return _choice(REPLAY_ALLOCATOR_ENV, REPLAY_ALLOCATORS)
 
 
 def buffer_bytes() -> int:

@@ -15,6 +15,7 @@ from flortrain.errors import FlortrainError, Located
 from flortrain.replay.backends import LocalBackend
 from flortrain.replay.diff import diff_runs
 from flortrain.replay.replayplan import ReplayPlan
+from flortrain.runtime import allocator
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
 from flortrain.runtime.launch import execute, import_torch, pin_threads, set_aside_static_objects
 from flortrain.runtime.session import ReplaySource, Session
@@ -316,6 +317,7 @@ def replay(
     finally:
         if warm is not None:  # a serial replay must not share the cores with idle imports
             warm.close()
+    allocator.steady()
     pin_threads(p.record.threads)
     run = begin(p)
     p.store.guarded = True

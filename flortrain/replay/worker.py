@@ -65,6 +65,7 @@ class WorkerResult:
 
 def run_task(task: WorkerTask) -> WorkerResult:
     """Replay the task's segment in this process (which must be fresh)."""
+    from flortrain.runtime import allocator
     from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
     from flortrain.runtime.launch import execute, pin_threads
     from flortrain.runtime.session import ReplaySource, Session
@@ -74,6 +75,7 @@ def run_task(task: WorkerTask) -> WorkerResult:
     from flortrain.store.rows import WorkerRows
 
     os.chdir(task.cwd)
+    allocator.steady()
     pin_threads(task.threads)
     rows = WorkerRows(BlobReader(task.blobs))
     guards = {m: [compile_guard(*g) for g in gs] for m, gs in task.guards.items()}
