@@ -39,10 +39,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from flortrain.runtime import blobformat
 from flortrain.runtime.arena import MADV_POPULATE_READ, populate_chunks
@@ -50,7 +49,6 @@ from flortrain.store import direct
 from flortrain.store.db import object_path, write_durably
 
 _LEN = struct.Struct("<Q")
-T = TypeVar("T")
 
 
 class Channel:
@@ -99,10 +97,11 @@ def _idle_thread() -> None:
 class Objects:
     """Content-addressed objects hashed and written on a few threads. sha256 and ``write`` both
     release the GIL, so the hashing of one object overlaps the disk writing another, and objects
-    are hashed side by side on whatever cores are free. Two lanes of threads: idle ones
-    (SCHED_IDLE, :func:`_idle_thread`) for a small backlog, and busy ones at the writer's low
-    priority for a large one (:class:`Pace`). Threads start on first use (in the forked writer,
-    never in the parent before the fork)."""
+    are hashed side by side on whatever cores are free. Two lanes of threads, as the writer's own
+    (:func:`serve`): idle ones (SCHED_IDLE, :func:`_idle_thread`) for a small backlog, and busy
+    ones at the writer's low priority for a large one (:class:`Pace`). A lane's threads start on
+    its first use, from the writer thread of that lane, whose scheduling they inherit (in the
+    forked writer, never in the parent before the fork)."""
 
     def __init__(self, blobs: Path, threads: int | None = None) -> None:
         self.blobs = blobs
@@ -110,7 +109,6 @@ class Objects:
         #: which lane writes: busy (low priority) or idle (SCHED_IDLE) threads
         self.busy = False
         self._pools: dict[bool, ThreadPoolExecutor] = {}
-        self._items: dict[bool, ThreadPoolExecutor] = {}
         self._claimed: set[str] = set()  # objects of the item in hand, written by one thread only
         self._lock = threading.Lock()
 
@@ -132,23 +130,10 @@ class Objects:
 
     def pool(self) -> ThreadPoolExecutor:
         """The object threads of the current lane."""
-        return self._lane(self._pools, self.threads)
-
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the current lane's item thread (an item's own hashing and writing:
-        its blob, a payload serialized on the training thread), waiting for it. On the busy lane
-        the writer's own thread has that lane's priority already: it calls ``fn`` itself, which
-        spares two thread hand-offs per item (about a third of a small item's cost while the
-        run waits for the writer at exit)."""
-        if self.busy:
-            return fn(*args)
-        return self._lane(self._items, 1).submit(fn, *args).result()
-
-    def _lane(self, pools: dict[bool, ThreadPoolExecutor], threads: int) -> ThreadPoolExecutor:
-        pool = pools.get(self.busy)
+        pool = self._pools.get(self.busy)
         if pool is None:
-            pool = pools[self.busy] = ThreadPoolExecutor(
-                threads, thread_name_prefix="flortrain-ckpt", initializer=None if self.busy else _idle_thread
+            pool = self._pools[self.busy] = ThreadPoolExecutor(
+                self.threads, thread_name_prefix="flortrain-ckpt", initializer=None if self.busy else _idle_thread
             )
         return pool
 
@@ -169,10 +154,9 @@ class Objects:
         return sha, len(view)
 
     def close(self) -> None:
-        for pools in (self._items, self._pools):
-            for pool in pools.values():
-                pool.shutdown(wait=True)
-            pools.clear()
+        for pool in self._pools.values():
+            pool.shutdown(wait=True)
+        self._pools.clear()
 
 
 def _whole(path: Path, nbytes: int) -> bool:
@@ -301,66 +285,115 @@ def linger(sock: socket.socket, timeout: float = LINGER) -> None:
             pass
 
 
-def serve(
-    sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int, warm: int = 0
-) -> None:
-    """The writer's loop, until the parent says stop (or is gone). Never returns normally: the
-    caller ``os._exit``s, so nothing the parent's interpreter registered runs here. First it
-    maps the ``warm`` bytes of the arena the parent warms (``runtime/arena.py``): a page read
-    for the first time costs the writer a fault per 4 KB too, and it is idle until the script
-    has built a model to checkpoint; it stops as soon as the parent sends something."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it flushes
-    with contextlib.suppress(OSError):
-        os.nice(NICE)  # the lanes' threads inherit it; the idle lane's then leave for SCHED_IDLE
-    with contextlib.suppress(OSError):
-        Path("/proc/self/comm").write_text("flortrain-ckpt")
-    map_until_asked(sock, arena, warm)
-    ch = Channel(sock)
-    objects = Objects(blobs)
-    pace = Pace(threshold)
-    tokens: dict[int, str] = {}
-    queue: deque[Any] = deque()
-    cpu = IdleCores()
-    deferred = False  # the queue's head is an item not started: no idle core to write it on
-    while True:
+class Desk:
+    """The writer's items and messages, worked by one thread at a time: the writer's own thread
+    while the pace is idle, its busy thread while it is busy (:func:`serve`). Each works until
+    the pace turns to the other lane's, or the parent says stop or is gone (:attr:`over`)."""
+
+    def __init__(self, ch: Channel, arena: memoryview, objects: Objects, pace: Pace, parent: int, delay: float) -> None:
+        self.ch = ch
+        self.arena = arena
+        self.objects = objects
+        self.pace = pace
+        self.parent = parent
+        self.delay = delay
+        self.tokens: dict[int, str] = {}
+        self.queue: deque[Any] = deque()
+        self.cpu = IdleCores()
+        self.deferred = False  # the queue's head is an item not started: no idle core to write it on
+        self.over = False
+
+    def work(self, busy: bool) -> None:
+        """Take items and write them on the calling thread, which is of the ``busy`` lane, until
+        the pace wants the other lane (the item that says so stays queued for it) or it is over."""
+        while not self.over:
+            msg = self._next()
+            if msg is None:
+                continue
+            if msg[0] == "stop":
+                self.ch.send(("bye",))
+                linger(self.ch.sock)
+                self.over = True
+                return
+            stopping = any(m[0] == "stop" for m in self.queue)
+            item = msg[1]
+            if self.pace.update(item.get("staged", 0) + _holding(self.queue), stopping) != busy:
+                self.queue.appendleft(msg)
+                return
+            if not busy and not may_start_idle(item.get("staged", 0), self.cpu):
+                self.queue.appendleft(msg)
+                self.deferred = True
+                continue
+            self._write(item)
+            if self.pace.update(_holding(self.queue), stopping) != busy:  # nothing left: back to idle CPU
+                return
+
+    def _next(self) -> Any:
+        """The next message (None: none yet); everything pending is queued behind it, so that a
+        "stop" among it is seen."""
         try:
-            if deferred and (more := ch.recv(IDLE_LOOK)) is not None:  # look again in a moment
-                queue.append(more)
-            msg = queue.popleft() if queue else ch.recv(1.0)
-            while (more := ch.recv(0)) is not None:  # all that is pending: is "stop" among it?
-                queue.append(more)
+            if self.deferred and (more := self.ch.recv(IDLE_LOOK)) is not None:  # look again in a moment
+                self.queue.append(more)
+            msg = self.queue.popleft() if self.queue else self.ch.recv(1.0)
+            while (more := self.ch.recv(0)) is not None:
+                self.queue.append(more)
         except EOFError:
-            return
-        if (msg is None or deferred) and os.getppid() != parent:
-            return  # the recording process died: nothing can commit what is written now
-        deferred = False
-        if msg is None:
-            continue
-        if msg[0] == "stop":
-            ch.send(("bye",))
-            linger(sock)
-            return
-        stopping = any(m[0] == "stop" for m in queue)
-        item = msg[1]
-        objects.busy = pace.update(item.get("staged", 0) + _holding(queue), stopping)
-        if not objects.busy and not may_start_idle(item.get("staged", 0), cpu):
-            queue.appendleft(msg)
-            deferred = True
-            continue
+            self.over = True
+            return None
+        if (msg is None or self.deferred) and os.getppid() != self.parent:
+            self.over = True  # the recording process died: nothing can commit what is written now
+            return None
+        self.deferred = False
+        return msg
+
+    def _write(self, item: dict[str, Any]) -> None:
         for t in item.get("forget", ()):
-            tokens.pop(t, None)
-        if delay:
-            time.sleep(delay)  # fault injection (FLORTRAIN_INJECT=writer-delay=S): a slow disk
+            self.tokens.pop(t, None)
+        if self.delay:
+            time.sleep(self.delay)  # fault injection (FLORTRAIN_INJECT=writer-delay=S): a slow disk
+        self.objects.busy = self.pace.busy
         reply: tuple[Any, ...]
         try:
-            rel, sha, nbytes, digests = objects.call(_write, item, arena, objects, tokens)
+            rel, sha, nbytes, digests = _write(item, self.arena, self.objects, self.tokens)
         except Exception as e:  # reported, never fatal: the next item may well succeed
             reason = f"{type(e).__name__}: {e}" if not isinstance(e, OSError) else f"{e.strerror or e} ({e.filename or ''})"
             reply = ("lost", item["key"], reason)
         else:
             reply = ("done", item["key"], rel, sha, nbytes, digests)
-        pace.update(_holding(queue), stopping)  # with nothing left, back to idle CPU
-        ch.send(reply)
+        self.ch.send(reply)
+
+
+def serve(
+    sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int, warm: int = 0
+) -> None:
+    """The writer's loop, until the parent says stop (or is gone). Never returns normally: the
+    caller ``os._exit``s, so nothing the parent's interpreter registered runs here.
+
+    Two threads take turns at the :class:`Desk`. The writer's own thread works while the pace is
+    idle, at SCHED_IDLE: it wakes for every message, and a thread of normal policy waking on
+    cores training keeps busy preempts one of torch's threads, which stalls the parallel op that
+    thread was in (on the fine-tuning benchmark, a nice-10 writer thread woken a few times per
+    checkpoint tripled the training threads' involuntary context switches). The busy thread,
+    started first so that it keeps the writer's nice-10 normal policy (an unprivileged thread
+    cannot leave SCHED_IDLE), works while the pace is busy. Before either, the writer maps the
+    ``warm`` bytes of the arena the parent warms (``runtime/arena.py``): a page read for the
+    first time costs the writer a fault per 4 KB too, and it is idle until the script has built a
+    model to checkpoint; it stops as soon as the parent sends something."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it flushes
+    with contextlib.suppress(OSError):
+        os.nice(NICE)  # the busy thread inherits it; the idle lane's threads leave for SCHED_IDLE
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text("flortrain-ckpt")
+    busy = ThreadPoolExecutor(1, thread_name_prefix="flortrain-ckpt")
+    busy.submit(int).result()  # its one thread exists now, with this thread's policy
+    map_until_asked(sock, arena, warm)
+    _idle_thread()
+    objects = Objects(blobs)
+    desk = Desk(Channel(sock), arena, objects, Pace(threshold), parent, delay)
+    while not desk.over:
+        desk.work(busy=False)
+        if not desk.over:
+            busy.submit(desk.work, True).result()
 
 
 def _holding(queue: deque[Any]) -> int:
