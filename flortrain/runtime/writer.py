@@ -171,7 +171,7 @@ def _whole(path: Path, nbytes: int) -> bool:
         return False
 
 
-#: The writer's priority when it competes for the CPU (its busy lane and its own thread).
+#: The writer's priority when it competes for the CPU (its busy thread and busy lane).
 NICE = 10
 
 
