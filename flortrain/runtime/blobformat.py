@@ -33,9 +33,11 @@ inside one too: correct, only slower).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import io
 import pickle
 import sys
+import types
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -112,6 +114,21 @@ class Staged:
         return sum(m[2] for m in self.metas)
 
 
+class _Module:
+    """A module held in the state (``cfg = {"lib": math}``, a list of backends), stored by its
+    name: a module object cannot be pickled, and refusing it left every checkpoint of such a loop
+    unwritten (found in review at stop 36). Unpickling imports the name, which gives back the
+    object ``sys.modules`` holds: the one the state held, as :func:`_split` checks."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (importlib.import_module, (self.name,))
+
+
 #: types whose values hold no tensor and no other object: a sequence of them is its own skeleton
 _ATOMS = frozenset({int, float, bool, str, bytes, type(None), complex})
 
@@ -161,6 +178,10 @@ class _Splitter:
             return tuple([self._split(x, local) for x in v])
         if t is set or t is frozenset:
             return _Set(t is frozenset, sorted((self._split(x, local) for x in v), key=repr))
+        if t is types.ModuleType:
+            name: str = v.__name__
+            if sys.modules.get(name) is v:
+                return _Module(name)
         torch = self.torch
         if isinstance(v, torch.Tensor):
             if t not in (torch.Tensor, torch.nn.Parameter) or v.layout is not torch.strided or (
