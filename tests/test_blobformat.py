@@ -3,9 +3,18 @@ depend on values only (runtime/blobformat.py)."""
 
 from __future__ import annotations
 
+import cmath
+import json
+import math
+import os
 import random
+import subprocess
+import sys
+import types
 from collections import OrderedDict
+from pathlib import Path
 
+import pytest
 import torch
 
 from flortrain.runtime import blobformat
@@ -92,6 +101,56 @@ def test_tensors_the_format_does_not_take_fall_back_to_torch_save() -> None:
     assert data[:1] == b"T"
     assert digests["names:odd"].startswith("w")
     assert torch.equal(deserialize(data)["names"]["odd"].to_dense(), torch.eye(3))
+
+
+def test_library_modules_in_containers_come_back_as_the_modules_themselves() -> None:
+    """Found in review (stop 36): ``cfg = {"lib": math}`` could not be pickled, so its loop was
+    never checkpointed. A library module is stored by name in flortrain's format, in the
+    ``torch.save`` fallback (a sparse tensor beside it) and in plain pickle (no torch)."""
+    from flortrain.runtime import materializer
+
+    cfg = {"lib": math, "all": [json, os.path], "pair": (cmath, 1)}
+    fallback = {"names": {"cfg": cfg, "odd": torch.eye(2).to_sparse()}, "registry": {}}
+    for payload, magic in (({"names": {"cfg": cfg}, "registry": {}}, blobformat.MAGIC), (fallback, b"T")):
+        data, _ = serialize(payload)
+        assert data[:1] == magic
+        back = deserialize(data)["names"]["cfg"]
+        assert back["lib"] is math and back["all"][0] is json and back["all"][1] is os.path and back["pair"][0] is cmath
+    plain = b"P" + blobformat.pickle_dumps({"names": {"cfg": cfg}})
+    assert materializer.deserialize(plain)["names"]["cfg"]["lib"] is math
+
+
+def test_a_project_module_is_not_stored_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module of the project may hold state the loop changes (its globals): a name would not
+    restore it, so a container holding one stays unstorable (the loop re-executes)."""
+    (tmp_path / "helpers.py").write_text("COUNT = 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import helpers  # type: ignore[import-not-found]
+
+    try:
+        with pytest.raises(blobformat.Unsupported):
+            blobformat.stage({"names": {"cfg": {"h": helpers}}, "registry": {}}, torch)
+        lazy = types.ModuleType("not_registered")
+        with pytest.raises(blobformat.Unsupported):  # not in sys.modules under its name
+            blobformat.stage({"names": {"cfg": {"m": lazy}}, "registry": {}}, torch)
+    finally:
+        sys.modules.pop("helpers", None)
+
+
+def test_a_set_of_modules_digests_the_same_in_any_process() -> None:
+    """A set is stored sorted by ``repr``; a module's placeholder must not repr by its address
+    (found in review at stop 36: four import orders gave four digests)."""
+    code = (
+        "import {order}, torch\n"
+        "from flortrain.runtime import blobformat\n"
+        "import cmath, json, math, os\n"
+        "print(blobformat.stage({{'names': {{'s': {{math, cmath, json, os}}}}, 'registry': {{}}}}, torch).skeletons)"
+    )
+    outs = {
+        subprocess.run([sys.executable, "-c", code.format(order=order)], capture_output=True, text=True, check=True).stdout
+        for order in ("json, cmath, math", "math, os, cmath, json", "os, json")
+    }
+    assert len(outs) == 1, outs
 
 
 def test_views_of_one_storage_come_back_views_of_one_storage_with_their_strides() -> None:

@@ -611,15 +611,18 @@ def test_modules_imported_inside_the_loop_keep_its_checkpoints(tmp_path: Path) -
 
 
 def test_a_module_inside_a_container_the_loop_rebinds_is_kept_by_name(tmp_path: Path) -> None:
-    """``cfg = {"lib": math, ...}`` rebound in the step loop: the dict could not be pickled with a
-    module in it, so no instance was checkpointed and the replay executed them all (found in
-    review at stop 36). The module is stored by name; the replay gives back the very module."""
+    """``cfg = {"lib": math, ...}`` rebound in the step loop, and ``log`` (changed in place)
+    holding ``math`` too: the dict could not be pickled with a module in it, and the list's
+    capture walked the module, so no instance was checkpointed and the replay executed them all
+    (found in review at stop 36). A library module is stored by name; the replay gives back the
+    very module."""
     text = _restore_case(
-        'import math\ncfg = {"lib": math, "scale": 1.0}\n',
+        'import math\ncfg = {"lib": math, "scale": 1.0}\nlog = []\n',
         '        loss = loss * cfg["lib"].sqrt(cfg["scale"])\n'
-        '        cfg = {"lib": math, "scale": cfg["scale"] + 1.0, "all": [math, np]}',
-        after='print("same", cfg["lib"] is math, cfg["all"][1] is np)\n',
+        '        cfg = {"lib": math, "scale": cfg["scale"] + 1.0, "all": [math, np]}\n'
+        '        log.append((step, math))',
+        after='print("same", cfg["lib"] is math, cfg["all"][1] is np, log[-1][1] is math)\n',
     )
-    probe = 'print("PROBE", epoch, cfg["scale"], cfg["lib"] is math, cfg["all"][1] is np)'
+    probe = 'print("PROBE", epoch, cfg["scale"], cfg["lib"] is math, cfg["all"][1] is np, len(log), log[-1][1] is math)'
     rep = replay_matches_plain(tmp_path, text, probe, EVERY)
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err

@@ -42,6 +42,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from flortrain.runtime.state import library_module
+
 MAGIC = b"G"
 _ALIGN = 16
 #: The payload sections whose entries are digested one by one.
@@ -115,10 +117,12 @@ class Staged:
 
 
 class _Module:
-    """A module held in the state (``cfg = {"lib": math}``, a list of backends), stored by its
-    name: a module object cannot be pickled, and refusing it left every checkpoint of such a loop
-    unwritten (found in review at stop 36). Unpickling imports the name, which gives back the
-    object ``sys.modules`` holds: the one the state held, as :func:`_split` checks."""
+    """A library module held in the state (``cfg = {"lib": math}``, a list of backends), stored
+    by its name (:func:`~flortrain.runtime.state.library_module`): a module object cannot be
+    pickled, and refusing it left every checkpoint of such a loop unwritten (found in review at
+    stop 36). Unpickling imports the name, which gives back the object ``sys.modules`` holds:
+    the one the state held. Its ``repr`` is its name, so a set of modules sorts the same in
+    every process (:class:`_Set`)."""
 
     __slots__ = ("name",)
 
@@ -127,6 +131,33 @@ class _Module:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (importlib.import_module, (self.name,))
+
+    def __repr__(self) -> str:
+        return f"_Module({self.name!r})"
+
+
+class Pickler(pickle.Pickler):
+    """``pickle.Pickler`` storing a library module by name, as :class:`_Module` does: for the
+    payloads that do not take this format (a script without torch, the ``torch.save``
+    fallback, through :data:`PICKLE_MODULE`)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (name := library_module(obj)) is not None:
+            return (importlib.import_module, (name,))
+        return NotImplemented
+
+
+def pickle_dumps(obj: Any) -> bytes:
+    """``pickle.dumps`` with :class:`Pickler`."""
+    buf = io.BytesIO()
+    Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+#: what ``torch.save(pickle_module=...)`` needs of a pickle module, with :class:`Pickler`
+PICKLE_MODULE = types.SimpleNamespace(
+    __name__=__name__, Pickler=Pickler, Unpickler=pickle.Unpickler, dump=pickle.dump, load=pickle.load
+)
 
 
 #: types whose values hold no tensor and no other object: a sequence of them is its own skeleton
@@ -178,10 +209,8 @@ class _Splitter:
             return tuple([self._split(x, local) for x in v])
         if t is set or t is frozenset:
             return _Set(t is frozenset, sorted((self._split(x, local) for x in v), key=repr))
-        if t is types.ModuleType:
-            name: str = v.__name__
-            if sys.modules.get(name) is v:
-                return _Module(name)
+        if isinstance(v, types.ModuleType) and (name := library_module(v)) is not None:
+            return _Module(name)
         torch = self.torch
         if isinstance(v, torch.Tensor):
             if t not in (torch.Tensor, torch.nn.Parameter) or v.layout is not torch.strided or (

@@ -178,7 +178,7 @@ def serialize(payload: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
             return blobformat.dumps(payload, torch)
         except blobformat.Unsupported:
             return _torch_save(payload, torch), state_digests(payload)
-    return b"P" + pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL), state_digests(payload)
+    return b"P" + blobformat.pickle_dumps(payload), state_digests(payload)
 
 
 def digests(payload: dict[str, Any]) -> dict[str, str]:
@@ -194,7 +194,7 @@ def digests(payload: dict[str, Any]) -> dict[str, str]:
 
 def _torch_save(payload: dict[str, Any], torch: Any) -> bytes:
     buf = io.BytesIO()
-    torch.save(payload, buf)
+    torch.save(payload, buf, pickle_module=blobformat.PICKLE_MODULE)
     return b"T" + buf.getvalue()
 
 

@@ -15,6 +15,8 @@ import io
 import pickle
 import random
 import sys
+import sysconfig
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -217,9 +219,36 @@ def _file_position(f: Any, path: str) -> Any:
         raise Unrestorable(f"`{path}` is a file iterated line by line, whose position cannot be told") from None
 
 
+#: where the standard library and installed packages live (a venv's and the base interpreter's)
+_LIBRARY = tuple(
+    {p for scheme in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(scheme))}
+)
+
+
+def library_module(obj: Any) -> str | None:
+    """The name of ``obj`` when it is a module of the standard library or of an installed
+    package that ``sys.modules`` holds under that name: state a checkpoint names instead of
+    storing (``cfg = {"lib": math}``: a module object cannot be pickled, and a restore gets the
+    very module back by importing the name). A module of the project is not one: the loop may
+    change its globals, which a name would not restore, so a container holding one stays
+    unstorable and its loop re-executes."""
+    if not isinstance(obj, types.ModuleType):
+        return None
+    name = getattr(obj, "__name__", None)
+    if not isinstance(name, str) or sys.modules.get(name) is not obj:
+        return None
+    path = getattr(obj, "__file__", None)
+    if path is None:
+        return name if name in sys.builtin_module_names else None
+    return name if isinstance(path, str) and path.startswith(_LIBRARY) else None
+
+
 def _child(obj: Any, memo: dict[int, str], path: str, mark: Mark | None) -> dict[str, Any]:
     """:func:`capture` of an object inside another, shown to ``mark`` when it is an object (not
-    a plain value, not a second sighting)."""
+    a plain value, not a second sighting). A library module inside is a value: named, not
+    walked (:func:`library_module`)."""
+    if library_module(obj) is not None:
+        return {"kind": "value", "value": obj}
     state = capture(obj, memo, path, mark)
     if mark is not None and state["kind"] not in ("value", "ref"):
         mark(path, obj)
