@@ -143,7 +143,7 @@ class Pickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if (name := library_module(obj)) is not None:
-            return (importlib.import_module, (name,))
+            return _Module(name).__reduce__()
         return NotImplemented
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import io
 import pickle
 import random
 import sys
-import sysconfig
 import types
 from collections.abc import Callable
 from typing import Any
@@ -219,10 +219,15 @@ def _file_position(f: Any, path: str) -> Any:
         raise Unrestorable(f"`{path}` is a file iterated line by line, whose position cannot be told") from None
 
 
-#: where the standard library and installed packages live (a venv's and the base interpreter's)
-_LIBRARY = tuple(
-    {p for scheme in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(scheme))}
-)
+@functools.cache
+def _library() -> tuple[str, ...]:
+    """Where the standard library and installed packages live (a venv's and the base
+    interpreter's). Asked for on the first module a capture meets, not at import: ``sysconfig``
+    and its paths cost a recorded run's start-up 1-2.5 ms that most scripts never need."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple({p for scheme in ("stdlib", "platstdlib", "purelib", "platlib") if (p := paths.get(scheme))})
 
 
 def library_module(obj: Any) -> str | None:
@@ -240,7 +245,7 @@ def library_module(obj: Any) -> str | None:
     path = getattr(obj, "__file__", None)
     if path is None:
         return name if name in sys.builtin_module_names else None
-    return name if isinstance(path, str) and path.startswith(_LIBRARY) else None
+    return name if isinstance(path, str) and path.startswith(_library()) else None
 
 
 def _child(obj: Any, memo: dict[int, str], path: str, mark: Mark | None) -> dict[str, Any]:
