@@ -621,18 +621,22 @@ def test_the_writer_competes_for_the_cpu_once_its_backlog_reaches_the_threshold(
     assert pace.update(1, stopping=True)
 
 
-def test_the_idle_lane_runs_under_sched_idle_and_the_busy_lane_does_not(tmp_path: Path) -> None:
-    from flortrain.runtime.writer import Objects
+def test_the_idle_lane_runs_under_sched_idle_and_the_busy_and_drain_lanes_do_not(tmp_path: Path) -> None:
+    from flortrain.runtime.writer import BUSY, DRAIN, Objects
 
     objects = Objects(tmp_path / "blobs", threads=2)
     try:
         idle_objects = objects.pool().submit(os.sched_getscheduler, 0).result()
-        objects.busy = True
+        objects.lane = BUSY
         busy_objects = objects.pool().submit(os.sched_getscheduler, 0).result()
+        objects.lane = DRAIN
+        drain = objects.pool()
+        drain_objects = drain.submit(os.sched_getscheduler, 0).result()
     finally:
         objects.close()
     assert idle_objects == os.SCHED_IDLE
-    assert busy_objects == os.sched_getscheduler(0) != os.SCHED_IDLE
+    assert busy_objects == drain_objects == os.sched_getscheduler(0) != os.SCHED_IDLE
+    assert drain._max_workers == 4, "training has ended: twice the threads overlap the disk's time per object"
 
 
 # A checkpoint of about 2 MB (weights, gradients, Adam's two moments): under the writer's
@@ -801,7 +805,7 @@ def test_an_item_whose_object_fails_ends_only_after_its_other_objects_are_done(
     first one's name."""
     import errno
 
-    from flortrain.runtime.writer import Objects
+    from flortrain.runtime.writer import BUSY, Objects
     from flortrain.store import direct
 
     real = direct.write_object
@@ -816,7 +820,7 @@ def test_an_item_whose_object_fails_ends_only_after_its_other_objects_are_done(
 
     monkeypatch.setattr(direct, "write_object", write)
     objects = Objects(tmp_path / "blobs", threads=2)
-    objects.busy = True  # the lane without SCHED_IDLE: this test's process is not a writer
+    objects.lane = BUSY  # a lane without SCHED_IDLE: this test's process is not a writer
     try:
         with pytest.raises(OSError, match="No space left"):
             objects.store([(memoryview(os.urandom(1 << 20)), False), (memoryview(os.urandom(2 << 20)), False)])
