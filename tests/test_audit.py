@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.protocol import flortrain, replay_matches_plain
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
@@ -246,4 +248,65 @@ def test_an_iterator_a_loop_consumes_through_islice_is_not_skipped_over(tmp_path
     rep = replay_matches_plain(tmp_path, ISLICE, 'print("PROBE", epoch, held_out.tolist())', EVERY)
     assert "0 block instances skipped, 4 executed" in rep.err, rep.err
     rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
-    assert "changes `stream` in place" in rec.err, rec.err
+    assert "iterates `stream`, an iterator made before it" in rec.err, rec.err
+
+
+#: A generator made before the loop, advanced by the loop's own header: no rule names it, and no
+#: image can compare a generator's position. The line after the main loop shows where it is.
+GENERATOR = (
+    PRELUDE
+    + """\
+import itertools
+def batches():
+    while True:
+        yield torch.randint(0, 64, (8,))
+gen = batches()
+for epoch in range(4):
+    HEADER
+"""
+    + STEP
+    + EPOCH_END
+    + """\
+print("after", next(gen).tolist())
+"""
+)
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["for idx in itertools.islice(gen, 3):", "for _, idx in zip(range(3), gen):", "for idx in gen:\n        if idx[0] < 8: break"],
+    ids=["islice", "zip", "direct"],
+)
+def test_a_generator_the_loop_header_advances_is_not_skipped_over(tmp_path: Path, header: str) -> None:
+    """``for idx in itertools.islice(gen, 3)`` advances ``gen``. Checkpointed without it, a
+    skipped instance left ``gen`` where it was, and the line after the main loop printed another
+    batch (``diff`` exit 1; found at stop 37). Record now sees, at the loop's entry, that the
+    iterator it advances is held by a name, and stops checkpointing the loop."""
+    text = GENERATOR.replace("HEADER", header)
+    if "break" in header:  # the step goes after the break, inside the loop
+        text = text.replace("        if idx[0] < 8: break\n", "").replace(STEP, STEP + "        if idx[0] < 8:\n            break\n")
+    rep = replay_matches_plain(tmp_path, text, 'print("PROBE", epoch, model.weight.sum().item())', EVERY)
+    assert "0 block instances skipped, 4 executed" in rep.err, rep.err
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert "iterates `gen`, an iterator made before it" in rec.err, rec.err
+
+
+LOADER_AND_LISTS = (
+    PRELUDE
+    + """\
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.arange(64)), batch_size=8, shuffle=True)
+chunks = [torch.randint(0, 64, (8,)) for _ in range(3)]
+for epoch in range(4):
+    for i, ((idx,), extra) in enumerate(zip(loader, chunks)):
+"""
+    + STEP
+    + EPOCH_END
+)
+
+
+def test_iterators_made_by_the_header_from_containers_stay_memoized(tmp_path: Path) -> None:
+    """``enumerate(zip(loader, chunks))`` makes iterators of its own from a DataLoader and a list:
+    no name holds them, so nothing outside the loop is advanced and every instance is skipped."""
+    rep = replay_matches_plain(tmp_path, LOADER_AND_LISTS, 'print("PROBE", epoch, model.weight.sum().item())', EVERY)
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err

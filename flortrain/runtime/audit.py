@@ -26,6 +26,10 @@ watch's; functions, classes and modules are not entered (the project's own modul
 roots of their own, :func:`roots`). The walk stops after :data:`BUDGET` objects: what it did not reach
 is not audited. Instances after the audited ones are not audited either: a loop that starts
 changing such state later (at epoch 10) is not caught (``docs/limitations.md``).
+
+A generator cannot be imaged (its position is in its frame), so an iterator the loop's own
+header advances is looked for by name at each instance's entry instead
+(:func:`outside_iterator`).
 """
 
 from __future__ import annotations
@@ -330,3 +334,56 @@ def _position(f: Any) -> Any:
         return None if f.closed else f.tell()
     except (OSError, ValueError):
         return None
+
+
+#: Iterators whose ``__reduce__`` names the iterators they draw from: ``zip``, ``enumerate``,
+#: ``map``, ``filter`` and ``itertools``' (in 3.11-3.13; ``itertools`` warns of its removal).
+_WRAPPERS = (zip, enumerate, map, filter)
+
+
+def _drawn_from(it: Any, depth: int = 0) -> list[Any]:
+    """``it`` if it is an iterator (a type with ``__next__``; a list, a range or a DataLoader is
+    not: ``for`` iterates a fresh iterator of theirs), and the iterators it draws from."""
+    if not hasattr(type(it), "__next__"):
+        return []
+    out = [it]
+    if depth < 4 and (isinstance(it, _WRAPPERS) or type(it).__module__ == "itertools"):
+        import warnings
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                reduced = it.__reduce__()
+        except Exception:  # no way in: what it draws from stays unseen, as before
+            return out
+        args = reduced[1] if isinstance(reduced, tuple) and len(reduced) > 1 and isinstance(reduced[1], tuple) else ()
+        for a in args:
+            out += _drawn_from(a, depth + 1)
+    return out
+
+
+def outside_iterator(iterable: Any, frame: FrameType) -> str | None:
+    """The name by which ``frame`` holds an iterator a ``for`` loop over ``iterable`` advances,
+    or None. ``for x in gen``, ``zip(range(3), gen)`` and ``itertools.islice(gen, 3)`` all
+    advance ``gen``, a generator made before the loop, which no static rule sees and no image
+    can compare (a generator's position is in its frame); a skipped instance would leave it
+    where it was (found at stop 37). An iterator made by the loop's header from a container
+    (``enumerate(loader)``: the DataLoader's fresh iterator) is not held by any name, so it is
+    not reported. Names are looked up among the frame's locals and globals and, one level down,
+    their attributes (``self.batches``)."""
+    drawn = {id(x) for x in _drawn_from(iterable)}
+    if not drawn:
+        return None
+    scopes: list[tuple[str, dict[str, Any]]] = [("", frame.f_locals)]
+    if frame.f_globals is not frame.f_locals:
+        scopes.append(("", frame.f_globals))
+    for prefix, scope in scopes:
+        for name, v in list(scope.items()):
+            if id(v) in drawn:
+                return prefix + name
+            attrs = getattr(v, "__dict__", None)
+            if type(attrs) is dict and not isinstance(v, _NOT_ENTERED):
+                for attr, a in list(attrs.items()):
+                    if id(a) in drawn:
+                        return f"{name}.{attr}"
+    return None

@@ -272,7 +272,12 @@ class Session:
         if not changed or loop_id in self.unnamed_effects:
             return
         listed = ", ".join(f"`{n}`" for n in changed[:3]) + (", ..." if len(changed) > 3 else "")
-        why = f"changes {listed} in place through code its changeset does not see into"
+        self.unnamed_effect(loop_id, f"changes {listed} in place through code its changeset does not see into")
+
+    def unnamed_effect(self, loop_id: str, why: str) -> None:
+        """A loop changes state its checkpoints would not hold (the audit, or an iterator it
+        advances: ``audit.outside_iterator``): its instances and its main loop's iterations are
+        not checkpointed from now on, and record says why."""
         self.unnamed_effects[loop_id] = why
         if self.main is not None:
             self._no_boundary.add(self.main[0])

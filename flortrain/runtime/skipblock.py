@@ -463,7 +463,20 @@ class SkipBlock(Checkpointable):
 
     # -- what the instrumented loop calls ------------------------------------------------------
     def iterate(self, iterable: Any) -> Any:
-        return iter(()) if self.state is State.SKIP else iterable
+        if self.state is State.SKIP:
+            return iter(())
+        s = self.session
+        if self.state is State.RECORD and s is not None and self.id not in s.unnamed_effects:
+            try:
+                name = audit.outside_iterator(iterable, sys._getframe(1))
+            except Exception as e:
+                s.warn_once(f"{self.id}.audit", f"loop {self.id}: side-effect audit unavailable: {e}")
+            else:
+                if name is not None:
+                    s.unnamed_effect(
+                        self.id, f"iterates `{name}`, an iterator made before it, whose position no checkpoint holds"
+                    )
+        return iterable
 
     def live(self) -> bool:
         return self.state is not State.SKIP
