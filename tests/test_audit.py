@@ -14,6 +14,15 @@ from tests.protocol import flortrain, replay_matches_plain
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
 
+
+def _replayed_and_said(tmp_path: Path, text: str, probe: str, replayed: str, said: str) -> None:
+    """The protocol on ``text`` (``replay_matches_plain``), the replay's summary saying
+    ``replayed`` (which instances were skipped or executed), and a record saying ``said``."""
+    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    assert replayed in rep.err, rep.err
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert said in rec.err, rec.err
+
 PRELUDE = """\
 import random
 import torch
@@ -55,10 +64,11 @@ for epoch in range(4):
 
 
 def test_a_set_filled_through_add_is_not_skipped_over(tmp_path: Path) -> None:
-    rep = replay_matches_plain(tmp_path, SET_ADD, 'print(f"PROBE {epoch} {len(seen)}")', EVERY)
-    assert "0 block instances skipped, 4 executed" in rep.err, rep.err
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
-    assert "changes `seen` in place through code its changeset does not see into" in rec.err, rec.err
+    _replayed_and_said(
+        tmp_path, SET_ADD, 'print(f"PROBE {epoch} {len(seen)}")',
+        "0 block instances skipped, 4 executed",
+        "changes `seen` in place through code its changeset does not see into",
+    )
 
 
 CALLABLE = PRELUDE + """\
@@ -184,10 +194,11 @@ def test_a_helper_module_counting_in_its_own_globals_is_not_skipped_over(tmp_pat
     its ``calls``: no name of the loop's frame reaches them (``from helpers import step_fn``),
     so the audit walks the project modules' globals too (found in review at stop 33)."""
     (tmp_path / "helpers.py").write_text(HELPERS)
-    rep = replay_matches_plain(tmp_path, PROJECT_MODULE, 'print(f"PROBE {epoch} {helpers.calls} {helpers.COUNTS}")', EVERY)
-    assert "0 block instances skipped, 4 executed" in rep.err, rep.err
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
-    assert "changes `helpers`, `helpers.COUNTS` in place" in rec.err, rec.err
+    _replayed_and_said(
+        tmp_path, PROJECT_MODULE, 'print(f"PROBE {epoch} {helpers.calls} {helpers.COUNTS}")',
+        "0 block instances skipped, 4 executed",
+        "changes `helpers`, `helpers.COUNTS` in place",
+    )
 
 
 LATE_SYNC = (
@@ -245,10 +256,11 @@ def test_an_iterator_a_loop_consumes_through_islice_is_not_skipped_over(tmp_path
     instance left it where the prologue did, so the next executed one trained on the first
     batches again (found in review at stop 33). The audit images a sequence iterator by its
     position."""
-    rep = replay_matches_plain(tmp_path, ISLICE, 'print("PROBE", epoch, held_out.tolist())', EVERY)
-    assert "0 block instances skipped, 4 executed" in rep.err, rep.err
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
-    assert "iterates `stream`, an iterator made before it" in rec.err, rec.err
+    _replayed_and_said(
+        tmp_path, ISLICE, 'print("PROBE", epoch, held_out.tolist())',
+        "0 block instances skipped, 4 executed",
+        "iterates `stream`, an iterator made before it",
+    )
 
 
 #: A generator made before the loop, advanced by the loop's own header: no rule names it, and no
@@ -285,10 +297,11 @@ def test_a_generator_the_loop_header_advances_is_not_skipped_over(tmp_path: Path
     text = GENERATOR.replace("HEADER", header)
     if "break" in header:  # the step goes after the break, inside the loop
         text = text.replace("        if idx[0] < 8: break\n", "").replace(STEP, STEP + "        if idx[0] < 8:\n            break\n")
-    rep = replay_matches_plain(tmp_path, text, 'print("PROBE", epoch, model.weight.sum().item())', EVERY)
-    assert "0 block instances skipped, 4 executed" in rep.err, rep.err
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
-    assert "iterates `gen`, an iterator made before it" in rec.err, rec.err
+    _replayed_and_said(
+        tmp_path, text, 'print("PROBE", epoch, model.weight.sum().item())',
+        "0 block instances skipped, 4 executed",
+        "iterates `gen`, an iterator made before it",
+    )
 
 
 LOADER_AND_LISTS = (
