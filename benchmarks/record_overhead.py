@@ -214,7 +214,9 @@ def source(name: str, quick: bool, probe: bool = False, times: int = 1) -> str:
 
 
 _HELD = re.compile(r"flortrain held training up [0-9.]+s \(([0-9.]+)%\)")
-_EXIT_WAIT = re.compile(r", ([0-9.]+)s of it at exit for the checkpoint writer$", re.M)
+_EXIT_WAIT = re.compile(r", ([0-9.]+)s of it at exit for the checkpoint writer(;|$)", re.M)
+#: the launcher's wait for the writer once the training process had exited (``flortrain/launcher.py``)
+_LATE = re.compile(r"; then ([0-9.]+)s for the checkpoint writer after training exited$", re.M)
 
 
 #: ``<linux/prctl.h>``
@@ -247,8 +249,9 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, 
     """(training seconds to exit, end-to-end seconds, seconds in the training loop, CPU seconds
     of the whole command and every process it started, the writer included, the fraction of
     the run flortrain reports it held training up: 0 for a plain run, and the seconds from the
-    command's exit until the last process it started had ended, and the seconds of held spent at
-    exit waiting for the writer)."""
+    command's exit until the last process it started had ended, and the seconds the run waited
+    for the writer at its end: those of held, and those the launcher waited once the training
+    process had exited, which held does not count)."""
     t0file = cwd / "t0"
     t0file.unlink(missing_ok=True)
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -264,9 +267,9 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, 
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     held = _HELD.search(p.stderr)
     loop = float((cwd / "t0.end").read_text()) - t0
-    wait = _EXIT_WAIT.search(p.stderr)
+    wait, late = _EXIT_WAIT.search(p.stderr), _LATE.search(p.stderr)
     return (end - t0, end - start, loop, cpu, float(held.group(1)) / 100 if held else 0.0, settled - end,
-            float(wait.group(1)) if wait else 0.0)
+            (float(wait.group(1)) if wait else 0.0) + (float(late.group(1)) if late else 0.0))
 
 
 def _checkpointed(store: Path) -> tuple[int, int]:

@@ -98,9 +98,11 @@ def record(ctx: click.Context, script: str, args: tuple[str, ...], epsilon: floa
     """Run SCRIPT instrumented, checkpointing its memoized loops. Its stdout is unchanged.
     Options go before SCRIPT; everything after it is the script's."""
     from flortrain import knobs
+    from flortrain.launcher import launch
     from flortrain.static.overlap import begin
 
     knobs.validate()
+    launch()  # the launcher waits here for the training process, which goes on
     static = begin(script)  # forked off now, before the runtime's and torch's imports
     try:
         from flortrain.record import record as do_record
@@ -236,6 +238,9 @@ def main() -> None:
     is finalized, as ``python`` does, so a calling shell loop sees an interrupt, not a failure.
     The runner is looked up, not imported: if it never loaded, no script ran, and importing it
     here could fail again (a broken install) and turn the one-line error into a traceback."""
+    from flortrain import launcher
+
+    launcher.allowed = True  # this process is flortrain's own: `record` may fork from it
     try:
         cli(prog_name="flortrain")
     except SystemExit:

@@ -64,6 +64,12 @@ DEFAULT_WRITER_BACKLOG_MB = 256
 #: eighth of the memory available; 0 turns it off.
 ARENA_WARM_ENV = "FLORTRAIN_ARENA_WARM_MB"
 
+#: Whether ``flortrain record`` forks the training process from a launcher that waits for it
+#: ("on", the default: the writer's last work then overlaps the training process's exit,
+#: ``flortrain/launcher.py``) or runs the script in its own process ("off").
+LAUNCHER_ENV = "FLORTRAIN_LAUNCHER"
+LAUNCHERS = ("on", "off")
+
 #: How long a finished run waits for the writer to write what it holds, in seconds.
 FLUSH_TIMEOUT_ENV = "FLORTRAIN_FLUSH_TIMEOUT"
 DEFAULT_FLUSH_TIMEOUT_S = 600.0
@@ -132,6 +138,10 @@ def _choice(env: str, choices: tuple[str, ...]) -> str:
 
 def materializer() -> str:
     return _choice(MATERIALIZER_ENV, MATERIALIZERS)
+
+
+def launcher() -> str:
+    return _choice(LAUNCHER_ENV, LAUNCHERS)
 
 
 def replay_allocator() -> str:
@@ -220,6 +230,7 @@ def validate() -> None:
     commit_interval()
     boundary_interval()
     materializer()
+    launcher()
     buffer_bytes()
     writer_backlog()
     arena_warm()

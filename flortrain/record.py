@@ -8,8 +8,9 @@ import sys
 import time
 from typing import Any
 
-from flortrain import knobs
+from flortrain import knobs, launcher
 from flortrain.errors import FlortrainError, Located
+from flortrain.launcher import Summary
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
 from flortrain.runtime.launch import (
     execute,
@@ -138,6 +139,7 @@ def record(
             " what it printed before that is not printed again",
             file=sys.stderr,
         )
+    launcher.tell("run", run_id, script)
     for r in plan.refused:
         print(f"flortrain: {script}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
     store.guarded = True  # from here on the store failing must not break training
@@ -166,21 +168,18 @@ def record(
     elapsed = time.perf_counter() - t0
     store.finish_run(run_id, "complete" if status == 0 else "failed", status)
     c = session.counts
-    n_blocks = c.get("checkpointed", 0) + c.get("recorded", 0)
     outcome = "complete" if status == 0 else f"failed (exit {status})"
     if store.failed:
         outcome = f"incomplete (the store failed: {store.failed}; the script's exit {status} is kept)"
-    held = session.held
-    # a share of a run shorter than a second says nothing (0.01 s of a 0.01 s script is "100%")
-    share = f" ({held / (elapsed - held):.1%})" if elapsed - held >= 1.0 else ""
-    # where training kept every core busy, most of held is this wait: saying so points the user
-    # at the writer's backlog, not at staging (docs/materializer.md, "The writer's pace")
-    wait = f", {session.exit_wait:.2f}s of it at exit for the checkpoint writer" if session.exit_wait >= 0.01 else ""
-    print(
-        f"flortrain: record run {run_id} {outcome}"
-        f" in {elapsed:.2f}s: {c.get('checkpointed', 0)} of {n_blocks} block instances checkpointed;"
-        f" flortrain held training up {held:.2f}s{share}{wait}",
-        file=sys.stderr,
+    summary = Summary(
+        run_id, outcome, elapsed, c.get("checkpointed", 0), c.get("checkpointed", 0) + c.get("recorded", 0),
+        session.held, session.exit_wait,
     )
+    handoff = session.handoff()
+    if handoff is not None:  # the launcher commits the rest and prints the last line
+        launcher.tell("handoff", {**handoff, "summary": summary})
+    else:
+        print(summary.line(), file=sys.stderr)
+        launcher.tell("finished")
     store.close()
     return status

@@ -48,11 +48,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from flortrain import knobs
+from flortrain import knobs, launcher
+from flortrain.channel import Channel
 from flortrain.runtime import blobformat, versions
 from flortrain.runtime.arena import Warmer, resident_budget
 from flortrain.runtime.digest import state_digests
-from flortrain.runtime.writer import Channel, Objects, run_child
+from flortrain.runtime.writer import Objects, run_child
 from flortrain.store import direct
 from flortrain.store.db import Store, write_durably
 
@@ -159,6 +160,11 @@ class Materializer(Protocol):
     def flush(self) -> None:
         """Wait for everything submitted, commit it, and stop."""
 
+    def hand_off(self) -> tuple[int, list[str]] | None:
+        """Stop without waiting: the writer sends what it still holds to the launcher, which
+        commits it (``flortrain/launcher.py``). The writer's pid and the keys handed over; None
+        where that cannot be (no launcher, no writer): :meth:`flush` then."""
+
 
 @dataclass
 class Callbacks:
@@ -254,6 +260,9 @@ class SyncMaterializer:
 
     def flush(self) -> None:
         return None
+
+    def hand_off(self) -> tuple[int, list[str]] | None:
+        return None  # everything is committed already
 
 
 class ChangeTracker:
@@ -402,7 +411,9 @@ class BackgroundMaterializer:
             parent_sock.close()
             # a writer forked again mid-run (the first one died) does not compete to warm pages
             warm = 0 if self._forks else self.warmer.nbytes
-            run_child(child_sock, self.view, self.store.blobs, parent, self.delay, self.backlog, warm)
+            run_child(
+                child_sock, self.view, self.store.blobs, parent, self.delay, self.backlog, warm, launcher.writer_end
+            )
         self._forks += 1
         child_sock.close()
         self.pid = pid
@@ -606,6 +617,30 @@ class BackgroundMaterializer:
         return self._tensor_view
 
     # -- the end -----------------------------------------------------------------------------------
+    def hand_off(self) -> tuple[int, list[str]] | None:
+        """Tell the writer to send the launcher its results for what it still holds, and leave
+        it: this process unmaps the arena and goes on to exit while the writer drains. Results
+        the writer sent here and this process did not read are among those keys: the writer sends
+        them again (``writer.Desk``)."""
+        if launcher.channel is None or self.ch is None or self.pid is None:
+            return None
+        self.warmer.stop()
+        self.poll()
+        if self.ch is None:  # it died: what it held is reported lost; flush reaps it
+            return None
+        keys = [f.key for f in self.inflight]
+        try:
+            self.ch.send(("handoff", keys))
+        except OSError:
+            self._died("died")
+            return None
+        self._unmap()
+        self.ch.sock.close()
+        self.ch = None
+        self.inflight.clear()
+        pid, self.pid = self.pid, None
+        return pid, keys
+
     def flush(self) -> None:
         """Wait for the writer to finish (``FLORTRAIN_FLUSH_TIMEOUT``), commit, and stop it."""
         self.warmer.stop()  # a script with no main loop ends here: stop warming what nobody stages

@@ -98,6 +98,8 @@ class Session:
     #: ``record --resume``: the (main id, entry, iteration) to continue a killed run at
     resume: tuple[str, int, int] | None = None
     resume_seq: int = 0  # the killed run's captured lines kept: the resumed log continues there
+    #: the writer's pid and the keys it still held when the script ended, handed to the launcher
+    handed: tuple[int, list[str]] | None = None
 
     def __post_init__(self) -> None:
         if self.replay is not None and self.replay.spans is not None:
@@ -753,14 +755,30 @@ class Session:
                 gc.enable()
 
     def flush(self) -> None:
+        """The script ended: hand the writer's backlog to the launcher where there is one (the
+        wait then overlaps this process's exit, ``flortrain/launcher.py``), else wait for it."""
         with self.holding():
             if self.materializer is not None:
                 t0 = time.perf_counter()
-                self.materializer.flush()
+                self.handed = self.materializer.hand_off()
+                if self.handed is None:
+                    self.materializer.flush()
                 self.exit_wait += time.perf_counter() - t0
         if self.tee is not None:
             self.tee.close_capture()
         self._put_rows()
+
+    def handoff(self) -> dict[str, Any] | None:
+        """What the launcher needs to commit the checkpoints handed over (None: nothing was, or
+        the store failed and nothing more is claimed): their keys in order, and what each
+        block row becomes once its checkpoint is committed (:meth:`_committed`)."""
+        if self.handed is None or not isinstance(self.store, Store) or self.store.failed:
+            return None
+        writer, keys = self.handed
+        return {
+            "root": str(self.store.root), "run_id": self.run_id, "writer": writer, "inflight": keys,
+            "pending": {k: self._pending[k] for k in keys if k in self._pending},
+        }
 
 
 #: The active session of this process, set by the runner.

@@ -30,60 +30,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import pickle
 import select
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+from flortrain.channel import Channel
 from flortrain.runtime import blobformat
 from flortrain.runtime.arena import MADV_POPULATE_READ, populate_chunks
 from flortrain.store import direct
 from flortrain.store.db import object_path, write_durably
-
-_LEN = struct.Struct("<Q")
-
-
-class Channel:
-    """Length-prefixed pickled messages over a stream socket."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buf = bytearray()
-
-    def send(self, msg: Any) -> None:
-        data = pickle.dumps(msg, protocol=5)
-        self.sock.sendall(_LEN.pack(len(data)) + data)
-
-    def recv(self, timeout: float | None) -> Any:
-        """The next message; None if none arrives within ``timeout`` (0: poll). Raises
-        :class:`EOFError` when the other end is gone."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if len(self.buf) >= 8:
-                (n,) = _LEN.unpack_from(self.buf)
-                if len(self.buf) >= 8 + n:
-                    msg = pickle.loads(bytes(self.buf[8 : 8 + n]))
-                    del self.buf[: 8 + n]
-                    return msg
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([self.sock], [], [], left)
-            if not ready:
-                return None
-            try:
-                chunk = self.sock.recv(1 << 20)
-            except OSError as e:
-                raise EOFError(str(e)) from None
-            if not chunk:
-                raise EOFError("closed")
-            self.buf += chunk
 
 
 def _idle_thread() -> None:
@@ -282,6 +244,10 @@ def map_until_asked(sock: socket.socket, arena: memoryview, warm: int) -> int:
     return max(populate_chunks(arena, warm, unasked, MADV_POPULATE_READ), default=0)
 
 
+#: replies kept for a handoff: the parent has at most as many items in flight as its arena holds
+#: regions, and it reads replies at every main-loop iteration
+REPLIES_KEPT = 4096
+
 #: how long a writer that said goodbye keeps the arena mapped for the parent to unmap it first
 LINGER = 5.0
 
@@ -302,8 +268,12 @@ class Desk:
     while the pace is idle, its busy thread while it is busy (:func:`serve`). Each works until
     the pace turns to the other lane's, or the parent says stop or is gone (:attr:`over`)."""
 
-    def __init__(self, ch: Channel, arena: memoryview, objects: Objects, pace: Pace, parent: int, delay: float) -> None:
+    def __init__(
+        self, ch: Channel, arena: memoryview, objects: Objects, pace: Pace, parent: int, delay: float,
+        launcher: Channel | None = None,
+    ) -> None:
         self.ch = ch
+        self.launcher = launcher
         self.arena = arena
         self.objects = objects
         self.pace = pace
@@ -314,6 +284,12 @@ class Desk:
         self.cpu = IdleCores()
         self.deferred = False  # the queue's head is an item not started: no idle core to write it on
         self.over = False
+        self.eof = False  # the parent closed its end
+        #: the parent handed what is queued to the launcher (:meth:`hand_off`): its exit or its
+        #: closed end no longer ends the work, and no more replies go to it
+        self.handing = False
+        #: the latest replies by key, for :meth:`hand_off` to send again those the parent never read
+        self.replies: OrderedDict[str, tuple[Any, ...]] = OrderedDict()
 
     def work(self, busy: bool) -> None:
         """Take items and write them on the calling thread, which is of the ``busy`` lane, until
@@ -327,7 +303,11 @@ class Desk:
                 linger(self.ch.sock)
                 self.over = True
                 return
-            stopping = any(m[0] == "stop" for m in self.queue)
+            if msg[0] == "handoff":
+                self.hand_off(msg[1])
+                self.over = True
+                return
+            stopping = any(m[0] in ("stop", "handoff") for m in self.queue)
             item = msg[1]
             if self.pace.update(item.get("staged", 0) + _holding(self.queue), stopping) != busy:
                 self.queue.appendleft(msg)
@@ -342,21 +322,37 @@ class Desk:
 
     def _next(self) -> Any:
         """The next message (None: none yet); everything pending is queued behind it, so that a
-        "stop" among it is seen."""
-        try:
-            if self.deferred and (more := self.ch.recv(IDLE_LOOK)) is not None:  # look again in a moment
-                self.queue.append(more)
-            msg = self.queue.popleft() if self.queue else self.ch.recv(1.0)
-            while (more := self.ch.recv(0)) is not None:
-                self.queue.append(more)
-        except EOFError:
-            self.over = True
-            return None
-        if (msg is None or self.deferred) and os.getppid() != self.parent:
+        "stop" or "handoff" among it is seen."""
+        if not self.eof:
+            try:
+                if self.deferred and (more := self.ch.recv(IDLE_LOOK)) is not None:  # look again in a moment
+                    self.queue.append(more)
+                if not self.queue and (first := self.ch.recv(1.0)) is not None:
+                    self.queue.append(first)
+                while (more := self.ch.recv(0)) is not None:
+                    self.queue.append(more)
+            except EOFError:
+                self.eof = True
+        self.handing = self.handing or any(m[0] == "handoff" for m in self.queue)
+        if not self.handing and (
+            self.eof or ((not self.queue or self.deferred) and os.getppid() != self.parent)
+        ):
             self.over = True  # the recording process died: nothing can commit what is written now
             return None
+        if not self.queue:
+            return None
         self.deferred = False
-        return msg
+        return self.queue.popleft()
+
+    def hand_off(self, keys: list[str]) -> None:
+        """Everything queued before the handoff is written: send the launcher the result of each
+        key the parent had not read, then say so. The launcher commits them."""
+        if self.launcher is None:
+            return
+        with contextlib.suppress(OSError):  # a launcher gone (killed) has nobody to commit for
+            for key in keys:
+                self.launcher.send(("reply", key, self.replies.get(key)))
+            self.launcher.send(("written",))
 
     def _write(self, item: dict[str, Any], lane: str) -> None:
         for t in item.get("forget", ()):
@@ -372,11 +368,17 @@ class Desk:
             reply = ("lost", item["key"], reason)
         else:
             reply = ("done", item["key"], rel, sha, nbytes, digests)
-        self.ch.send(reply)
+        self.replies[item["key"]] = reply
+        while len(self.replies) > REPLIES_KEPT:
+            self.replies.popitem(last=False)
+        if not self.handing:  # once handing, the parent reads no more
+            with contextlib.suppress(OSError):  # it closed its end: a handoff may be unread (`_next`)
+                self.ch.send(reply)
 
 
 def serve(
-    sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int, warm: int = 0
+    sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int, warm: int = 0,
+    launcher: socket.socket | None = None,
 ) -> None:
     """The writer's loop, until the parent says stop (or is gone). Never returns normally: the
     caller ``os._exit``s, so nothing the parent's interpreter registered runs here.
@@ -401,7 +403,9 @@ def serve(
     map_until_asked(sock, arena, warm)
     _idle_thread()
     objects = Objects(blobs)
-    desk = Desk(Channel(sock), arena, objects, Pace(threshold), parent, delay)
+    desk = Desk(
+        Channel(sock), arena, objects, Pace(threshold), parent, delay, None if launcher is None else Channel(launcher)
+    )
     while not desk.over:
         desk.work(busy=False)
         if not desk.over:
@@ -464,12 +468,14 @@ def _write(item: dict[str, Any], arena: memoryview, objects: Objects, tokens: di
 
 
 def run_child(
-    sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int, warm: int = 0
+    sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int, warm: int = 0,
+    launcher: socket.socket | None = None,
 ) -> None:
-    """The forked child's whole life."""
+    """The forked child's whole life. ``launcher``: where the results of what the parent hands
+    over at its end go (``flortrain/launcher.py``)."""
     code = 0
     try:
-        serve(sock, arena, blobs, parent, delay, threshold, warm)
+        serve(sock, arena, blobs, parent, delay, threshold, warm, launcher)
     except BaseException as e:
         with contextlib.suppress(Exception):
             os.write(2, f"flortrain: checkpoint writer failed: {type(e).__name__}: {e}\n".encode())
