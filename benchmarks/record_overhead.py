@@ -40,7 +40,9 @@ on a shared VM would hide in separate runs; results go to ``record_overhead-agai
 the tree's own, measured in the same runs, to ``record_overhead.json`` as well).
 
 ``--bar`` runs only the pair the issue's bar compares (plain and adaptive record), so that
-many more repetitions fit in the same time, and writes ``record_overhead-bar.json``. Every run
+many more repetitions fit in the same time, and writes ``record_overhead-bar.json``; with
+``--against COMMIT`` too, that commit's adaptive record joins each repetition
+(``record_overhead-bar-against.json``). Every run
 reports a 90% bootstrap interval for each workload's median overhead to exit and for the
 median over workloads: on this VM single pairs spread by ±15%, and the interval says whether
 the repetitions pin a figure down.
@@ -53,7 +55,7 @@ escapes by accident, is then out of the comparison (see the constant).
 for the writer at exit, the first checkpoints) then weighs K times less, and what it pays per
 epoch as much.
 
-    python benchmarks/record_overhead.py [--quick] [--reps N] [--only NAME...] [--against COMMIT | --bar]
+    python benchmarks/record_overhead.py [--quick] [--reps N] [--only NAME...] [--against COMMIT] [--bar]
                                          [--epochs-times K] [--steady-allocator]
 
 Writes benchmarks/results/record_overhead.json and .png.
@@ -288,7 +290,8 @@ def bench(
     base_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     py = sys.executable
-    modes = BAR_MODES if bar else (*MODES, "record-against") if against is not None else MODES
+    base = BAR_MODES if bar else MODES
+    modes = (*base, "record-against") if against is not None else base
     times: dict[str, list[tuple[float, ...]]] = {m: [] for m in (*modes, *(() if bar else ("plain-probed", "replay")))}
     orders: list[list[str]] = []
     orders_of = list(itertools.permutations(modes))
@@ -383,8 +386,6 @@ def main() -> None:
                     help="run every mode with glibc malloc keeping freed memory (STEADY_ALLOCATOR):"
                          " takes the page-fault churn of a plain run out of the comparison (adds -steady)")
     args = ap.parse_args()
-    if args.bar and args.against:
-        ap.error("--bar and --against measure different things; run them separately")
     reps = 1 if args.quick else args.reps
     become_subreaper()
     with _worktree(args.against) as against:
@@ -411,12 +412,12 @@ def main() -> None:
         + ("-steady" if args.steady_allocator else "")
         + ("-quick" if args.quick else "")
     )
-    stem = "record_overhead" + ("-bar" if args.bar else "") + suffix
+    stem = "record_overhead" + ("-bar" if args.bar else "") + ("-against" if args.bar and args.against else "") + suffix
     # every mode of this tree ran as without --against: its figures are the tree's figures too
     (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=2))
-    _plot(results, OUT / f"{stem}.png")
+    _plot(results, OUT / f"{stem}.png", args.against if args.bar else None)
     if args.bar:
-        _print_bar(doc, results)
+        _print_bar(doc, results, args.against)
         return
     if args.against:
         (OUT / f"record_overhead-against{suffix}.json").write_text(json.dumps(doc, indent=2))
@@ -446,14 +447,21 @@ def _pairs(result: dict[str, Any]) -> list[float]:
     return [a[0] / b[0] for a, b in zip(result["times"]["record"], result["times"]["plain"], strict=True)]
 
 
-def _print_bar(doc: dict[str, Any], results: dict[str, dict[str, Any]]) -> None:
-    """The table of a ``--bar`` run: each workload's overhead to exit, its interval, held."""
+def _print_bar(doc: dict[str, Any], results: dict[str, dict[str, Any]], against: str | None = None) -> None:
+    """The table of a ``--bar`` run: each workload's overhead to exit, its interval, held (and,
+    with ``--against``, the same for that commit's record, measured against the same plain runs)."""
     print(f"{'workload':10} {'to exit':>8} {'90% interval':>18} {'loop':>8} {'held':>6} {'checkpointed':>13}")
     for n, r in results.items():
         lo, hi = r["record_training_interval"]
         print(f"{n:10} {r['record_training_overhead']:8.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18}"
               f" {r['record_loop_overhead']:8.1%} {r['record_held_overhead']:6.1%}"
               f" {'{}/{}'.format(*r['checkpointed']['record']):>13}")
+    for n, r in results.items():
+        if against is not None:
+            print(f"{n:10} as of {against}: to exit {r['record-against_training_overhead']:8.1%}"
+                  f" held {r['record-against_held_overhead']:6.1%} exit wait {r['record-against_exit_wait']:.2f}s"
+                  f" (this tree {r['record_exit_wait']:.2f}s)"
+                  f" checkpointed {'{}/{}'.format(*r['checkpointed']['record-against'])}")
     if "median_record_training_interval" in doc:
         lo, hi = doc["median_record_training_interval"]
         print(f"median over workloads, to exit: {doc['median_record_training_overhead']:.1%}"
