@@ -111,7 +111,8 @@ REPLAY_ALLOCATORS = ("steady", "default")
 
 
 #: Fault injection for tests: ``name=value`` pairs, comma separated (``writer-delay=2``: the
-#: writer sleeps that long before each checkpoint, a slow disk).
+#: writer sleeps that long before each checkpoint, a slow disk; ``launcher-fail=1``: the
+#: launcher raises before it waits, a bug in it).
 INJECT_ENV = "FLORTRAIN_INJECT"
 
 

@@ -138,7 +138,12 @@ def launch() -> None:
     with contextlib.suppress(OSError, AttributeError):  # without it, messages are read at the end
         fcntl.fcntl(to_training.fileno(), fcntl.F_SETOWN, os.getpid())
         fcntl.fcntl(to_training.fileno(), fcntl.F_SETFL, fcntl.fcntl(to_training.fileno(), fcntl.F_GETFL) | os.O_ASYNC)
-    status = Launcher(pid, Channel(to_training), Channel(from_writer)).run()
+    launcher = Launcher(pid, Channel(to_training), Channel(from_writer))
+    try:
+        status = launcher.run()
+    except BaseException as e:  # a bug here must not take training down with it (PDEATHSIG)
+        _warn(f"the launcher failed ({type(e).__name__}: {e}); waiting for the training process")
+        status = launcher.status if launcher.status is not None else os.waitpid(pid, 0)[1]
     _exit_as(status)
 
 
@@ -170,10 +175,13 @@ class Launcher:
         self.script = ""
         self.finished = False
         self.spec: dict[str, Any] | None = None
+        self.status: int | None = None  # the training process's wait status, once it has ended
 
     def run(self) -> int:
         """Wait for the training process, commit what it handed over; its wait status."""
-        status = self._wait()
+        if knobs.injected("launcher-fail"):  # fault injection: a bug in the launcher
+            raise RuntimeError("injected")
+        status = self.status = self._wait()
         exited = time.monotonic()
         self._read_training()
         if self.spec is not None:

@@ -217,3 +217,19 @@ def test_the_script_gets_the_sigchld_disposition_it_was_started_with(tmp_path: P
         seen[cmd[1]] = json.loads((tmp_path / "exit.json").read_text())["sigchld"]
     assert seen["train.py"] == seen["-m"] == str(signal.Handlers.SIG_IGN), seen
     assert script.exists()
+
+
+def test_a_launcher_that_fails_still_waits_for_training_and_exits_with_its_status(tmp_path: Path) -> None:
+    """A bug in the launcher (injected) must not kill training, which dies with it: it says so,
+    waits for the training process, and exits as it did. The checkpoints it would have committed
+    stay unclaimed, and the replay is exact all the same."""
+    script = _write(tmp_path)
+    truth = plain(script)
+    rec = flortrain(tmp_path, "record", "train.py", env={**EVERY, "FLORTRAIN_INJECT": "launcher-fail=1,writer-delay=0.2"})
+    assert rec.code == 0 and rec.out == truth.out, rec.err
+    assert "the launcher failed (RuntimeError: injected); waiting for the training process" in rec.err, rec.err
+    assert _committed(tmp_path) < 9
+    script.write_text(SCRIPT.replace("    #PROBE", "    print('PROBE', epoch, model.bias.sum().item())"))
+    rep = flortrain(tmp_path, "replay", "train.py")
+    assert rep.code == 0, rep.err
+    assert probe_lines(rep.out) == probe_lines(plain(script).out)
