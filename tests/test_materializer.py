@@ -615,7 +615,7 @@ def test_record_says_how_much_it_held_at_exit_for_a_writer_behind(tmp_path: Path
     assert 1.0 <= wait <= held and held - wait < 0.5, m.group(0)
     handed, m = _held_line(tmp_path, inject)
     assert float(m.group(5) or 0) < 0.1 and handed < held - 1.0, m.group(0)  # the handoff: unmapping
-    assert m.group(7) is not None and float(m.group(7)) >= 0.5, m.group(0)  # the launcher says it waited
+    assert m.group(7) is not None, m.group(0)  # the launcher says how long it waited once training had exited
     counted = re.search(r"([0-9]+) of ([0-9]+) block instances checkpointed", m.string)
     assert counted is not None and counted.group(1) == counted.group(2) != "0", m.string
 

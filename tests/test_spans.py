@@ -141,9 +141,11 @@ def test_a_missing_boundary_checkpoint_means_running_on_not_a_wrong_answer(tmp_p
 def test_nanogpt_shape_with_a_guarded_outer_probe(tmp_path: Path) -> None:
     """nanoGPT's `while True` with micro-steps, `loss` carried into the log line (stored
     detached: read only through `.item()`), ddp-guarded attribute absent, at the adaptive period.
-    ε is 0.2, not the default: this run lasts 3 seconds, and at ε = 1/15 how many boundaries its
+    ε is 0.3, not the default: this run lasts 3 seconds, and at ε = 1/15 how many boundaries its
     budget affords swung from 10 to 41 jumped iterations with the machine's load (two other
-    trainings beside it); the test is about jumping at the adaptive period, not about that."""
+    trainings beside it); the test is about jumping at the adaptive period, not about that. At
+    0.2 a faster machine (stop 38's) jumped 16 to 46 alone and 11 once under CI's load; at 0.3,
+    37 to 47 alone."""
     src = (REALCODE / "nanogpt.py").read_text()
     marker = next(ln for ln in src.splitlines() if "# flortrain-probe outer:" in ln)
     text = src.replace(marker, "    #PROBE")
@@ -151,7 +153,7 @@ def test_nanogpt_shape_with_a_guarded_outer_probe(tmp_path: Path) -> None:
         'if iter_num % 15 == 0: print("PROBE", iter_num,'
         ' f"{sum(p.detach().abs().sum().item() for p in raw_model.parameters()):.10f}")'
     )
-    rep = replay_matches_plain(tmp_path, text, probe, env={"FLORTRAIN_EPSILON": "0.2"})
+    rep = replay_matches_plain(tmp_path, text, probe, env={"FLORTRAIN_EPSILON": "0.3"})
     assert _jumped(rep.err) > 20, rep.err
 
 
