@@ -130,6 +130,15 @@ def block_states(store: Path, run_id: int) -> dict[str, int]:
         db.close()
 
 
+def store_count(store: Path, sql: str, *params: object) -> int:
+    """The one number a ``SELECT COUNT(*) ...`` over the store's database gives."""
+    db = sqlite3.connect(store / "flortrain.db")
+    try:
+        return int(db.execute(sql, params).fetchone()[0])
+    finally:
+        db.close()
+
+
 def latest_run(cwd: Path) -> dict[str, object]:
     r = flortrain(cwd, "runs", "--json")
     assert r.code == 0, r.err

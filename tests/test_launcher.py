@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.protocol import block_states, flortrain, plain, probe_lines
+from tests.protocol import block_states, flortrain, plain, probe_lines, store_count
 
 #: A small torch loop; at its exit (the script's atexit, after flortrain's flush) it notes how many
 #: checkpoints the store had committed then, and its own pid and parent's.
@@ -64,11 +63,7 @@ def _write(tmp: Path, text: str = SCRIPT) -> Path:
 
 
 def _committed(tmp: Path) -> int:
-    db = sqlite3.connect(tmp / ".flortrain" / "flortrain.db")
-    try:
-        return int(db.execute("SELECT COUNT(*) FROM checkpoints WHERE run_id=1").fetchone()[0])
-    finally:
-        db.close()
+    return store_count(tmp / ".flortrain", "SELECT COUNT(*) FROM checkpoints WHERE run_id=1")
 
 
 def _record(tmp: Path, env: dict[str, str]) -> subprocess.Popen[str]:
