@@ -230,37 +230,37 @@ class Launcher:
             pidfd = None
         timeout = knobs.flush_timeout()
         t0 = time.monotonic()
-        told = False
+        told = exited = False
         try:
-            while True:
-                try:
-                    while (msg := self.writer.recv(0)) is not None:
-                        if msg[0] == "written":
-                            return replies
-                        replies[msg[1]] = msg[2]
-                except EOFError:
-                    return replies
-                if pidfd is None:
-                    return replies
+            # until it says it is done, or has exited and what it sent is read
+            while not self._drain(replies) and pidfd is not None and not exited:
                 waited = time.monotonic() - t0
                 if waited > timeout:
                     with contextlib.suppress(OSError):
                         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
                     _warn(f"checkpoint writer did not finish within {timeout:.0f}s ({knobs.FLUSH_TIMEOUT_ENV}); killed")
-                    return replies
+                    break
                 if not told and waited > 2:
                     told = True
                     _warn(f"waiting for {len(spec['inflight']) - len(replies)} checkpoint(s) to be written")
                 ready, _, _ = select.select([self.writer.sock.fileno(), pidfd], [], [], min(1.0, timeout - waited))
-                if ready == [pidfd]:
-                    with contextlib.suppress(EOFError):  # it exited: take what it sent last
-                        while (msg := self.writer.recv(0)) is not None:
-                            if msg[0] == "reply":
-                                replies[msg[1]] = msg[2]
-                    return replies
+                exited = ready == [pidfd]
         finally:
             if pidfd is not None:
                 os.close(pidfd)
+        return replies
+
+    def _drain(self, replies: dict[str, Any]) -> bool:
+        """Take the writer's results sent so far into ``replies``; whether it can send no more
+        (it said ``written``, or its end is closed)."""
+        try:
+            while (msg := self.writer.recv(0)) is not None:
+                if msg[0] == "written":
+                    return True
+                replies[msg[1]] = msg[2]
+        except EOFError:
+            return True
+        return False
 
     def _commit(self, spec: dict[str, Any], replies: dict[str, Any], after: float) -> None:
         """Commit each checkpoint the writer wrote, as the training process would have

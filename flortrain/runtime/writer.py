@@ -368,9 +368,10 @@ class Desk:
             reply = ("lost", item["key"], reason)
         else:
             reply = ("done", item["key"], rel, sha, nbytes, digests)
-        self.replies[item["key"]] = reply
-        while len(self.replies) > REPLIES_KEPT:
-            self.replies.popitem(last=False)
+        if self.launcher is not None:  # only a launcher is ever handed these
+            self.replies[item["key"]] = reply
+            while len(self.replies) > REPLIES_KEPT:
+                self.replies.popitem(last=False)
         if not self.handing:  # once handing, the parent reads no more
             with contextlib.suppress(OSError):  # it closed its end: a handoff may be unread (`_next`)
                 self.ch.send(reply)
