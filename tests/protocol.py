@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,6 +129,34 @@ def block_states(store: Path, run_id: int) -> dict[str, int]:
         return {s: n for s, n in rows}
     finally:
         db.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, each child followed by its own (``flortrain record`` is a
+    launcher whose child trains and forks the checkpoint writer)."""
+    out: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for c in (task / "children").read_text().split():
+                out += [int(c), *descendants(int(c))]
+    except FileNotFoundError:  # a process that just ended
+        pass
+    return out
+
+
+def writer_below(pid: int, within: float = 30) -> int:
+    """The checkpoint writer (its comm is ``flortrain-ckpt``) among the processes below ``pid``,
+    waited for up to ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        for c in descendants(pid):
+            try:
+                if Path(f"/proc/{c}/comm").read_text().strip() == "flortrain-ckpt":
+                    return c
+            except FileNotFoundError:
+                continue
+        time.sleep(0.01)
+    raise AssertionError("no writer process found")
 
 
 def store_count(store: Path, sql: str, *params: object) -> int:

@@ -13,7 +13,15 @@ import sys
 import time
 from pathlib import Path
 
-from tests.protocol import block_states, flortrain, plain, probe_lines, store_count
+from tests.protocol import (
+    block_states,
+    descendants,
+    flortrain,
+    plain,
+    probe_lines,
+    store_count,
+    writer_below,
+)
 
 #: A small torch loop; at its exit (the script's atexit, after flortrain's flush) it notes how many
 #: checkpoints the store had committed then, and its own pid and parent's.
@@ -87,18 +95,6 @@ def _gone(pid: int, within: float) -> bool:
     return False
 
 
-def _writer_of(pid: int, within: float = 30) -> int:
-    """The checkpoint writer (comm ``flortrain-ckpt``) the training process ``pid`` forked."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for c in (task / "children").read_text().split():
-                if Path(f"/proc/{c}/comm").read_text().strip() == "flortrain-ckpt":
-                    return int(c)
-        time.sleep(0.01)
-    raise AssertionError("no writer process found")
-
-
 def test_the_training_process_exits_before_the_writer_is_done_and_the_launcher_commits_it_all(tmp_path: Path) -> None:
     """A writer slowed to 0.3 s a checkpoint is still writing when the training process exits:
     at that exit the store has committed fewer checkpoints than it ends with. The launcher
@@ -140,8 +136,8 @@ def test_a_writer_killed_after_the_handoff_loses_what_it_held_with_a_warning_and
     p = _record(tmp_path, {**EVERY, "FLORTRAIN_INJECT": "writer-delay=1"})
     assert p.stdout is not None
     first = p.stdout.readline()
-    training = next(int(c) for c in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split())
-    writer = _writer_of(training)
+    training = descendants(p.pid)[0]
+    writer = writer_below(training)
     rest = "".join(p.stdout.readline() for _ in range(4))  # the launcher holds stdout open: read lines
     assert _gone(training, 60)
     os.kill(writer, signal.SIGKILL)
@@ -165,7 +161,7 @@ def test_killing_the_launcher_kills_the_training_process(tmp_path: Path) -> None
     p = _record(tmp_path, {"SLOW": "30", "EPOCHS": "3"})
     assert p.stdout is not None
     p.stdout.readline()
-    training = next(int(c) for c in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split())
+    training = descendants(p.pid)[0]
     p.kill()
     p.communicate(timeout=60)
     assert _gone(training, 10), "the training process outlived its launcher"

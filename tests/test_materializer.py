@@ -4,7 +4,6 @@ and never a run, and a DataLoader's workers unaffected."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
@@ -26,7 +25,7 @@ from flortrain.runtime.materializer import (
 )
 from flortrain.store.db import Store
 from tests.outcomes import Outcomes
-from tests.protocol import flortrain, plain, probe_lines, replay_matches_plain, run
+from tests.protocol import flortrain, plain, probe_lines, replay_matches_plain, run, writer_below
 
 
 def _objects(store: Path) -> list[Path]:
@@ -310,17 +309,6 @@ for epoch in range(8):
 """
 
 
-def _children(pid: int) -> list[int]:
-    """The descendants of ``pid``: ``flortrain record`` is a launcher whose child trains and forks
-    the writer (``flortrain/launcher.py``)."""
-    out: list[int] = []
-    with contextlib.suppress(FileNotFoundError):  # a process that just ended
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for c in (task / "children").read_text().split():
-                out += [int(c), *_children(int(c))]
-    return out
-
-
 def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_completes(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(KILLABLE)
@@ -332,16 +320,8 @@ def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_comple
     )
     assert p.stdout is not None
     first = p.stdout.readline()  # epoch 0 done: its checkpoints are staged, the writer is sleeping
-    killed = []
-    deadline = time.monotonic() + 30
-    while not killed and time.monotonic() < deadline:
-        for c in _children(p.pid):
-            if Path(f"/proc/{c}/comm").read_text().strip() == "flortrain-ckpt":
-                os.kill(c, signal.SIGKILL)
-                killed.append(c)
-        time.sleep(0.01)
+    os.kill(writer_below(p.pid), signal.SIGKILL)  # fails the test if none is found
     out, err = p.communicate(timeout=300)
-    assert killed, "no writer process found"
     assert p.returncode == 0, err
     assert first + out == truth.out  # the script's output is untouched
     assert "checkpoint writer died (killed by signal 9)" in err and "checkpoint(s) lost" in err, err
@@ -678,19 +658,18 @@ for epoch in range(4):
 def _writer_threads(pid: int, deadline: float) -> tuple[int, list[tuple[int, int]]]:
     """The recording process's writer (it has the comm ``flortrain-ckpt``): its own thread's
     scheduling policy, and (policy, voluntary context switches) of each of its other threads."""
+    def policy(task: Path) -> int:  # field 41 of stat, counted after the ")" ending the comm
+        return int((task / "stat").read_text().rsplit(")", 1)[1].split()[38])
+
+    def woken(task: Path) -> int:
+        line = next(x for x in (task / "status").read_text().splitlines() if x.startswith("voluntary_ctxt"))
+        return int(line.split()[1])
+
     while time.monotonic() < deadline:
-        for c in _children(pid):
-            if Path(f"/proc/{c}/comm").read_text().strip() == "flortrain-ckpt":
-                def policy(task: Path) -> int:  # field 41 of stat, counted after the ")" ending the comm
-                    return int((task / "stat").read_text().rsplit(")", 1)[1].split()[38])
-
-                def woken(task: Path) -> int:
-                    line = next(x for x in (task / "status").read_text().splitlines() if x.startswith("voluntary_ctxt"))
-                    return int(line.split()[1])
-
-                tasks = [t for t in Path(f"/proc/{c}/task").iterdir() if t.name != str(c)]
-                if tasks:
-                    return policy(Path(f"/proc/{c}/task/{c}")), [(policy(t), woken(t)) for t in tasks]
+        c = writer_below(pid, deadline - time.monotonic())
+        tasks = [t for t in Path(f"/proc/{c}/task").iterdir() if t.name != str(c)]
+        if tasks:
+            return policy(Path(f"/proc/{c}/task/{c}")), [(policy(t), woken(t)) for t in tasks]
         time.sleep(0.05)
     raise AssertionError("no writer thread found")
 
