@@ -4,7 +4,6 @@ and never a run, and a DataLoader's workers unaffected."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import signal
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 
 from flortrain.runtime.materializer import (
     EXTERNAL_MIN,
@@ -62,7 +62,7 @@ def test_unchanged_large_tensors_are_written_once_and_changed_ones_again(tmp_pat
     objects = _objects(tmp_path / "s")
     assert len(objects) == 2  # the table before and after its change; never once per checkpoint
     for p in objects:
-        assert hashlib.sha256(p.read_bytes()).hexdigest() == p.name
+        assert xxhash.xxh3_128_hexdigest(p.read_bytes()) == p.name
     for step, (t, h) in enumerate(values):
         got = _load(store, f"k{step}")["objects"]["t"]  # type: ignore[index]
         assert torch.equal(got["value"], t) and torch.equal(got["h"], h)  # type: ignore[index]
@@ -427,7 +427,7 @@ def test_epsilon_is_settable_and_c_is_refined_from_the_last_replay(tmp_path: Pat
 
 
 def test_objects_of_an_item_are_hashed_and_written_once_each(tmp_path: Path) -> None:
-    """The writer's threads: every view gets its sha256 and its file; a view whose bytes repeat
+    """The writer's threads: every view gets its name (XXH3-128) and its file; a view whose bytes repeat
     within the item or exist already is not written again; no temporary file is left."""
     from flortrain.runtime.writer import Objects
     from flortrain.store.db import object_path
@@ -440,7 +440,7 @@ def test_objects_of_an_item_are_hashed_and_written_once_each(tmp_path: Path) -> 
         again = objects.store([(memoryview(b), False)])
     finally:
         objects.close()
-    sa, sb = hashlib.sha256(a).hexdigest(), hashlib.sha256(b).hexdigest()
+    sa, sb = xxhash.xxh3_128_hexdigest(a), xxhash.xxh3_128_hexdigest(b)
     assert [s for s, _ in first] == [sa, sb, sa]
     assert sorted(n for _, n in first) == [0, len(b), len(a)]  # the repeat of a: written once
     assert again == [(sb, 0)]
@@ -789,7 +789,7 @@ def test_an_object_left_truncated_by_a_crash_is_written_again(tmp_path: Path) ->
     rep = replay_matches_plain(tmp_path, SMALL_RING, 'print(f"PROBE {epoch} {w.sum().item():.1f}")', env)
     assert "10 block instances skipped, 0 executed" in rep.err and "corrupt" not in rep.err, rep.err
     for p in damaged:
-        assert hashlib.sha256(p.read_bytes()).hexdigest() == p.name
+        assert xxhash.xxh3_128_hexdigest(p.read_bytes()) == p.name
 
 
 def test_an_item_whose_object_fails_ends_only_after_its_other_objects_are_done(

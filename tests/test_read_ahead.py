@@ -147,7 +147,7 @@ def test_objects_a_restore_used_up_leave_the_cache_and_a_shared_one_stays(
     ahead = reader._ahead
     assert ahead is not None
 
-    shared = blobformat.tensor_sha256(frozen, torch)
+    shared = blobformat.tensor_name(frozen, torch)
     own: list[str] = []
     for i in range(_N):
         data = reader.read_blob(order[i][0], order[i][1])

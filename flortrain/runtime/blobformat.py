@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flortrain.runtime.state import library_module
+from flortrain.store import content
 
 MAGIC = b"G"
 _ALIGN = 16
@@ -353,9 +354,10 @@ def tensor_bytes(t: Any, torch: Any) -> memoryview:
     return memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()).cast("B")
 
 
-def tensor_sha256(t: Any, torch: Any) -> str:
-    """The sha256 of a tensor's bytes (:func:`tensor_bytes`): the name of its object."""
-    return hashlib.sha256(tensor_bytes(t, torch)).hexdigest()
+def tensor_name(t: Any, torch: Any) -> str:
+    """The name of a tensor's bytes (:func:`tensor_bytes`, ``store/content.py``): the name of its
+    object."""
+    return content.name(tensor_bytes(t, torch))
 
 
 def header(parts: bytes, metas: list[tuple[str, tuple[int, ...], int]], table: list[tuple[str, Any]]) -> bytes:
@@ -387,7 +389,7 @@ def dumps(payload: dict[str, Any], torch: Any) -> tuple[bytes, dict[str, str]]:
     """A self-contained blob of a checkpoint payload (every tensor inline) and its part digests."""
     st = stage(payload, torch)
     raws = [tensor_bytes(t, torch) for t in st.tensors]
-    shas = [hashlib.sha256(r).hexdigest() for r in raws]
+    shas = [content.name(r) for r in raws]
     offsets, chunks = inline(raws)
     head = header(st.parts, st.metas, [("i", off) for off in offsets])
     return b"".join([head, *chunks]), part_digests(st.skeletons, st.metas, shas)
@@ -396,7 +398,7 @@ def dumps(payload: dict[str, Any], torch: Any) -> tuple[bytes, dict[str, str]]:
 def digests(payload: dict[str, Any], torch: Any) -> dict[str, str]:
     """The part digests :func:`dumps` would give, without building the blob."""
     st = stage(payload, torch)
-    shas = [tensor_sha256(t, torch) for t in st.tensors]
+    shas = [tensor_name(t, torch) for t in st.tensors]
     return part_digests(st.skeletons, st.metas, shas)
 
 

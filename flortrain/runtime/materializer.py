@@ -32,7 +32,6 @@ shared-memory arena the writer reads:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import mmap
 import os
@@ -54,7 +53,7 @@ from flortrain.runtime import blobformat, versions
 from flortrain.runtime.arena import Warmer, resident_budget
 from flortrain.runtime.digest import state_digests
 from flortrain.runtime.writer import Objects, run_child
-from flortrain.store import direct
+from flortrain.store import content, direct
 from flortrain.store.db import Store, write_durably
 
 #: Tensors at least this large are content-addressed objects, and skipped when unchanged: small
@@ -110,7 +109,7 @@ def writer_speed(blobs: Path) -> WriterSpeed:
             t0 = time.perf_counter()
             arena[:] = src  # fresh pages, as staging beyond the warmed arena meets them
             t1 = time.perf_counter()
-            hashlib.sha256(arena).digest()
+            content.name(arena)
             t2 = time.perf_counter()
             arena[:] = src  # pages mapped already
             t3 = time.perf_counter()
@@ -335,7 +334,7 @@ class ChangeTracker:
         """The sha256 of the tensor :meth:`since_entry` found there, hashed on first use."""
         ref, version, sha = self.entry[where]
         if sha is None:
-            sha = blobformat.tensor_sha256(ref, torch)
+            sha = blobformat.tensor_name(ref, torch)
             self.entry[where] = (ref, version, sha)
         return sha
 

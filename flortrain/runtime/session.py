@@ -21,7 +21,7 @@ from flortrain import knobs
 from flortrain.runtime import audit, identity, rng, versions
 from flortrain.runtime import materializer as _materializer
 from flortrain.runtime.adaptive import AdaptivePeriod
-from flortrain.runtime.blobformat import object_refs, tensor_bytes, tensor_sha256
+from flortrain.runtime.blobformat import object_refs, tensor_bytes, tensor_name
 from flortrain.runtime.capture import Tee
 from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
 from flortrain.runtime.registry import Registry
@@ -661,7 +661,7 @@ class Session:
                 continue
             known = self._live_shas.get(id(t))
             if known is None or known[0] is not t or known[1] != version or versions.untrusted(t):
-                known = self._live_shas[id(t)] = (t, version, tensor_sha256(t, torch))
+                known = self._live_shas[id(t)] = (t, version, tensor_name(t, torch))
             if known[2] == sha:
                 return tensor_bytes(t, torch)
         return None

@@ -28,7 +28,6 @@ goes on with the next.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import select
 import signal
@@ -44,7 +43,7 @@ from typing import Any
 from flortrain.channel import Channel
 from flortrain.runtime import blobformat
 from flortrain.runtime.arena import MADV_POPULATE_READ, populate_chunks
-from flortrain.store import direct
+from flortrain.store import content, direct
 from flortrain.store.db import object_path, write_durably
 
 
@@ -113,7 +112,7 @@ class Objects:
 
     def _one(self, job: tuple[memoryview, bool]) -> tuple[str, int]:
         view, aligned = job
-        sha = hashlib.sha256(view).hexdigest()
+        sha = content.name(view)
         path = object_path(self.blobs, sha)
         with self._lock:
             if sha in self._claimed or _whole(path, len(view)):
@@ -446,7 +445,7 @@ def _write(item: dict[str, Any], arena: memoryview, objects: Objects, tokens: di
         if is_external:
             external.append(g)
         else:
-            shas[g] = hashlib.sha256(arena[start : start + metas[g][2]]).hexdigest()
+            shas[g] = content.name(arena[start : start + metas[g][2]])
             inline.append(g)
     stored = objects.store([
         (arena[(a := item["places"][g][1]) : a + metas[g][2]], a % direct.ALIGN == 0) for g in external

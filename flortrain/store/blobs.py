@@ -21,6 +21,8 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
+from flortrain.store import content
+
 #: Verified content-addressed objects a replay keeps in memory (see ``BlobReader.read_object``).
 OBJECT_CACHE_BYTES = 1 << 30
 #: How far a replay's reads may run ahead of its restores, in checkpoint bytes (:class:`ReadAhead`);
@@ -126,7 +128,7 @@ class BlobReader:
 
     def _read_object(self, sha: str) -> bytes | None:
         data = self._read(object_rel(sha))
-        if data is None or hashlib.sha256(data).hexdigest() != sha:
+        if data is None or not content.verifies(data, sha):
             return None
         with self._lock:
             if sha not in self._objects:

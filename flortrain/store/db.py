@@ -33,9 +33,11 @@ from flortrain.store.trust import (
     write_manifest,
 )
 
-#: Bumped whenever a table changes. ``CREATE TABLE IF NOT EXISTS`` never migrates, so a store
-#: written by another version must be refused when it is opened, not fail in the middle of a run.
-SCHEMA_VERSION = 7
+#: Bumped whenever a table changes, or what its rows name does. ``CREATE TABLE IF NOT EXISTS``
+#: never migrates, so a store written by another version must be refused when it is opened, not
+#: fail in the middle of a run. 8: tensor objects and the part digests are named by XXH3-128
+#: instead of sha256 (``store/content.py``).
+SCHEMA_VERSION = 8
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (sha TEXT PRIMARY KEY, text TEXT NOT NULL);
