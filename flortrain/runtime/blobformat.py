@@ -12,7 +12,7 @@ block, then the rest: RNG states, registry bookkeeping). Each part's *skeleton* 
 every tensor replaced by a local index. The header holds the pickled skeletons, each part's map
 from local to global tensor index, each tensor's dtype, shape and size, and where its bytes are:
 inline after the header (16-byte aligned, viewed in place when read), or, for a large tensor the
-background materializer wrote, in the store's content-addressed objects (``objects/ab/<sha256>``:
+background materializer wrote, in the store's content-addressed objects (``objects/ab/<name>``, :mod:`flortrain.store.content`:
 a frozen embedding table is written once, however many checkpoints hold it; see
 :mod:`flortrain.runtime.materializer`). Tensors sharing memory (a parameter in a module's
 ``state_dict`` and in the optimizer's ``params``) are stored once.
@@ -20,7 +20,7 @@ a frozen embedding table is written once, however many checkpoints hold it; see
 The split (:func:`stage`) is what the training thread pays for; hashing and writing are left to
 whoever writes the blob. A part's digest hashes its skeleton, pickled without a memo (so equal
 values give equal bytes whatever object identities the process happened to share), and its
-tensors' dtypes, shapes and sha256. ``diff`` compares them where a replay executes a
+tensors' dtypes, shapes and names (XXH3-128). ``diff`` compares them where a replay executes a
 checkpointed instance (:mod:`flortrain.runtime.digest`). Sets are stored sorted by ``repr``:
 their iteration order follows string hashing, which differs in every process.
 
@@ -362,8 +362,8 @@ def tensor_name(t: Any, torch: Any) -> str:
 
 def header(parts: bytes, metas: list[tuple[str, tuple[int, ...], int]], table: list[tuple[str, Any]]) -> bytes:
     """The head of a blob: MAGIC, the header's length, the header. ``table[g]`` places tensor g:
-    ``("i", offset)`` in the blob's own bytes after the header, ``("x", sha256)`` in the store's
-    content-addressed objects, ``("k", sha256)`` nowhere: a module tensor unchanged since the
+    ``("i", offset)`` in the blob's own bytes after the header, ``("x", name)`` in the store's
+    content-addressed objects, ``("k", name)`` nowhere: a module tensor unchanged since the
     main loop's entry, which a replay's own prologue makes again (``ChangeTracker.enter``)."""
     h = pickle.dumps((parts, metas, table), protocol=5)
     return MAGIC + len(h).to_bytes(8, "little") + h
@@ -408,8 +408,8 @@ def loads(
     objects: Callable[[str], bytes | None] | None = None,
     live: Callable[[str, int], bytes | memoryview | None] | None = None,
 ) -> dict[str, Any]:
-    """The payload of a blob. ``objects(sha)`` reads a content-addressed tensor, verified against
-    its sha256 (None when it is missing or does not verify: :class:`MissingObject` is raised).
+    """The payload of a blob. ``objects(name)`` reads a content-addressed tensor, verified against
+    its name (``store/content.py``; None when it is missing or does not verify: :class:`MissingObject` is raised).
     ``live(sha, nbytes)`` is asked for one the store does not have: a tensor the checkpoint only
     named, because it was unchanged since the main loop's entry (``ChangeTracker.enter``)."""
     (parts_bytes, metas, table), body = _read_header(data)
@@ -426,7 +426,7 @@ def loads(
             if obj is None or len(obj) != nbytes:
                 raise MissingObject(
                     f"it names a {nbytes}-byte module tensor unchanged since the main loop's entry"
-                    f" (sha256 {arg[:12]}) that no live module tensor matches: the code before the"
+                    f" (name {arg[:12]}) that no live module tensor matches: the code before the"
                     " loop made it differently this time (an unseeded initialization?)"
                 )
             raw = torch.frombuffer(bytearray(obj), dtype=torch.uint8)

@@ -73,7 +73,7 @@ class WriterSpeed:
     per_object: float
     per_byte: float
     stage_per_byte: float = 1e-9
-    #: sha256 on one thread: what naming a tensor kept from the loop's entry costs (``kept``)
+    #: the tensor hash on one thread: what naming a tensor kept from the loop's entry costs (``kept``)
     hash_per_byte: float = 1e-9
     warm_stage_per_byte: float = 1e-10
 
@@ -88,7 +88,7 @@ class Declined(Exception):
 def writer_speed(blobs: Path) -> WriterSpeed:
     """What a checkpoint will cost, timed before the script starts (10 to 20 ms). It is what the
     run waits for where training leaves the writer no CPU: its backlog is then written after
-    training ends, on idle cores. A byte costs its sha256, spread over the writer's threads, and
+    training ends, on idle cores. A byte costs its hash (``store/content.py``), spread over the writer's threads, and
     its write, which goes around the page cache (``store.direct``) at the disk's pace, whatever
     the threads: on this project's VM ``O_DIRECT`` wrote 1.0 ns a byte on 2, 4 or 8 threads, and
     hashing alongside added little (1.1). So a byte costs the larger of the two. A copy into
@@ -280,7 +280,7 @@ class ChangeTracker:
         self.seen: dict[tuple[Any, ...], tuple[Any, int, int, int]] = {}  # where -> (t, version, token, when)
         self.next_token = 0
         self.checkpoints = 0
-        #: module tensors at the main loop's entry: where -> (t, version, its sha256 once named)
+        #: module tensors at the main loop's entry: where -> (t, version, its name once hashed)
         self.entry: dict[tuple[Any, ...], tuple[Any, int, str | None]] = {}
 
     @staticmethod
@@ -306,7 +306,7 @@ class ChangeTracker:
     def enter(self, tensors: list[Any]) -> None:
         """The main loop begins with these module tensors: one still unchanged at a checkpoint
         is the prologue's, which every replay and resume executes again before it restores
-        anything, so the checkpoint names it by its sha256 (:meth:`kept`) instead of holding
+        anything, so the checkpoint names it by the hash of its bytes (:meth:`kept`) instead of holding
         its bytes, and a restore verifies the live tensor against that name. A frozen
         embedding table is then never copied or written, only hashed once. The tensors are
         kept referenced so that their memory cannot pass to a new tensor that would look the
@@ -331,7 +331,7 @@ class ChangeTracker:
             return None
 
     def kept(self, where: tuple[Any, ...], torch: Any) -> str:
-        """The sha256 of the tensor :meth:`since_entry` found there, hashed on first use."""
+        """The name of the tensor :meth:`since_entry` found there, hashed on first use."""
         ref, version, sha = self.entry[where]
         if sha is None:
             sha = blobformat.tensor_name(ref, torch)

@@ -83,7 +83,7 @@ class Session:
     _main_audit: tuple[str, audit.Image, FrameType] | None = None
     _initial_digests: dict[str, str] = field(default_factory=dict)
     _digest_memo: dict[str, tuple[Any, str]] = field(default_factory=dict)  # ``rng.digest_map``'s
-    #: id -> (tensor, version, sha256): live module tensors hashed by :meth:`live_object`
+    #: id -> (tensor, version, name): live module tensors hashed by :meth:`live_object`
     _live_shas: dict[int, tuple[Any, int, str]] = field(default_factory=dict)
     _last_commit: float = 0.0
     commit_interval: float = field(default_factory=knobs.commit_interval)
@@ -644,7 +644,7 @@ class Session:
 
     def live_object(self, sha: str, nbytes: int) -> memoryview | None:
         """A checkpoint's tensor that was unchanged since the main loop's entry when it was
-        taken is not in the store, only named by its sha256 (``ChangeTracker.enter``): the
+        taken is not in the store, only named by the hash of its bytes (``ChangeTracker.enter``): the
         replay's prologue made it again. Its bytes are those of the live module tensor of that
         size that hashes to that name, or None (the checkpoint then cannot be used, and what it
         would have restored runs again). A tensor is hashed once per version. The view is of the

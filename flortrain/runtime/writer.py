@@ -4,14 +4,14 @@ writes the checkpoints the training thread staged (Flor thesis, Chapter 4).
 It reads staged bytes from the shared arena (an anonymous shared mapping the parent created
 before forking it) and messages from a socket; it never imports torch and never touches the
 store's SQLite connection: the parent commits a checkpoint only when the writer reports its bytes
-durable, with their sha256. Its pace is set by its backlog (:class:`Pace`): while it holds
+durable, with their hashes. Its pace is set by its backlog (:class:`Pace`): while it holds
 little, it hashes and writes on CPU time training leaves idle; once it holds more than
 ``FLORTRAIN_WRITER_BACKLOG_MB``, it competes for the CPU at a low priority until it has written
 all it holds, so that the staging buffer drains and its pages are reused warm. One item at a time,
 in order:
 
-- every staged tensor is hashed (sha256); a large one is written as a content-addressed object
-  (``objects/ab/<sha256>``) unless that object exists already, bypassing the page cache where
+- every staged tensor is named by the hash of its bytes (XXH3-128, :mod:`flortrain.store.content`);
+  a large one is written as a content-addressed object (``objects/ab/<name>``) unless that object exists already, bypassing the page cache where
   the filesystem allows (:mod:`flortrain.store.direct`), and remembered by the token the parent
   gave it, so a later checkpoint holding the same unchanged tensor refers to it by token and
   nothing is copied or written again. The objects of an item are hashed and written on a few
@@ -61,9 +61,9 @@ IDLE, BUSY, DRAIN = "idle", "busy", "drain"
 
 
 class Objects:
-    """Content-addressed objects hashed and written on a few threads. sha256 and ``write`` both
-    release the GIL, so the hashing of one object overlaps the disk writing another, and objects
-    are hashed side by side on whatever cores are free. Lanes of threads, as the writer's own
+    """Content-addressed objects hashed and written on a few threads. ``write`` releases the
+    GIL, so the disk writing one object overlaps the hashing of another (XXH3 holds the GIL, for
+    2 ms a 64 MB object). Lanes of threads, as the writer's own
     (:func:`serve`): idle ones (SCHED_IDLE, :func:`_idle_thread`) for a small backlog, busy ones
     at the writer's low priority for a large one (:class:`Pace`), and, once the parent has said
     stop, twice as many drain threads: the run is then waiting, the cores are free, and the
@@ -84,8 +84,8 @@ class Objects:
         self._lock = threading.Lock()
 
     def store(self, views: list[tuple[memoryview, bool]]) -> list[tuple[str, int]]:
-        """(sha256, bytes written) of each ``(view, aligned)``: each view becomes
-        ``objects/ab/<sha256>`` unless that exists; an ``aligned`` one (its bytes start at a
+        """(name, bytes written) of each ``(view, aligned)``: each view becomes
+        ``objects/ab/<name>`` unless that exists; an ``aligned`` one (its bytes start at a
         :data:`direct.ALIGN` boundary of memory) goes around the page cache."""
         if not views:
             return []
@@ -137,7 +137,7 @@ def _whole(path: Path, nbytes: int) -> bool:
     name: a crash after the rename and before the data reached the disk can leave the name with
     no bytes (objects are not fsynced), and an object skipped for being there would leave every
     later checkpoint naming it unrestorable. Damage that keeps the size is caught when a replay
-    reads the object (its sha256 is verified) and the instance runs again."""
+    reads the object (its name is verified) and the instance runs again."""
     try:
         return path.stat().st_size == nbytes
     except OSError:

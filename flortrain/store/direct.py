@@ -5,8 +5,9 @@ cycle it spends per checkpoint byte comes out of training (``runtime/adaptive.py
 this project's 2-core CI VM, a buffered ``write`` of a large object costs 1.6 to 1.9 ns of CPU per
 byte (the copy into the page cache, dirty-page accounting, and the kernel's writeback threads on
 top), against 0.06 ns/byte for ``O_DIRECT``, which hands the staged pages to the disk as they
-are. sha256 is then the writer's only per-byte work (0.6 to 0.8 ns/byte with SHA extensions), and
-it is done once: the object's name is its hash, so the bytes are not hashed again on the way out.
+are. Hashing is then the writer's only per-byte work (0.03 ns/byte with XXH3-128; sha256 took
+0.5 to 0.8 until stop 39), and it is done once: the object's name is its hash, so the bytes are
+not hashed again on the way out.
 
 ``O_DIRECT`` wants the buffer's address, the file offset and the length aligned to the device's
 logical block size; :data:`ALIGN` (4096) is a multiple of every common one. The staging arena is
@@ -41,7 +42,7 @@ def aligned(offset: int) -> int:
 def write_object(path: Path, data: memoryview, direct: bool) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename, as
     :func:`flortrain.store.db.write_durably` does, but unhashed: the caller named the object by
-    the sha256 it computed, and every read verifies it. ``direct``: ``data`` starts at an
+    the hash it computed (``store/content.py``), and every read verifies it. ``direct``: ``data`` starts at an
     :data:`ALIGN`-aligned address, so its aligned prefix may bypass the page cache. On failure
     nothing is left at ``path``."""
     with replacing(path) as fd:
