@@ -288,18 +288,25 @@ def test_divide_even_splits_by_iteration_counts() -> None:
 
 @pytest.mark.parametrize("as_url", [False, True])
 def test_blob_reader_verifies_what_it_reads(tmp_path: Path, as_url: bool) -> None:
+    """A blob is verified against its sha256, an object against its name (XXH3-128)."""
     import hashlib
+
+    import xxhash
 
     data = b"checkpoint bytes"
     sha = hashlib.sha256(data).hexdigest()
+    name = xxhash.xxh3_128_hexdigest(data)
     (tmp_path / "1").mkdir()
     (tmp_path / "1" / "k.ft").write_bytes(data)
-    obj = tmp_path / object_rel(sha)
-    obj.parent.mkdir(parents=True)
-    obj.write_bytes(data)
+    for n in (name, xxhash.xxh3_128_hexdigest(b"other bytes")):
+        obj = tmp_path / object_rel(n)
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        obj.write_bytes(data)
     reader = BlobReader(f"file://{tmp_path}" if as_url else tmp_path)
     assert reader.read_blob("1/k.ft", sha) == data
-    assert reader.read_object(sha) == data
+    assert reader.read_object(name) == data
+    assert reader.read_object(xxhash.xxh3_128_hexdigest(b"other bytes")) is None  # bytes not its name's
+    assert reader.read_object(sha) is None  # no such object
     assert reader.read_blob("1/missing.ft", sha) is None
     (tmp_path / "1" / "k.ft").write_bytes(b"checkpoint bytez")  # a flipped byte
     assert reader.read_blob("1/k.ft", sha) is None
