@@ -12,10 +12,10 @@ block, then the rest: RNG states, registry bookkeeping). Each part's *skeleton* 
 every tensor replaced by a local index. The header holds the pickled skeletons, each part's map
 from local to global tensor index, each tensor's dtype, shape and size, and where its bytes are:
 inline after the header (16-byte aligned, viewed in place when read), or, for a large tensor the
-background materializer wrote, in the store's content-addressed objects (``objects/ab/<name>``, :mod:`flortrain.store.content`:
-a frozen embedding table is written once, however many checkpoints hold it; see
-:mod:`flortrain.runtime.materializer`). Tensors sharing memory (a parameter in a module's
-``state_dict`` and in the optimizer's ``params``) are stored once.
+background materializer wrote, in the store's content-addressed objects (``objects/ab/<name>``,
+:mod:`flortrain.store.content`: a frozen embedding table is written once, however many
+checkpoints hold it; see :mod:`flortrain.runtime.materializer`). Tensors sharing memory (a
+parameter in a module's ``state_dict`` and in the optimizer's ``params``) are stored once.
 
 The split (:func:`stage`) is what the training thread pays for; hashing and writing are left to
 whoever writes the blob. A part's digest hashes its skeleton, pickled without a memo (so equal
@@ -334,9 +334,10 @@ def stage(payload: dict[str, Any], torch: Any) -> Staged:
 def part_digests(
     skeletons: list[tuple[str | None, str, list[int]]],
     metas: list[tuple[str, tuple[int, ...], int]],
-    shas: list[str],
+    tensor_names: list[str],
 ) -> dict[str, str]:
-    """Each named part's digest: its skeleton's, and the dtype, shape and sha256 of its tensors."""
+    """Each named part's digest: its skeleton's, and the dtype, shape and name
+    (``store/content.py``) of its tensors."""
     out: dict[str, str] = {}
     for name, digest, local in skeletons:
         if name is None:
@@ -344,7 +345,7 @@ def part_digests(
         h = hashlib.blake2b(digest.encode(), digest_size=16)
         for g in local:
             dtype, shape, _ = metas[g]
-            h.update(f"{dtype}{shape}{shas[g]}".encode())
+            h.update(f"{dtype}{shape}{tensor_names[g]}".encode())
         out[name] = "f" + h.hexdigest()  # "f": this format's digest
     return out
 
@@ -389,17 +390,17 @@ def dumps(payload: dict[str, Any], torch: Any) -> tuple[bytes, dict[str, str]]:
     """A self-contained blob of a checkpoint payload (every tensor inline) and its part digests."""
     st = stage(payload, torch)
     raws = [tensor_bytes(t, torch) for t in st.tensors]
-    shas = [content.name(r) for r in raws]
+    names = [content.name(r) for r in raws]
     offsets, chunks = inline(raws)
     head = header(st.parts, st.metas, [("i", off) for off in offsets])
-    return b"".join([head, *chunks]), part_digests(st.skeletons, st.metas, shas)
+    return b"".join([head, *chunks]), part_digests(st.skeletons, st.metas, names)
 
 
 def digests(payload: dict[str, Any], torch: Any) -> dict[str, str]:
     """The part digests :func:`dumps` would give, without building the blob."""
     st = stage(payload, torch)
-    shas = [tensor_name(t, torch) for t in st.tensors]
-    return part_digests(st.skeletons, st.metas, shas)
+    names = [tensor_name(t, torch) for t in st.tensors]
+    return part_digests(st.skeletons, st.metas, names)
 
 
 def loads(
@@ -409,9 +410,10 @@ def loads(
     live: Callable[[str, int], bytes | memoryview | None] | None = None,
 ) -> dict[str, Any]:
     """The payload of a blob. ``objects(name)`` reads a content-addressed tensor, verified against
-    its name (``store/content.py``; None when it is missing or does not verify: :class:`MissingObject` is raised).
-    ``live(sha, nbytes)`` is asked for one the store does not have: a tensor the checkpoint only
-    named, because it was unchanged since the main loop's entry (``ChangeTracker.enter``)."""
+    its name (``store/content.py``; None when it is missing or does not verify:
+    :class:`MissingObject` is raised). ``live(name, nbytes)`` is asked for one the store does not
+    have: a tensor the checkpoint only named, because it was unchanged since the main loop's entry
+    (``ChangeTracker.enter``)."""
     (parts_bytes, metas, table), body = _read_header(data)
     parts = pickle.loads(parts_bytes)
     buf = bytearray(memoryview(data)[body:])  # one copy, writable: tensors view it in place

@@ -73,7 +73,8 @@ class WriterSpeed:
     per_object: float
     per_byte: float
     stage_per_byte: float = 1e-9
-    #: the tensor hash on one thread: what naming a tensor kept from the loop's entry costs (``kept``)
+    #: the tensor hash (``store/content.py``) on one thread: what naming a tensor kept from the
+    #: loop's entry costs (``kept``)
     hash_per_byte: float = 1e-9
     warm_stage_per_byte: float = 1e-10
 
@@ -86,21 +87,21 @@ class Declined(Exception):
 
 
 def writer_speed(blobs: Path) -> WriterSpeed:
-    """What a checkpoint will cost, timed before the script starts (10 to 20 ms). It is what the
-    run waits for where training leaves the writer no CPU: its backlog is then written after
-    training ends, on idle cores. A byte costs its hash (``store/content.py``), spread over the writer's threads, and
-    its write, which goes around the page cache (``store.direct``) at the disk's pace, whatever
-    the threads: on this project's VM ``O_DIRECT`` wrote 1.0 ns a byte on 2, 4 or 8 threads, and
-    hashing alongside added little (1.1). So a byte costs the larger of the two. A copy into
-    fresh pages stands in for the disk: it took 1.0 to 2.1 ns a byte here, as did the writes
-    (single 2 MB direct writes are too noisy to time: 1.1 to 1.7 ns a byte in five tries), and
-    the LSTM benchmark's writer, starved until training ended, then wrote its 27 MB checkpoints
-    at 1.2 to 2.0 ns a byte. (Until stop 24 the copy was spread over the threads as the hash is,
-    which priced that wait at 0.8 to 1.4 ns a byte, and one run in four held 6.9 to 7.4%, over
-    ε.) Both are timed here on 2 MB, as are staging's copies into fresh and into warm arena
-    pages, and a file's creation in a scratch directory beside the store's objects. Not learned
-    from the writer's replies: on such a machine they come after training, and where they come
-    sooner the writer ran on idle CPU and cost nothing (``adaptive.contention``)."""
+    """What a checkpoint will cost, timed before the script starts (10 to 20 ms). It is what the run
+    waits for where training leaves the writer no CPU: its backlog is then written after training
+    ends, on idle cores. A byte costs its hash (``store/content.py``), spread over the writer's
+    threads, and its write, which goes around the page cache (``store.direct``) at the disk's pace,
+    whatever the threads: on this project's VM ``O_DIRECT`` wrote 1.0 ns a byte on 2, 4 or 8
+    threads, and hashing alongside added little (1.1). So a byte costs the larger of the two. A copy
+    into fresh pages stands in for the disk: it took 1.0 to 2.1 ns a byte here, as did the writes
+    (single 2 MB direct writes are too noisy to time: 1.1 to 1.7 ns a byte in five tries), and the
+    LSTM benchmark's writer, starved until training ended, then wrote its 27 MB checkpoints at 1.2
+    to 2.0 ns a byte. (Until stop 24 the copy was spread over the threads as the hash is, which
+    priced that wait at 0.8 to 1.4 ns a byte, and one run in four held 6.9 to 7.4%, over ε.) Both
+    are timed here on 2 MB, as are staging's copies into fresh and into warm arena pages, and a
+    file's creation in a scratch directory beside the store's objects. Not learned from the writer's
+    replies: on such a machine they come after training, and where they come sooner the writer ran
+    on idle CPU and cost nothing (``adaptive.contention``)."""
     size = 2 << 20
     src = bytes(size)
     stage = warm = hashing = float("inf")
@@ -306,8 +307,8 @@ class ChangeTracker:
     def enter(self, tensors: list[Any]) -> None:
         """The main loop begins with these module tensors: one still unchanged at a checkpoint
         is the prologue's, which every replay and resume executes again before it restores
-        anything, so the checkpoint names it by the hash of its bytes (:meth:`kept`) instead of holding
-        its bytes, and a restore verifies the live tensor against that name. A frozen
+        anything, so the checkpoint names it by the hash of its bytes (:meth:`kept`) instead of
+        holding them, and a restore verifies the live tensor against that name. A frozen
         embedding table is then never copied or written, only hashed once. The tensors are
         kept referenced so that their memory cannot pass to a new tensor that would look the
         same."""
@@ -332,11 +333,11 @@ class ChangeTracker:
 
     def kept(self, where: tuple[Any, ...], torch: Any) -> str:
         """The name of the tensor :meth:`since_entry` found there, hashed on first use."""
-        ref, version, sha = self.entry[where]
-        if sha is None:
-            sha = blobformat.tensor_name(ref, torch)
-            self.entry[where] = (ref, version, sha)
-        return sha
+        ref, version, name = self.entry[where]
+        if name is None:
+            name = blobformat.tensor_name(ref, torch)
+            self.entry[where] = (ref, version, name)
+        return name
 
     def unhashed(self, where: tuple[Any, ...]) -> bool:
         return self.entry[where][2] is None

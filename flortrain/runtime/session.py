@@ -84,7 +84,7 @@ class Session:
     _initial_digests: dict[str, str] = field(default_factory=dict)
     _digest_memo: dict[str, tuple[Any, str]] = field(default_factory=dict)  # ``rng.digest_map``'s
     #: id -> (tensor, version, name): live module tensors hashed by :meth:`live_object`
-    _live_shas: dict[int, tuple[Any, int, str]] = field(default_factory=dict)
+    _live_names: dict[int, tuple[Any, int, str]] = field(default_factory=dict)
     _last_commit: float = 0.0
     commit_interval: float = field(default_factory=knobs.commit_interval)
     track_versions: bool = True  # False when the script writes tensors through `.data`
@@ -644,8 +644,8 @@ class Session:
 
     def live_object(self, sha: str, nbytes: int) -> memoryview | None:
         """A checkpoint's tensor that was unchanged since the main loop's entry when it was
-        taken is not in the store, only named by the hash of its bytes (``ChangeTracker.enter``): the
-        replay's prologue made it again. Its bytes are those of the live module tensor of that
+        taken is not in the store, only named by the hash of its bytes (``ChangeTracker.enter``):
+        the replay's prologue made it again. Its bytes are those of the live module tensor of that
         size that hashes to that name, or None (the checkpoint then cannot be used, and what it
         would have restored runs again). A tensor is hashed once per version. The view is of the
         live tensor: the loader copies it at once."""
@@ -659,9 +659,9 @@ class Session:
                 version = t._version
             except RuntimeError:
                 continue
-            known = self._live_shas.get(id(t))
+            known = self._live_names.get(id(t))
             if known is None or known[0] is not t or known[1] != version or versions.untrusted(t):
-                known = self._live_shas[id(t)] = (t, version, tensor_name(t, torch))
+                known = self._live_names[id(t)] = (t, version, tensor_name(t, torch))
             if known[2] == sha:
                 return tensor_bytes(t, torch)
         return None

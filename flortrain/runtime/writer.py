@@ -10,8 +10,9 @@ little, it hashes and writes on CPU time training leaves idle; once it holds mor
 all it holds, so that the staging buffer drains and its pages are reused warm. One item at a time,
 in order:
 
-- every staged tensor is named by the hash of its bytes (XXH3-128, :mod:`flortrain.store.content`);
-  a large one is written as a content-addressed object (``objects/ab/<name>``) unless that object exists already, bypassing the page cache where
+- every staged tensor is named by the hash of its bytes (XXH3-128,
+  :mod:`flortrain.store.content`); a large one is written as a content-addressed object
+  (``objects/ab/<name>``) unless that object exists already, bypassing the page cache where
   the filesystem allows (:mod:`flortrain.store.direct`), and remembered by the token the parent
   gave it, so a later checkpoint holding the same unchanged tensor refers to it by token and
   nothing is copied or written again. The objects of an item are hashed and written on a few
@@ -112,19 +113,19 @@ class Objects:
 
     def _one(self, job: tuple[memoryview, bool]) -> tuple[str, int]:
         view, aligned = job
-        sha = content.name(view)
-        path = object_path(self.blobs, sha)
+        name = content.name(view)
+        path = object_path(self.blobs, name)
         with self._lock:
-            if sha in self._claimed or _whole(path, len(view)):
-                return sha, 0
-            self._claimed.add(sha)
+            if name in self._claimed or _whole(path, len(view)):
+                return name, 0
+            self._claimed.add(name)
         try:
             direct.write_object(path, view, aligned)
         except BaseException:
             with self._lock:
-                self._claimed.discard(sha)
+                self._claimed.discard(name)
             raise
-        return sha, len(view)
+        return name, len(view)
 
     def close(self) -> None:
         for pool in self._pools.values():
@@ -427,7 +428,7 @@ def _write(item: dict[str, Any], arena: memoryview, objects: Objects, tokens: di
     metas = item["metas"]
     off, n = item["parts"]
     parts = bytes(arena[off : off + n])
-    shas: list[str] = [""] * len(metas)
+    names: list[str] = [""] * len(metas)
     table: list[tuple[str, Any]] = [("i", 0)] * len(metas)
     inline: list[int] = []
     external: list[int] = []
@@ -436,27 +437,27 @@ def _write(item: dict[str, Any], arena: memoryview, objects: Objects, tokens: di
             known = tokens.get(place[1])
             if known is None:
                 raise LookupError("it shares an unchanged tensor with a checkpoint that was lost")
-            shas[g], table[g] = known, ("x", known)
+            names[g], table[g] = known, ("x", known)
             continue
         if place[0] == "k":  # as at the main loop's entry: the replay's prologue makes its bytes
-            shas[g], table[g] = place[1], ("k", place[1])
+            names[g], table[g] = place[1], ("k", place[1])
             continue
         _, start, is_external, _token = place
         if is_external:
             external.append(g)
         else:
-            shas[g] = content.name(arena[start : start + metas[g][2]])
+            names[g] = content.name(arena[start : start + metas[g][2]])
             inline.append(g)
     stored = objects.store([
         (arena[(a := item["places"][g][1]) : a + metas[g][2]], a % direct.ALIGN == 0) for g in external
     ])
     written = 0
-    for g, (sha, nbytes) in zip(external, stored, strict=True):
-        shas[g], table[g] = sha, ("x", sha)
+    for g, (name, nbytes) in zip(external, stored, strict=True):
+        names[g], table[g] = name, ("x", name)
         written += nbytes
         token = item["places"][g][3]
         if token is not None:
-            tokens[token] = sha
+            tokens[token] = name
     starts = [item["places"][g][1] for g in inline]
     offsets, chunks = blobformat.inline([arena[s : s + metas[g][2]] for g, s in zip(inline, starts, strict=True)])
     for g, off in zip(inline, offsets, strict=True):
@@ -464,7 +465,7 @@ def _write(item: dict[str, Any], arena: memoryview, objects: Objects, tokens: di
     head = blobformat.header(parts, metas, table)
     sha = write_durably(blobs / rel, [head, *chunks])
     nbytes = len(head) + sum(len(c) for c in chunks) + written
-    return rel, sha, nbytes, blobformat.part_digests(item["skeletons"], metas, shas)
+    return rel, sha, nbytes, blobformat.part_digests(item["skeletons"], metas, names)
 
 
 def run_child(

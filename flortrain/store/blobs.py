@@ -6,7 +6,8 @@ that records or drives a replay, while the blobs (``<run>/<key>.ft`` plus conten
 A replay worker on another machine (the Ray backend) is given the blob store's location, a local
 path on a shared filesystem or any fsspec URL (``s3://bucket/store/blobs``, ``gs://…``,
 ``file:///…``), and never opens the database. Every read is verified against the hash the
-metadata recorded (a blob's sha256, which names its objects by their XXH3-128, ``content.py``), so a blob store reached through a network is trusted no more than a local one.
+metadata recorded (a blob's sha256; the blob names its objects by their XXH3-128,
+``content.py``), so a blob store reached through a network is trusted no more than a local one.
 """
 
 from __future__ import annotations
@@ -147,9 +148,9 @@ class ReadAhead:
     objects from disk, verifies their hashes and copies them into the live state, one after
     the other on the script's thread. Read from a cold page cache (a replay days after its
     record) the reads were a fifth of such a replay here (the CNN benchmark's 0.9 GB: 9.5-10.1 s
-    evicted against 8.0-8.3 s cached). File reads and sha256 (the blob's) release the GIL, so a thread does
-    both while the script restores the previous checkpoint; an object's XXH3 holds it, for 3 ms
-    per 100 MB.
+    evicted against 8.0-8.3 s cached). File reads and a blob's sha256 release the GIL, so a
+    thread does both while the script restores the previous checkpoint; an object's XXH3 holds
+    it, for 3 ms per 100 MB.
 
     It starts at the first checkpoint the replay asks for (a parallel worker's segment, a jump's
     target) and stays at most :data:`READ_AHEAD_BYTES` ahead of the latest one; a checkpoint the

@@ -27,9 +27,6 @@ from typing import Any
 
 import xxhash
 
-#: hex digits of a name (128 bits)
-NAME_LEN = 32
-
 
 def name(data: Any) -> str:
     """The name of a buffer's bytes (anything with the buffer protocol: bytes, a memoryview of

@@ -42,9 +42,9 @@ def aligned(offset: int) -> int:
 def write_object(path: Path, data: memoryview, direct: bool) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename, as
     :func:`flortrain.store.db.write_durably` does, but unhashed: the caller named the object by
-    the hash it computed (``store/content.py``), and every read verifies it. ``direct``: ``data`` starts at an
-    :data:`ALIGN`-aligned address, so its aligned prefix may bypass the page cache. On failure
-    nothing is left at ``path``."""
+    the hash it computed (``store/content.py``), and every read verifies it. ``direct``:
+    ``data`` starts at an :data:`ALIGN`-aligned address, so its aligned prefix may bypass the page
+    cache. On failure nothing is left at ``path``."""
     with replacing(path) as fd:
         done = _write_direct(fd, data) if direct else 0
         _write_all(fd, data[done:])
