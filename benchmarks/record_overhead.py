@@ -3,7 +3,10 @@ the outer-probe replay it buys.
 
 Workloads (generated, no downloads):
 - ``cnn``: a small CNN with Adam, ~75 MB of checkpointed state, ~1 s epochs;
-- ``finetune``: a 100 MB frozen embedding table, a tiny trained head, ~0.1 s epochs (60 of them);
+- ``finetune``: a 100 MB frozen embedding table, a tiny trained head, ~0.1 s epochs (60 of them):
+  the issue sets the shape by its epoch time, and its batches per epoch are calibrated to it in
+  each run (:func:`calibrate`), since this VM's speed varies: 160 batches took 0.1 s on
+  2026-11-25, 28 ms at stop 39 and 60 ms at stop 40;
 - ``rnn``: an LSTM language model on synthetic tokens.
 
 For each, R repetitions interleave ``python S``, ``flortrain record S`` (adaptive period, the
@@ -177,13 +180,19 @@ for epoch in range(EPOCHS):
     print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
 """
 
-#: name: (source, steps per epoch, epochs, outer probe); quick mode halves the epochs
+#: name: (source, steps per epoch, epochs, outer probe); quick mode halves the epochs. The
+#: fine-tuning shape's steps are calibrated to :data:`EPOCH_S` (:func:`calibrate`); 160 is the
+#: calibration's starting point.
 WORKLOADS: dict[str, tuple[str, int, int, str]] = {
     "cnn": (CNN, 48, 12, 'print("PROBE", model.fc1.weight.norm().item())'),
     "finetune": (FINETUNE, 160, 60, 'print("PROBE", head.weight.norm().item())'),
     "rnn": (RNN, 12, 10, 'print("PROBE", model.out.weight.norm().item())'),
 }
 MODES = ("plain", "record", "record-every")
+#: workloads whose steps per epoch are set so that a plain epoch takes this long, in seconds
+EPOCH_S = {"finetune": 0.1}
+#: steps per epoch :func:`calibrate` chose in this run
+_calibrated: dict[str, int] = {}
 
 #: ``--steady-allocator``: glibc malloc serves large blocks from its heap and keeps what is
 #: freed, instead of mapping each large tensor afresh and unmapping it when freed. By default
@@ -208,6 +217,7 @@ if os.environ.get("BENCH_T0"):
 def source(name: str, quick: bool, probe: bool = False, times: int = 1) -> str:
     """The workload's script; ``times`` multiplies its epochs (a longer run of the same shape)."""
     text, steps, epochs, stmt = WORKLOADS[name]
+    steps = _calibrated.get(name, steps)
     epochs *= times
     if quick:
         epochs //= 2
@@ -274,6 +284,23 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, 
             (float(wait.group(1)) if wait else 0.0) + (float(late.group(1)) if late else 0.0))
 
 
+def calibrate(name: str, base_env: dict[str, str] | None = None) -> int:
+    """Steps per epoch for a plain epoch of :data:`EPOCH_S` seconds of this workload, from plain
+    runs of 4 short epochs (the best of three: the VM is noisy, and its slow moments should not
+    make the workload larger), rounded to tens."""
+    _, steps, _, _ = WORKLOADS[name]
+    text = WORKLOADS[name][0].replace("STEPS", str(steps)).replace("EPOCHS", "4").replace("T0\n", _T0) + _T1
+    with tempfile.TemporaryDirectory() as d:
+        work = Path(d)
+        (work / "train.py").write_text(text.replace("    #PROBE\n", ""))
+        loop = min(_run([sys.executable, "train.py"], work, base_env or {})[2] for _ in range(3))
+    chosen = max(10, round(EPOCH_S[name] / (loop / (4 * steps)) / 10) * 10)
+    _calibrated[name] = chosen
+    print(f"{name}: {loop / 4 * 1e3:.0f} ms for an epoch of {steps} steps; {chosen} steps make {EPOCH_S[name]} s",
+          file=sys.stderr)
+    return chosen
+
+
 def _checkpointed(store: Path) -> tuple[int, int]:
     """(block instances checkpointed, block instances) of the latest record."""
     db = sqlite3.connect(store / "flortrain.db")
@@ -328,7 +355,8 @@ def bench(
     def ratios(mode: str, base: str, i: int) -> list[float]:
         return [a[i] / b[i] for a, b in zip(times[mode], times[base], strict=True)]
 
-    out: dict[str, Any] = {"times": times, "checkpointed": checkpointed, "orders": orders}
+    out: dict[str, Any] = {"times": times, "checkpointed": checkpointed, "orders": orders,
+                           "steps_per_epoch": _calibrated.get(name, WORKLOADS[name][1])}
     for mode in modes[1:]:
         for i, what in ((2, "loop"), (0, "training"), (1, "end_to_end"), (3, "cpu")):
             out[f"{mode}_{what}_overhead"], out[f"{mode}_{what}_spread"] = median_spread(ratios(mode, "plain", i), 1)
@@ -390,6 +418,9 @@ def main() -> None:
     become_subreaper()
     with _worktree(args.against) as against:
         base_env = STEADY_ALLOCATOR if args.steady_allocator else None
+        for name in args.only:
+            if name in EPOCH_S:
+                calibrate(name, base_env)
         results = {
             name: bench(name, reps, args.quick, against, args.bar, args.epochs_times, base_env) for name in args.only
         }
