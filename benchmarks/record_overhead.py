@@ -50,6 +50,10 @@ reports a 90% bootstrap interval for each workload's median overhead to exit and
 median over workloads: on this VM single pairs spread by ±15%, and the interval says whether
 the repetitions pin a figure down.
 
+``--control`` adds ``plain-control`` to every repetition: a second plain run, compared with the
+first exactly as a record is (an A/A control). Its median and interval are the noise floor of
+the same runs: two identical code paths measured +3.4% and +5.6% apart in one run at stop 40.
+
 ``--steady-allocator`` runs every mode with glibc malloc settings that keep freed memory
 (:data:`STEADY_ALLOCATOR`): a plain run's page-fault churn, which a recorded run sometimes
 escapes by accident, is then out of the comparison (see the constant).
@@ -59,7 +63,7 @@ for the writer at exit, the first checkpoints) then weighs K times less, and wha
 epoch as much.
 
     python benchmarks/record_overhead.py [--quick] [--reps N] [--only NAME...] [--against COMMIT] [--bar]
-                                         [--epochs-times K] [--steady-allocator]
+                                         [--epochs-times K] [--steady-allocator] [--control]
 
 Writes benchmarks/results/record_overhead.json and .png.
 """
@@ -314,11 +318,12 @@ def _checkpointed(store: Path) -> tuple[int, int]:
 
 def bench(
     name: str, reps: int, quick: bool, against: Path | None = None, bar: bool = False, epochs_times: int = 1,
-    base_env: dict[str, str] | None = None,
+    base_env: dict[str, str] | None = None, control: bool = False,
 ) -> dict[str, Any]:
     py = sys.executable
     base = BAR_MODES if bar else MODES
     modes = (*base, "record-against") if against is not None else base
+    modes = (*modes, "plain-control") if control else modes
     times: dict[str, list[tuple[float, ...]]] = {m: [] for m in (*modes, *(() if bar else ("plain-probed", "replay")))}
     orders: list[list[str]] = []
     orders_of = list(itertools.permutations(modes))
@@ -339,9 +344,10 @@ def bench(
                     env["FLORTRAIN_PERIOD"] = "every"
                 if mode == "record-against":
                     env["PYTHONPATH"] = str(against)
-                cmd = [py, "train.py"] if mode == "plain" else [py, "-m", "flortrain", "record", "train.py"]
+                plain = mode in ("plain", "plain-control")
+                cmd = [py, "train.py"] if plain else [py, "-m", "flortrain", "record", "train.py"]
                 times[mode].append(_run(cmd, work, env))
-                if mode != "plain":
+                if not plain:
                     checkpointed[mode] = _checkpointed(work / mode)
             if not bar:
                 # what the record buys: an outer probe replayed, against re-running the probed script
@@ -364,6 +370,8 @@ def bench(
         out[f"{mode}_settle"], out[f"{mode}_settle_spread"] = median_spread([t[5] for t in times[mode]])
         out[f"{mode}_exit_wait"], out[f"{mode}_exit_wait_spread"] = median_spread([t[6] for t in times[mode]])
     out["record_training_interval"] = interval([_pairs(out)])
+    if control:
+        out["plain-control_training_interval"] = interval([_pairs(out, "plain-control")])
     if not bar:
         out["replay_fraction"], out["replay_spread"] = median_spread(ratios("replay", "plain-probed", 1))
     return out
@@ -410,6 +418,9 @@ def main() -> None:
     ap.add_argument("--epochs-times", type=int, default=1, metavar="K",
                     help="K times each workload's epochs: a longer run, where what a record pays once"
                          " (its exit, its first checkpoints) weighs less (adds -xK to the file names)")
+    ap.add_argument("--control", action="store_true",
+                    help="a second plain run in every repetition, compared with the first as a record is:"
+                         " the noise floor of the same runs (adds -control)")
     ap.add_argument("--steady-allocator", action="store_true",
                     help="run every mode with glibc malloc keeping freed memory (STEADY_ALLOCATOR):"
                          " takes the page-fault churn of a plain run out of the comparison (adds -steady)")
@@ -422,12 +433,13 @@ def main() -> None:
             if name in EPOCH_S:
                 calibrate(name, base_env)
         results = {
-            name: bench(name, reps, args.quick, against, args.bar, args.epochs_times, base_env) for name in args.only
+            name: bench(name, reps, args.quick, against, args.bar, args.epochs_times, base_env, args.control)
+            for name in args.only
         }
     doc = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "reps": reps, "quick": args.quick, "bar": args.bar, "epochs_times": args.epochs_times, "epsilon": 1 / 15,
-        "against": args.against, "steady_allocator": args.steady_allocator,
+        "against": args.against, "steady_allocator": args.steady_allocator, "control": args.control,
         "results": results,
     }
     if len(args.only) == len(WORKLOADS):
@@ -436,11 +448,19 @@ def main() -> None:
                 r[f"record_{what}_overhead"] for r in results.values()
             )
         doc["median_record_training_interval"] = interval([_pairs(r) for r in results.values()])
+        if args.control:
+            doc["median_plain-control_training_overhead"] = statistics.median(
+                r["plain-control_training_overhead"] for r in results.values()
+            )
+            doc["median_plain-control_training_interval"] = interval(
+                [_pairs(r, "plain-control") for r in results.values()]
+            )
     OUT.mkdir(parents=True, exist_ok=True)
     # the run's variant in its files' names: longer epochs, then quick
     suffix = (
         (f"-x{args.epochs_times}" if args.epochs_times != 1 else "")
         + ("-steady" if args.steady_allocator else "")
+        + ("-control" if args.control else "")
         + ("-quick" if args.quick else "")
     )
     stem = "record_overhead" + ("-bar" if args.bar else "") + ("-against" if args.bar and args.against else "") + suffix
@@ -473,9 +493,9 @@ def main() -> None:
               f" held (reported by record): {doc['median_record_held_overhead']:.1%}")
 
 
-def _pairs(result: dict[str, Any]) -> list[float]:
-    """A workload's recorded/plain ratios to exit, one per repetition."""
-    return [a[0] / b[0] for a, b in zip(result["times"]["record"], result["times"]["plain"], strict=True)]
+def _pairs(result: dict[str, Any], mode: str = "record") -> list[float]:
+    """A workload's ``mode``/plain ratios to exit (a record's by default), one per repetition."""
+    return [a[0] / b[0] for a, b in zip(result["times"][mode], result["times"]["plain"], strict=True)]
 
 
 def _print_bar(doc: dict[str, Any], results: dict[str, dict[str, Any]], against: str | None = None) -> None:
@@ -488,6 +508,11 @@ def _print_bar(doc: dict[str, Any], results: dict[str, dict[str, Any]], against:
               f" {r['record_loop_overhead']:8.1%} {r['record_held_overhead']:6.1%}"
               f" {'{}/{}'.format(*r['checkpointed']['record']):>13}")
     for n, r in results.items():
+        if "plain-control_training_interval" in r:
+            lo, hi = r["plain-control_training_interval"]
+            print(f"{n:10} control (plain against plain): {r['plain-control_training_overhead']:+.1%}"
+                  f" ({lo:+.1%} .. {hi:+.1%})")
+    for n, r in results.items():
         if against is not None:
             print(f"{n:10} as of {against}: to exit {r['record-against_training_overhead']:8.1%}"
                   f" held {r['record-against_held_overhead']:6.1%} exit wait {r['record-against_exit_wait']:.2f}s"
@@ -497,6 +522,10 @@ def _print_bar(doc: dict[str, Any], results: dict[str, dict[str, Any]], against:
         lo, hi = doc["median_record_training_interval"]
         print(f"median over workloads, to exit: {doc['median_record_training_overhead']:.1%}"
               f" (90% interval {lo:+.1%} .. {hi:+.1%}); held {doc['median_record_held_overhead']:.1%}")
+    if "median_plain-control_training_interval" in doc:
+        lo, hi = doc["median_plain-control_training_interval"]
+        print(f"control, median over workloads: {doc['median_plain-control_training_overhead']:+.1%}"
+              f" (90% interval {lo:+.1%} .. {hi:+.1%})")
 
 
 @contextlib.contextmanager
@@ -531,6 +560,7 @@ def _plot(results: dict[str, dict[str, Any]], path: Path, against: str | None = 
             ("record-every", "training", "every instance, to exit (wall)"), ("record-every", "held", "every instance, held")]
     if against is not None:
         bars += [("record-against", "training", f"as of {against}, to exit (wall)"), ("record-against", "held", f"as of {against}, held")]
+    bars += [("plain-control", "training", "plain against plain (control)")]
     bars = [bar for bar in bars if f"{bar[0]}_{bar[1]}_overhead" in results[names[0]]]
     w = 0.8 / len(bars)
     for k, (mode, what, label) in enumerate(bars):
