@@ -81,10 +81,11 @@ and the bookkeeping it allows for. What it cannot see is the training thread run
 *after* a hook: the first step after a block's entry took 0.12 ms longer than in a plain run of
 the fine-tuning shape with no checkpoint at all (its caches refilled after the hook's Python;
 spinning OpenMP workers, ``OMP_WAIT_POLICY=ACTIVE``, did not change it), about 0.4 ms an epoch
-in all, and the wall-clock overhead ran 1.5 points above the estimate on 31 ms epochs (stop 40).
+in all, and the wall-clock overhead ran 2 to 3 points above the estimate on 31 ms epochs (stop 40).
 A period that spent exactly ε landed on ε: the fine-tuning benchmark measured 6.8% against ε =
 6.67% (stop 39). So Eq. 4 and the budget use ``(1 - HEADROOM)`` of ε: the estimate stays a
-quarter below the ceiling, and what it misses, on shapes measured, fits in that quarter.
+quarter below the ceiling. On the benchmark's shapes what it misses fits in that quarter; on
+epochs of 31 ms it does not (docs/benchmarks.md, stop 40).
 
 **A boundary at least every minute of training.** ``record --resume`` restarts a killed record
 from a boundary checkpoint only; block checkpoints do not serve it. So a main loop whose latest
