@@ -18,6 +18,10 @@ training leaves partly idle (a GPU host), it costs less. The two runs still shar
 bandwidth and the last-level cache, so a memory-bound workload (the fine-tuning shape's
 embedding lookups) pairs less well than a compute-bound one: the A/A control says how well.
 
+The fine-tuning shape's batches per epoch are calibrated as in ``record_overhead.py``
+(``calibrate``), from plain runs on one thread, and the number chosen is in the JSON: its
+epochs are then 0.1 s for a run alone on its core, a little longer beside another.
+
     python benchmarks/paired_overhead.py [--quick] [--reps N] [--only NAME...]
 
 Writes benchmarks/results/paired_overhead.json and .png.
@@ -42,9 +46,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_overhead import (
     _HELD,
+    EPOCH_S,
     OUT,
     WORKLOADS,
+    _calibrated,
     become_subreaper,
+    calibrate,
     median_spread,
     settle,
     source,
@@ -142,7 +149,12 @@ def main() -> None:
     args = workload_args(__doc__ or "", 4).parse_args()
     reps = 1 if args.quick else args.reps
     become_subreaper()
+    for name in args.only:
+        if name in EPOCH_S:  # one thread, as each side of a pair runs (alone, not beside another)
+            calibrate(name, _ONE_THREAD)
     results = {name: bench(name, reps, args.quick) for name in args.only}
+    for name, steps in _calibrated.items():
+        results[name]["steps_per_epoch"] = steps
     doc: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "reps": reps, "quick": args.quick, "epsilon": 1 / 15, "threads_per_run": 1, "results": results,

@@ -53,6 +53,9 @@ the repetitions pin a figure down.
 ``--control`` adds ``plain-control`` to every repetition: a second plain run, compared with the
 first exactly as a record is (an A/A control). Its median and interval are the noise floor of
 the same runs: two identical code paths measured +3.4% and +5.6% apart in one run at stop 40.
+With it, each record is also compared with both plain runs of its repetition (their geometric
+mean, ``record_both``): a baseline of two runs at two positions of the order is less noisy than
+one. ``--reanalyze FILE`` adds that figure to a result file written before it existed.
 
 ``--steady-allocator`` runs every mode with glibc malloc settings that keep freed memory
 (:data:`STEADY_ALLOCATOR`): a plain run's page-fault churn, which a recorded run sometimes
@@ -75,6 +78,7 @@ import contextlib
 import ctypes
 import itertools
 import json
+import math
 import os
 import platform
 import random
@@ -376,6 +380,7 @@ def bench(
     out["record_training_interval"] = interval([_pairs(out)])
     if control:
         out["plain-control_training_interval"] = interval([_pairs(out, "plain-control")])
+        _both_summary(out)
     if not bar:
         out["replay_fraction"], out["replay_spread"] = median_spread(ratios("replay", "plain-probed", 1))
     return out
@@ -428,7 +433,13 @@ def main() -> None:
     ap.add_argument("--steady-allocator", action="store_true",
                     help="run every mode with glibc malloc keeping freed memory (STEADY_ALLOCATOR):"
                          " takes the page-fault churn of a plain run out of the comparison (adds -steady)")
+    ap.add_argument("--reanalyze", metavar="FILE", type=Path,
+                    help="run nothing: add the record-against-both-plain-runs figures to a --control"
+                         " result file written before they existed, and print its bar table")
     args = ap.parse_args()
+    if args.reanalyze is not None:
+        reanalyze(args.reanalyze)
+        return
     reps = 1 if args.quick else args.reps
     become_subreaper()
     with _worktree(args.against) as against:
@@ -459,6 +470,7 @@ def main() -> None:
             doc["median_plain-control_training_interval"] = interval(
                 [_pairs(r, "plain-control") for r in results.values()]
             )
+            _both_doc(doc, results)
     OUT.mkdir(parents=True, exist_ok=True)
     # the run's variant in its files' names: longer epochs, then quick
     suffix = (
@@ -502,6 +514,45 @@ def _pairs(result: dict[str, Any], mode: str = "record") -> list[float]:
     return [a[0] / b[0] for a, b in zip(result["times"][mode], result["times"]["plain"], strict=True)]
 
 
+def _both_plains(result: dict[str, Any]) -> list[float]:
+    """A ``--control`` run's record against both of its repetition's plain runs (their geometric
+    mean), one ratio per repetition. The baseline is then the mean of two runs, at two positions
+    of the repetition's order, so its own noise counts half as much as in :func:`_pairs`; what
+    the A/A control shows is not removed from the record's ratio, only averaged over."""
+    t = result["times"]
+    return [r[0] / math.sqrt(a[0] * b[0]) for r, a, b in zip(t["record"], t["plain"], t["plain-control"], strict=True)]
+
+
+def _both_summary(out: dict[str, Any]) -> None:
+    """Add a workload's record-against-both-plain-runs median, spread and interval."""
+    both = _both_plains(out)
+    out["record_both_training_overhead"], out["record_both_training_spread"] = median_spread(both, 1)
+    out["record_both_training_interval"] = interval([both])
+
+
+def _both_doc(doc: dict[str, Any], results: dict[str, dict[str, Any]]) -> None:
+    """The median over workloads of :func:`_both_plains`, and its interval."""
+    doc["median_record_both_training_overhead"] = statistics.median(
+        r["record_both_training_overhead"] for r in results.values()
+    )
+    doc["median_record_both_training_interval"] = interval([_both_plains(r) for r in results.values()])
+
+
+def reanalyze(path: Path) -> None:
+    """Add :func:`_both_plains` figures to a ``--control`` result file, from its own times."""
+    doc = json.loads(path.read_text())
+    if not doc.get("control"):
+        raise SystemExit(f"{path}: not a --control run (no second plain run to compare with)")
+    results = doc["results"]
+    for r in results.values():
+        _both_summary(r)
+    if len(results) == len(WORKLOADS):
+        _both_doc(doc, results)
+    path.write_text(json.dumps(doc, indent=2))
+    if doc.get("bar"):
+        _print_bar(doc, results, doc.get("against"))
+
+
 def _print_bar(doc: dict[str, Any], results: dict[str, dict[str, Any]], against: str | None = None) -> None:
     """The table of a ``--bar`` run: each workload's overhead to exit, its interval, held (and,
     with ``--against``, the same for that commit's record, measured against the same plain runs)."""
@@ -515,6 +566,10 @@ def _print_bar(doc: dict[str, Any], results: dict[str, dict[str, Any]], against:
         if "plain-control_training_interval" in r:
             lo, hi = r["plain-control_training_interval"]
             print(f"{n:10} control (plain against plain): {r['plain-control_training_overhead']:+.1%}"
+                  f" ({lo:+.1%} .. {hi:+.1%})")
+        if "record_both_training_interval" in r:
+            lo, hi = r["record_both_training_interval"]
+            print(f"{n:10} record against both plain runs: {r['record_both_training_overhead']:+.1%}"
                   f" ({lo:+.1%} .. {hi:+.1%})")
     for n, r in results.items():
         if against is not None:
@@ -530,6 +585,10 @@ def _print_bar(doc: dict[str, Any], results: dict[str, dict[str, Any]], against:
         lo, hi = doc["median_plain-control_training_interval"]
         print(f"control, median over workloads: {doc['median_plain-control_training_overhead']:+.1%}"
               f" (90% interval {lo:+.1%} .. {hi:+.1%})")
+    if "median_record_both_training_interval" in doc:
+        lo, hi = doc["median_record_both_training_interval"]
+        print(f"record against both plain runs, median over workloads:"
+              f" {doc['median_record_both_training_overhead']:+.1%} (90% interval {lo:+.1%} .. {hi:+.1%})")
 
 
 @contextlib.contextmanager
