@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import sys
 import threading
 import time
@@ -18,7 +19,7 @@ from types import FrameType
 from typing import Any
 
 from flortrain import knobs
-from flortrain.runtime import audit, identity, rng, versions
+from flortrain.runtime import audit, identity, rng, signals, versions
 from flortrain.runtime import materializer as _materializer
 from flortrain.runtime.adaptive import AdaptivePeriod
 from flortrain.runtime.blobformat import object_refs, tensor_bytes, tensor_name
@@ -98,6 +99,7 @@ class Session:
     #: ``record --resume``: the (main id, entry, iteration) to continue a killed run at
     resume: tuple[str, int, int] | None = None
     resume_seq: int = 0  # the killed run's captured lines kept: the resumed log continues there
+    _signal_injected: int | None = None  # ``FLORTRAIN_INJECT=checkpoint-signal=N``, once read
     #: the writer's pid and the keys it still held when the script ended, handed to the launcher
     handed: tuple[int, list[str]] | None = None
 
@@ -406,6 +408,10 @@ class Session:
         materializer = self.start_materializer()
         self._submitting, self._outcome = key, None
         self.background = 0.0
+        if self._signal_injected is None:  # fault injection: a signal arrives mid-checkpoint, once
+            self._signal_injected = int(knobs.injected("checkpoint-signal"))
+            if self._signal_injected:
+                os.kill(os.getpid(), self._signal_injected)
         try:
             self.background = materializer.submit(key, block_id, payload(), afford)
         finally:
@@ -734,18 +740,21 @@ class Session:
             self.warn(msg)
 
     @contextlib.contextmanager
-    def holding(self) -> Iterator[None]:
+    def holding(self, defer_signals: bool = True) -> Iterator[None]:
         """Time flortrain's own code on the training thread (:attr:`held`), with garbage
         collection deferred until it returns. A full collection is the cost of the script's heap,
         plain or recorded (0.2 s each in a nanoGPT-shaped script); one that fell into a
         checkpoint would be charged to it as M, and Eq. 4 and the run's budget would then refuse
-        checkpoints for the rest of the run. It runs at the script's next allocation instead."""
+        checkpoints for the rest of the run. It runs at the script's next allocation instead.
+        The script's signal handlers are deferred too (:mod:`~flortrain.runtime.signals`): what
+        one raises reaches the script as the hook returns, not flortrain's code half-way."""
         if self._hold_t0 is not None:  # within a hook already: its time is counted there
             yield
             return
         collecting = gc.isenabled()
         gc.disable()
         self._hold_t0 = time.perf_counter()
+        deferred = signals.defer() if defer_signals else None
         try:
             yield
         finally:
@@ -753,11 +762,13 @@ class Session:
             self._hold_t0 = None
             if collecting:
                 gc.enable()
+            signals.resume(deferred)  # last: a handler that raises leaves nothing undone here
 
     def flush(self) -> None:
         """The script ended: hand the writer's backlog to the launcher where there is one (the
-        wait then overlaps this process's exit, ``flortrain/launcher.py``), else wait for it."""
-        with self.holding():
+        wait then overlaps this process's exit, ``flortrain/launcher.py``), else wait for it.
+        Signals are not deferred here: a Ctrl-C during a long wait for the writer stops it."""
+        with self.holding(defer_signals=False):
             if self.materializer is not None:
                 t0 = time.perf_counter()
                 self.handed = self.materializer.hand_off()
