@@ -39,7 +39,7 @@ def _busy() -> int:
 
 
 def test_a_handler_that_raises_in_a_hook_raises_as_it_returns(stop_on_usr1: None) -> None:
-    d = signals.defer()
+    d = signals.defer(os.getpid())
     assert d is not None
     done = False
     try:
@@ -59,7 +59,7 @@ def test_a_handler_that_raises_in_a_hook_raises_as_it_returns(stop_on_usr1: None
 
 def test_without_a_signal_the_handlers_are_only_put_back(stop_on_usr1: None) -> None:
     before = {s: signal.getsignal(s) for s in signal.valid_signals()}
-    d = signals.defer()
+    d = signals.defer(os.getpid())
     signals.resume(d)
     assert {s: signal.getsignal(s) for s in signal.valid_signals()} == before
     with pytest.raises(Stop):  # and the script's handler is live again
@@ -67,13 +67,103 @@ def test_without_a_signal_the_handlers_are_only_put_back(stop_on_usr1: None) -> 
         _busy()
 
 
-def test_outside_the_main_thread_nothing_is_deferred() -> None:
+def test_outside_the_main_thread_or_the_training_process_nothing_is_deferred(stop_on_usr1: None) -> None:
     got: list[object] = []
-    t = threading.Thread(target=lambda: got.append(signals.defer()))
+    t = threading.Thread(target=lambda: got.append(signals.defer(os.getpid())))
     t.start()
     t.join()
     assert got == [None]
+    assert signals.defer(os.getpid() + 1) is None  # a forked child (a DataLoader worker)
+    assert signal.getsignal(signal.SIGUSR1) is _stop
     signals.resume(None)  # and resuming nothing is a no-op
+
+
+def test_a_handler_that_runs_inside_defer_raises_from_it_and_leaves_no_note(
+    stop_on_usr1: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Setting a handler runs pending ones first: a signal can reach the script's handler while
+    :func:`defer` swaps them. A ``TimeoutError`` (an ``OSError``) from it must propagate, and no
+    handler stay swapped (found in review at stop 41: it was caught as a failure to swap)."""
+
+    def timeout(signum: int, frame: object) -> None:
+        raise TimeoutError
+
+    old = signal.signal(signal.SIGUSR2, timeout)
+    real, sent = signals._setsignal, []
+
+    def setsignal(s: int, h: object) -> object:
+        if not sent:
+            sent.append(s)
+            os.kill(os.getpid(), signal.SIGUSR2)  # arrives between two swaps
+        return real(s, h)
+
+    monkeypatch.setattr(signals, "_setsignal", setsignal)
+    try:
+        with pytest.raises(TimeoutError):
+            signals.defer(os.getpid())
+        assert not any(isinstance(signal.getsignal(s), signals.Note) for s in signal.valid_signals())
+        assert signal.getsignal(signal.SIGUSR1) is _stop and signal.getsignal(signal.SIGUSR2) is timeout
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+
+
+def test_every_signal_that_arrived_reaches_its_handler_and_the_first_exception_propagates(
+    stop_on_usr1: None,
+) -> None:
+    seen: list[int] = []
+    old = signal.signal(signal.SIGUSR2, lambda s, f: seen.append(s))
+    try:
+        d = signals.defer(os.getpid())
+        assert d is not None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        _busy()
+        assert seen == []
+        with pytest.raises(Stop):
+            signals.resume(d)
+        assert seen == [signal.SIGUSR2]  # run although the first handler raised
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+
+
+def test_a_note_an_interrupted_put_back_left_hands_the_signal_to_the_script(stop_on_usr1: None) -> None:
+    d = signals.defer(os.getpid())
+    assert d is not None
+    d.open = False  # the hook is over, but its put-back did not get to SIGUSR1
+    assert isinstance(signal.getsignal(signal.SIGUSR1), signals.Note)
+    with pytest.raises(Stop):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        _busy()
+    assert signal.getsignal(signal.SIGUSR1) is _stop
+    again = signals.defer(os.getpid())  # and a later hook sets the script's handler aside again
+    signals.resume(again)
+    assert signal.getsignal(signal.SIGUSR1) is _stop
+
+
+def test_ctrl_c_is_not_deferred() -> None:
+    """``KeyboardInterrupt`` passes every guard of flortrain's, and must still cut a hook's wait
+    for the writer short."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        d = signals.defer(os.getpid())
+        assert d is not None
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signals.resume(d)
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_a_child_forked_during_a_hook_has_the_scripts_handlers(stop_on_usr1: None) -> None:
+    """A writer forked again mid-run (its predecessor died) starts inside a hook."""
+    d = signals.defer(os.getpid())
+    assert d is not None
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if signal.getsignal(signal.SIGUSR1) is _stop else 1)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    finally:
+        signals.resume(d)
 
 
 SCRIPT = """\

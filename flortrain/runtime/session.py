@@ -100,6 +100,7 @@ class Session:
     resume: tuple[str, int, int] | None = None
     resume_seq: int = 0  # the killed run's captured lines kept: the resumed log continues there
     _signal_injected: int | None = None  # ``FLORTRAIN_INJECT=checkpoint-signal=N``, once read
+    _pid: int = field(default_factory=os.getpid)  # the training process's (``signals.defer``)
     #: the writer's pid and the keys it still held when the script ended, handed to the launcher
     handed: tuple[int, list[str]] | None = None
 
@@ -754,8 +755,9 @@ class Session:
         collecting = gc.isenabled()
         gc.disable()
         self._hold_t0 = time.perf_counter()
-        deferred = signals.defer() if defer_signals else None
+        deferred = None
         try:
+            deferred = signals.defer(self._pid) if defer_signals else None
             yield
         finally:
             self.adaptive.hold(time.perf_counter() - self._hold_t0)

@@ -2,30 +2,41 @@
 
 CPython runs a Python-level signal handler in the main thread between two bytecodes, wherever
 that thread happens to be. A handler that raises (DataLoader's SIGCHLD handler when a worker
-dies, a script's SIGALRM time limit, ``KeyboardInterrupt``) therefore raises inside flortrain's
-code when its signal falls into a hook, about 2% of a recorded run's time. There the exception
-either unwinds flortrain half-way through staging a checkpoint, or is taken for a failure of the
-checkpoint by one of the broad ``except Exception`` that keep training from ever crashing
-because of flortrain, and turned into a warning: the script then goes on where under ``python``
-it would have stopped. (Found at stop 41, looking for why a DataLoader crash test once reported
-its dead worker through torch's 5 s status check instead of its SIGCHLD handler.)
+dies, a script's time limit on SIGALRM or SLURM's SIGUSR1) therefore raised inside flortrain's
+code when its signal fell into a hook, about 2% of a recorded run's time. There the exception
+either unwound flortrain half-way through staging a checkpoint, or was taken for a failure of
+the checkpoint by one of the broad ``except Exception`` that keep training from ever crashing
+because of flortrain, and turned into a warning: the script then went on where under ``python``
+it would have stopped (found at stop 41).
 
-So for a hook's duration (:meth:`Session.holding`) each Python-level handler is replaced by one
-that only notes its signal; when the hook is over the script's handlers are put back and called
-for the signals that arrived, in order. The exception then reaches the script's code at the
-hook's call, the nearest point where it could have arrived under ``python``, and the hook has
-finished what it started. Blocking the signals (``pthread_sigmask``) would not do: it is per
-thread, and a signal delivered to any other thread (torch's OpenMP workers, flortrain's own)
-still has its Python handler run in the main thread at the next bytecode.
+So for a hook's duration (:meth:`Session.holding`) each Python-level handler is replaced by a
+:class:`Note` that only notes its signal; when the hook is over the script's handlers are put
+back and called for the signals that arrived, in order. The exception then reaches the script's
+code at the hook's call, the nearest point where it could have arrived under ``python``, and the
+hook has finished what it started. Blocking the signals (``pthread_sigmask``) would not do: the
+mask is per thread, and a signal delivered to any other thread (torch's OpenMP workers) still
+has its Python handler run in the main thread at the next bytecode.
+
+Python's own SIGINT handler is left in place: the ``KeyboardInterrupt`` it raises is not an
+``Exception``, no guard of flortrain's catches it, and a Ctrl-C must still interrupt a hook
+that waits (for a writer that has not freed the staging buffer).
+
+Setting a handler runs the pending ones first, and a loop runs them at every turn, so a signal
+can still reach a script's handler inside :func:`defer` or :func:`resume`. Nothing is lost then:
+what that handler raises propagates (from the hook's entry or its return), and a note that an
+interrupted put-back left installed is *closed*: the next signal to reach it puts the script's
+handlers back and hands the signal to the script's own (:meth:`Note.__call__`). A fork inherits
+no note (:func:`_heal`, at fork).
 
 The cost is reading the handler table (about 6 µs for 62 signals, through ``_signal``: the
 ``signal`` module's wrappers turn every number into an enum and take ten times as long) and two
-``sigaction`` calls per handler the script has (SIGINT's, by default), per hook.
+``sigaction`` calls per handler the script has, per hook.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -39,59 +50,93 @@ _SIGNALS = tuple(sorted(int(s) for s in signal.valid_signals()))
 _raw: Any = importlib.import_module("_signal")
 _getsignal: Callable[[int], Any] = _raw.getsignal
 _setsignal: Callable[[int, Any], Any] = _raw.signal
+_INT = signal.default_int_handler
 
-Handler = Callable[[int, FrameType | None], Any]
 
+class Note:
+    """The handler a hook installs in place of the script's: while the hook is open it notes the
+    signal; once closed, a signal that still reaches it (its put-back was interrupted) puts the
+    script's handlers back and goes to the script's own handler."""
 
-class Deferred:
-    """The handlers a hook set aside, and the signals that arrived meanwhile."""
-
-    __slots__ = ("arrived", "note", "saved")
+    __slots__ = ("arrived", "open", "saved")
 
     def __init__(self) -> None:
-        self.saved: list[tuple[int, Handler]] = []
+        self.saved: dict[int, Any] = {}  # signal -> the script's handler
         self.arrived: list[int] = []
-        self.note: Handler = lambda signum, frame: self.arrived.append(signum)
+        self.open = True
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.open:
+            self.arrived.append(signum)
+            return
+        _put_back(self)
+        handler = self.saved.get(signum)
+        if callable(handler):
+            handler(signum, frame)
 
 
-def defer() -> Deferred | None:
-    """Set the script's Python-level handlers aside until :func:`resume`; None outside the main
-    thread, where Python runs no handler and may set none."""
-    if threading.get_ident() != threading.main_thread().ident:  # read now: a fork may change it
+def defer(owner: int) -> Note | None:
+    """Set the script's Python-level handlers aside until :func:`resume`. None outside the main
+    thread of the process ``owner`` (the training process): Python runs no handler on another
+    thread and may set none there, and a forked child (a DataLoader worker) has handlers of its
+    own that setting one would replace."""
+    if os.getpid() != owner or threading.get_ident() != threading.main_thread().ident:
         return None
-    d = Deferred()
+    note = Note()
     try:
         for s in _SIGNALS:
             h = _getsignal(s)
-            if callable(h):
-                _setsignal(s, d.note)
-                d.saved.append((s, h))
-    except (ValueError, OSError):  # cannot set it after all: leave every handler as it was
-        _put_back(d)
-        return None
-    return d
+            if not callable(h) or h is _INT:
+                continue
+            if type(h) is Note:  # left by an interrupted put-back: the script's is behind it
+                h = h.saved.get(s)
+                if not callable(h):
+                    continue
+            note.saved[s] = h
+            _setsignal(s, note)
+    except BaseException:  # a script's handler ran here and raised: the hook has not begun
+        note.open = False
+        _put_back(note)
+        raise
+    return note
 
 
-def resume(d: Deferred | None) -> None:
-    """Put the script's handlers back, then run them for the signals that arrived, in order
-    (once each: the OS does not queue a second instance of a pending standard signal either).
-    What a handler raises propagates to the caller."""
-    if d is None:
+def resume(note: Note | None) -> None:
+    """Put the script's handlers back, then run them for the signals that arrived, in order. A
+    handler that raises does not keep the others from running; the first exception propagates
+    once they have."""
+    if note is None:
         return
-    _put_back(d)
-    if not d.arrived:
+    note.open = False
+    arrived = list(dict.fromkeys(note.arrived))  # once each: the OS does not queue a second either
+    try:
+        _put_back(note)
+    finally:
+        _deliver(arrived)
+
+
+def _put_back(note: Note) -> None:
+    for s, h in note.saved.items():
+        if _getsignal(s) is note:  # unless something in the hook set a handler of its own since
+            _setsignal(s, h)
+
+
+def _deliver(arrived: list[int]) -> None:
+    if not arrived:
         return
     frame = _script_frame()
-    for s in dict.fromkeys(d.arrived):
-        h = _getsignal(s)
+    raised: list[BaseException] = []
+    for s in arrived:
+        h = _getsignal(s)  # the script's, or a closed note that hands the signal to it
         if callable(h):
-            h(s, frame)
-
-
-def _put_back(d: Deferred) -> None:
-    for s, h in d.saved:
-        if _getsignal(s) is d.note:  # unless something in the hook set its own since
-            _setsignal(s, h)
+            try:
+                h(s, frame)
+            except BaseException as e:
+                raised.append(e)
+    if raised:
+        for other in raised[1:]:  # each handler ran; the first exception propagates, naming the others
+            raised[0].add_note(f"(a handler of another signal that arrived meanwhile raised {other!r})")
+        raise raised[0]
 
 
 def _script_frame() -> FrameType | None:
@@ -104,3 +149,15 @@ def _script_frame() -> FrameType | None:
             return f
         f = f.f_back
     return None
+
+
+def _heal() -> None:
+    """In a child forked during a hook (a writer started again mid-run): the script's handlers,
+    not a note no hook will ever resume."""
+    for s in _SIGNALS:
+        h = _getsignal(s)
+        if isinstance(h, Note) and s in h.saved:
+            _setsignal(s, h.saved[s])
+
+
+os.register_at_fork(after_in_child=_heal)
