@@ -156,8 +156,8 @@ def _heal() -> None:
     not a note no hook will ever resume."""
     for s in _SIGNALS:
         h = _getsignal(s)
-        if isinstance(h, Note) and s in h.saved:
-            _setsignal(s, h.saved[s])
+        if isinstance(h, Note):
+            _put_back(h)
 
 
 os.register_at_fork(after_in_child=_heal)
