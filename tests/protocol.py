@@ -179,6 +179,14 @@ def replay_matches_plain(tmp: Path, text: str, probe: str, env: dict[str, str] |
     """The whole protocol for one script with a ``#PROBE`` marker line (replaced by ``probe`` at the
     marker's indentation): record == plain, replay's probe lines == plain probed run's, diff 0.
     Returns the replay's result for further assertions."""
+    return record_and_replay_match_plain(tmp, text, probe, env)[1]
+
+
+def record_and_replay_match_plain(
+    tmp: Path, text: str, probe: str, env: dict[str, str] | None = None
+) -> tuple[Result, Result]:
+    """:func:`replay_matches_plain`, returning the record's result too (what record said on
+    stderr), so that a test need not record the script a second time to read it."""
     script = tmp / "train.py"
     script.write_text(text)
     truth = plain(script)
@@ -195,4 +203,4 @@ def replay_matches_plain(tmp: Path, text: str, probe: str, env: dict[str, str] |
     d = flortrain(tmp, "diff")
     assert d.code == 0, d.out + d.err
     script.write_text(text)
-    return rep
+    return rec, rep

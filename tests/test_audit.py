@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.protocol import flortrain, replay_matches_plain
+from tests.protocol import record_and_replay_match_plain, replay_matches_plain
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
 
@@ -18,9 +18,8 @@ EVERY = {"FLORTRAIN_PERIOD": "every"}
 def _replayed_and_said(tmp_path: Path, text: str, probe: str, replayed: str, said: str) -> None:
     """The protocol on ``text`` (``replay_matches_plain``), the replay's summary saying
     ``replayed`` (which instances were skipped or executed), and a record saying ``said``."""
-    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    rec, rep = record_and_replay_match_plain(tmp_path, text, probe, EVERY)
     assert replayed in rep.err, rep.err
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert said in rec.err, rec.err
 
 PRELUDE = """\
@@ -126,9 +125,8 @@ def test_a_main_loop_that_changes_an_array_in_place_is_not_jumped_over(tmp_path:
     memoized, but no iteration boundary is checkpointed, so no replay jumps over the epochs
     that filled ``acc``."""
     probe = 'if epoch == 5: print("PROBE", acc.round(6).tolist())'
-    rep = replay_matches_plain(tmp_path, MAIN_BODY, probe, EVERY)
+    rec, rep = record_and_replay_match_plain(tmp_path, MAIN_BODY, probe, EVERY)
     assert "iterations jumped over" not in rep.err, rep.err
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert "changes `acc` in place" in rec.err, rec.err
 
 
@@ -155,9 +153,8 @@ def test_changes_the_changeset_holds_keep_the_loop_memoized(tmp_path: Path) -> N
     """No false alarm: a dict reaching a list the loop appends to (in its changeset), and a
     name for a parameter (the alias watch's)."""
     probe = 'print(f"PROBE {epoch} {len(log[\'history\'])} {w.sum().item():.6f}")'
-    rep = replay_matches_plain(tmp_path, COVERED, probe, EVERY)
+    rec, rep = record_and_replay_match_plain(tmp_path, COVERED, probe, EVERY)
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert "in place through code" not in rec.err, rec.err
 
 
@@ -227,9 +224,8 @@ def test_a_module_a_loop_starts_changing_late_is_learned_then(tmp_path: Path) ->
     counter of the modules no checkpoint holds) learns it at the instance that changes it, and
     the loop stays memoized."""
     probe = 'print("PROBE", epoch, [round(v, 5) for v in target.weight.detach().flatten().tolist()])'
-    rep = replay_matches_plain(tmp_path, LATE_SYNC, probe, EVERY)
+    rec, rep = record_and_replay_match_plain(tmp_path, LATE_SYNC, probe, EVERY)
     assert "6 block instances skipped, 0 executed" in rep.err, rep.err
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert "changed a Linear (registry #" in rec.err and "checkpointed with the block from now on" in rec.err, rec.err
 
 

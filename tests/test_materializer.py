@@ -25,7 +25,15 @@ from flortrain.runtime.materializer import (
 )
 from flortrain.store.db import Store
 from tests.outcomes import Outcomes
-from tests.protocol import flortrain, plain, probe_lines, replay_matches_plain, run, writer_below
+from tests.protocol import (
+    flortrain,
+    plain,
+    probe_lines,
+    record_and_replay_match_plain,
+    replay_matches_plain,
+    run,
+    writer_below,
+)
 
 
 def _objects(store: Path) -> list[Path]:
@@ -285,9 +293,8 @@ for epoch in range(5):
 
 def test_writes_through_data_turn_off_the_unchanged_tensor_shortcut(tmp_path: Path) -> None:
     env = {"FLORTRAIN_PERIOD": "every"}
-    rep = replay_matches_plain(tmp_path, DATA_WRITES, 'print(f"PROBE {w[0, 0].item():.1f}")', env)
+    runs, rep = record_and_replay_match_plain(tmp_path, DATA_WRITES, 'print(f"PROBE {w[0, 0].item():.1f}")', env)
     assert rep.code == 0
-    runs = flortrain(tmp_path, "record", "train.py", env=env)
     assert "train.py:7:9: writes a tensor through `.data`" in runs.err, runs.err
 
 

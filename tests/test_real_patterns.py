@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.protocol import block_states, flortrain, latest_run, replay_matches_plain
+from tests.protocol import (
+    block_states,
+    flortrain,
+    latest_run,
+    record_and_replay_match_plain,
+    replay_matches_plain,
+)
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
 
@@ -259,9 +265,8 @@ def test_a_container_of_views_of_a_parameter_is_not_restored_as_copies(tmp_path:
     """Found in review (stop 33): ``snaps.append(model.weight.detach())`` inside the loop. A
     checkpoint held ``snaps`` by value, so a skipped instance left copies that no longer followed
     training (the last line read False). Such an instance is now not memoized, and says why."""
-    rep = replay_matches_plain(tmp_path, ALIASING_LIST, 'print(f"PROBE {epoch} {snaps[-1].sum().item():.6f}")', EVERY)
+    rec, rep = record_and_replay_match_plain(tmp_path, ALIASING_LIST, 'print(f"PROBE {epoch} {snaps[-1].sum().item():.6f}")', EVERY)
     assert "same storage True" in rep.out, rep.out
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert "`snaps[0]` shares memory with a model parameter" in rec.err, rec.err
 
 
@@ -604,9 +609,8 @@ def test_modules_imported_inside_the_loop_keep_its_checkpoints(tmp_path: Path) -
         epochs=10, jump=True,
     )
     probe = 'print("PROBE", epoch, round(model.weight.sum().item(), 6), _s.__name__)'
-    rep = replay_matches_plain(tmp_path, text, probe, EVERY)
+    rec, rep = record_and_replay_match_plain(tmp_path, text, probe, EVERY)
     assert "7 main-loop iterations jumped over" in rep.err, rep.err
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert "not checkpointed" not in rec.err, rec.err
 
 

@@ -1,0 +1,190 @@
+"""The record-overhead bar over several ``record_overhead.py --bar`` runs, their pairs pooled.
+
+Why: on this project's 2-core VM two plain runs of one script differ by up to ±30% (the A/A
+control of ``record_overhead.py --control``), so one run of 12 to 24 pairs pins the median over
+workloads only to within a few points of the 2% bar, and runs of the same tree on different
+days have read +1.4% and +2.6%. A median is as good as the number of pairs behind it. Each pair
+is a plain run and a recorded run in the same repetition, so its ratio is meaningful wherever
+it was measured; pooling the pairs of several runs of comparable trees gives the bar more pairs
+than one session can afford.
+
+What it reports, per workload and for the median over workloads:
+- each run's median and 90% bootstrap interval, as the run reported them;
+- the **pooled** median over every pair of the runs given, with a 90% bootstrap interval that
+  resamples pairs *within each run* (a run's weight stays its number of pairs, and a run
+  measured on a fast day does not stand in for a slow one);
+- where the runs had ``--control``, the same for the A/A control, pooled: the floor;
+- held, the median of the runs' held figures (held is measured on the training thread, not a
+  difference of two runs, so it needs no pooling).
+
+It runs nothing: the inputs are result files. Pool only runs of trees whose record paths do not
+differ in what they cost; the docs name which were pooled and why.
+
+    python benchmarks/bar_pool.py FILE [FILE ...] [--out NAME]
+
+Writes benchmarks/results/NAME.json and .png (NAME defaults to record_overhead-bar-pooled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from record_overhead import OUT, WORKLOADS, _pairs
+
+EPSILON = 1 / 15
+BAR = 0.02
+
+
+def pooled_interval(runs: list[dict[str, list[float]]], rounds: int = 10_000, level: float = 0.9) -> list[float]:
+    """A 90% percentile-bootstrap interval for the median over workloads of each workload's
+    median ratio, the pairs of every run pooled. Each round resamples each run's pairs of each
+    workload within that run (stratified by run), then pools them: a run keeps its weight.
+    ``runs`` holds, for each run, each workload's ratios. Seeded, so reproducible."""
+    rng = random.Random(0)
+    names = list(runs[0])
+    draws = []
+    for _ in range(rounds):
+        medians = []
+        for n in names:
+            pool = [x for run in runs for x in rng.choices(run[n], k=len(run[n]))]
+            medians.append(statistics.median(pool))
+        draws.append(statistics.median(medians) - 1)
+    draws.sort()
+    tail = (1 - level) / 2
+    return [draws[int(tail * rounds)], draws[int((1 - tail) * rounds) - 1]]
+
+
+def pool(paths: list[Path]) -> dict[str, Any]:
+    """The pooled figures of the ``--bar`` result files ``paths`` (see the module's docstring)."""
+    docs = [json.loads(p.read_text()) for p in paths]
+    for p, d in zip(paths, docs, strict=True):
+        if not d.get("bar") or set(d["results"]) != set(WORKLOADS):
+            raise SystemExit(f"{p}: not a --bar run of every workload ({', '.join(WORKLOADS)})")
+    names = list(WORKLOADS)
+    runs = [{n: _pairs(d["results"][n]) for n in names} for d in docs]
+    controls = [{n: _pairs(d["results"][n], "plain-control") for n in names} for d in docs if d.get("control")]
+    out: dict[str, Any] = {
+        "files": [p.name for p in paths],
+        "runs": [
+            {
+                "file": p.name,
+                "pairs": len(run[names[0]]),
+                "median": d["median_record_training_overhead"],
+                "interval": d["median_record_training_interval"],
+                "held": d["median_record_held_overhead"],
+                "workloads": {n: d["results"][n]["record_training_overhead"] for n in names},
+            }
+            for p, d, run in zip(paths, docs, runs, strict=True)
+        ],
+        "pairs": sum(len(run[names[0]]) for run in runs),
+        "workloads": {},
+    }
+    for n in names:
+        ratios = [x for run in runs for x in run[n]]
+        w: dict[str, Any] = {
+            "median": statistics.median(ratios) - 1,
+            "interval": pooled_interval([{n: run[n]} for run in runs]),
+            "pairs_above_epsilon": sum(r - 1 > EPSILON for r in ratios),
+            "pairs": len(ratios),
+            "held": statistics.median(d["results"][n]["record_held_overhead"] for d in docs),
+        }
+        if controls:
+            c = [x for run in controls for x in run[n]]
+            w["control_median"] = statistics.median(c) - 1
+            w["control_pairs_above_epsilon"] = sum(r - 1 > EPSILON for r in c)
+            w["control_pairs"] = len(c)
+        out["workloads"][n] = w
+    out["median"] = statistics.median(w["median"] for w in out["workloads"].values())
+    out["interval"] = pooled_interval(runs)
+    out["held"] = statistics.median(r["held"] for r in out["runs"])
+    if controls:
+        out["control_runs"] = len(controls)
+        out["control_median"] = statistics.median(w["control_median"] for w in out["workloads"].values())
+        out["control_interval"] = pooled_interval(controls)
+    return out
+
+
+def _print(out: dict[str, Any]) -> None:
+    print(f"{'run':52} {'pairs':>5} {'median':>7} {'90% interval':>18} {'held':>6}")
+    for r in out["runs"]:
+        lo, hi = r["interval"]
+        print(f"{r['file']:52} {r['pairs']:5d} {r['median']:+7.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18} {r['held']:6.1%}")
+    lo, hi = out["interval"]
+    print(f"{'pooled':52} {out['pairs']:5d} {out['median']:+7.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18} {out['held']:6.1%}")
+    for n, w in out["workloads"].items():
+        lo, hi = w["interval"]
+        line = (f"{n:10} pooled {w['median']:+.1%} ({lo:+.1%} .. {hi:+.1%}), {w['pairs_above_epsilon']}/{w['pairs']}"
+                f" pairs above ε, held {w['held']:.1%}")
+        if "control_median" in w:
+            line += (f"; control {w['control_median']:+.1%}, {w['control_pairs_above_epsilon']}/{w['control_pairs']}"
+                     " pairs above ε")
+        print(line)
+    if "control_interval" in out:
+        lo, hi = out["control_interval"]
+        print(f"control, pooled over {out['control_runs']} runs: {out['control_median']:+.1%} ({lo:+.1%} .. {hi:+.1%})")
+
+
+def _plot(out: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = [r["file"].removeprefix("record_overhead-bar-").removesuffix(".json") for r in out["runs"]] + ["pooled"]
+    meds = [100 * r["median"] for r in out["runs"]] + [100 * out["median"]]
+    ivs = [r["interval"] for r in out["runs"]] + [out["interval"]]
+    err = [[m - 100 * iv[0] for m, iv in zip(meds, ivs, strict=True)], [100 * iv[1] - m for m, iv in zip(meds, ivs, strict=True)]]
+    xs = list(range(len(meds)))
+    a.bar(xs, meds, yerr=err, capsize=3, color=["tab:blue"] * (len(meds) - 1) + ["tab:orange"])
+    a.axhline(100 * BAR, color="green", linestyle=":", label="2% (median bar)")
+    a.axhline(100 * EPSILON, color="red", linestyle="--", label="ε = 1/15")
+    a.axhline(0, color="black", linewidth=0.5)
+    a.set_xticks(xs, labels, rotation=30, ha="right", fontsize=7)
+    a.set_ylabel("median over workloads, % to exit")
+    a.set_title("Each run and the pooled pairs (90% intervals)")
+    a.legend(fontsize=7)
+    names = list(out["workloads"])
+    ys = [100 * out["workloads"][n]["median"] for n in names]
+    werr = [[y - 100 * out["workloads"][n]["interval"][0] for y, n in zip(ys, names, strict=True)],
+            [100 * out["workloads"][n]["interval"][1] - y for y, n in zip(ys, names, strict=True)]]
+    wx = list(range(len(names)))
+    b.bar([x - 0.2 for x in wx], ys, 0.4, yerr=werr, capsize=3, label="record, pooled")
+    if "control_interval" in out:
+        b.bar([x + 0.2 for x in wx], [100 * out["workloads"][n]["control_median"] for n in names], 0.4,
+              label="plain against plain (control), pooled")
+    b.bar([x - 0.2 for x in wx], [100 * out["workloads"][n]["held"] for n in names], 0.15, color="black", label="held")
+    b.axhline(100 * EPSILON, color="red", linestyle="--", label="ε = 1/15")
+    b.axhline(0, color="black", linewidth=0.5)
+    b.set_xticks(wx, names)
+    b.set_ylabel("% to exit")
+    b.set_title(f"Per workload, {out['pairs']} pairs pooled")
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("files", nargs="+", type=Path, metavar="FILE", help="record_overhead.py --bar result files")
+    ap.add_argument("--out", default="record_overhead-bar-pooled", help="the result files' name, without suffix")
+    args = ap.parse_args()
+    missing = [p for p in args.files if not p.is_file()]
+    if missing:
+        print(f"{missing[0]}: no such result file", file=sys.stderr)
+        raise SystemExit(2)
+    out = pool(args.files)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{args.out}.json").write_text(json.dumps(out, indent=2))
+    _plot(out, OUT / f"{args.out}.png")
+    _print(out)
+
+
+if __name__ == "__main__":
+    main()
