@@ -13,6 +13,7 @@ What it reports, per workload and for the median over workloads:
 - the **pooled** median over every pair of the runs given, with a 90% bootstrap interval that
   resamples pairs *within each run* (a run's weight stays its number of pairs, and a run
   measured on a fast day does not stand in for a slow one);
+  it does not resample the runs, so it speaks for the days measured, not for any day;
 - where the runs had ``--control``, the same for the A/A control, pooled: the floor;
 - held, the median of the runs' held figures (held is measured on the training thread, not a
   difference of two runs, so it needs no pooling).
