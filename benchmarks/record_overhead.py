@@ -395,9 +395,22 @@ def interval(ratios: list[list[float]], rounds: int = 10_000, level: float = 0.9
     side of a 2% bar by chance. The interval says how far the data pin the figure down: a bar
     is shown met only where the interval's upper end is under it. Seeded, so a result file
     is reproducible from its times."""
+    return stratified_interval([ratios], rounds, level)
+
+
+def stratified_interval(runs: list[list[list[float]]], rounds: int = 10_000, level: float = 0.9) -> list[float]:
+    """:func:`interval` over several runs' pairs pooled (``runs[k][w]``: run k's ratios of
+    workload w, the workloads in the same order in every run). Each round resamples each run's
+    pairs within that run and pools them, so a run keeps its weight (``bar_pool.py``); with one
+    run it is :func:`interval`, draw for draw."""
     rng = random.Random(0)
     draws = sorted(
-        statistics.median(statistics.median(rng.choices(r, k=len(r))) for r in ratios) - 1 for _ in range(rounds)
+        statistics.median(
+            statistics.median([x for run in runs for x in rng.choices(run[w], k=len(run[w]))])
+            for w in range(len(runs[0]))
+        )
+        - 1
+        for _ in range(rounds)
     )
     tail = (1 - level) / 2
     return [draws[int(tail * rounds)], draws[int((1 - tail) * rounds) - 1]]
