@@ -296,9 +296,9 @@ for epoch in range(5):
 
 def test_writes_through_data_turn_off_the_unchanged_tensor_shortcut(tmp_path: Path) -> None:
     env = {"FLORTRAIN_PERIOD": "every"}
-    runs, rep = record_and_replay_match_plain(tmp_path, DATA_WRITES, 'print(f"PROBE {w[0, 0].item():.1f}")', env)
+    rec, rep = record_and_replay_match_plain(tmp_path, DATA_WRITES, 'print(f"PROBE {w[0, 0].item():.1f}")', env)
     assert rep.code == 0
-    assert "train.py:7:9: writes a tensor through `.data`" in runs.err, runs.err
+    assert "train.py:7:9: writes a tensor through `.data`" in rec.err, rec.err
 
 
 KILLABLE = """\
@@ -413,14 +413,14 @@ for epoch in range(3):
 HANDLER, FALLBACK = "killed by signal", "exited unexpectedly"
 
 
-def _worker_crash(run: Callable[[], Result], tries: int = 3) -> Result:
+def _worker_crash(attempt: Callable[[], Result], tries: int = 3) -> Result:
     """Run until the dead worker is reported by DataLoader's SIGCHLD handler, at most ``tries``
     times. torch's detection races on its own: a plain ``python`` run of WORKER_CRASH, under the
     load of a parallel test run, reported the death through the fallback instead in 1 run of 45
     (and a record in 1 of 45). A flortrain that swallowed the handler's exception, replaced the
     handler or ignored SIGCHLD reports it through the fallback every time, and still fails here."""
     for _ in range(tries):
-        result = run()
+        result = attempt()
         assert result.code == 1 and "DataLoader worker (pid" in result.err, result.err
         if HANDLER in result.err:
             return result
