@@ -417,8 +417,9 @@ def _worker_crash(attempt: Callable[[], Result], tries: int = 3) -> Result:
     """Run until the dead worker is reported by DataLoader's SIGCHLD handler, at most ``tries``
     times. torch's detection races on its own: a plain ``python`` run of WORKER_CRASH, under the
     load of a parallel test run, reported the death through the fallback instead in 1 run of 45
-    (and a record in 1 of 45). A flortrain that swallowed the handler's exception, replaced the
-    handler or ignored SIGCHLD reports it through the fallback every time, and still fails here."""
+    (and a record in 1 of 45). A flortrain that replaces the handler after DataLoader set it
+    reports the death through the fallback every time, and still fails here (planted and
+    checked at stop 43)."""
     for _ in range(tries):
         result = attempt()
         assert result.code == 1 and "DataLoader worker (pid" in result.err, result.err
