@@ -523,9 +523,10 @@ def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
         assert s.main_iteration("M1", getters, getters) is None
         assert s.adaptive.spent == spent and costs.declined == declined
         # as if 100 s of training had gone by in this loop's iterations (no block inside: Eq. 4
-        # weighs the boundary against all of it)
+        # weighs the boundary against all of it, the uncovered compute since the latest boundary)
         s.adaptive.training += 100.0
         s.adaptive.costs["M1"].compute += 100.0
+        s.adaptive.costs["M1"].uncovered += 100.0
         assert s.main_iteration("M1", getters, getters) is not None
         s.main_exit("M1")
     finally:
