@@ -324,6 +324,17 @@ def _checkpointed(store: Path) -> tuple[int, int]:
     return rows.get("checkpointed", 0), sum(rows.values())
 
 
+def _boundaries(store: Path) -> int:
+    """Main-loop boundary checkpoints of the latest record (what a replay jumps to)."""
+    db = sqlite3.connect(store / "flortrain.db")
+    try:
+        (rid,) = db.execute("SELECT MAX(id) FROM runs WHERE kind='record'").fetchone()
+        (n,) = db.execute("SELECT COUNT(*) FROM blocks WHERE run_id=? AND state='boundary'", (rid,)).fetchone()
+    finally:
+        db.close()
+    return int(n)
+
+
 def bench(
     name: str, reps: int, quick: bool, against: Path | None = None, bar: bool = False, epochs_times: int = 1,
     base_env: dict[str, str] | None = None, control: bool = False,
@@ -336,6 +347,7 @@ def bench(
     orders: list[list[str]] = []
     orders_of = list(itertools.permutations(modes))
     checkpointed: dict[str, tuple[int, int]] = {}
+    boundaries: dict[str, list[int]] = {}
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         script = work / "train.py"
@@ -357,6 +369,7 @@ def bench(
                 times[mode].append(_run(cmd, work, env))
                 if not plain:
                     checkpointed[mode] = _checkpointed(work / mode)
+                    boundaries.setdefault(mode, []).append(_boundaries(work / mode))
             if not bar:
                 # what the record buys: an outer probe replayed, against re-running the probed script
                 script.write_text(source(name, quick, probe=True, times=epochs_times))
@@ -369,7 +382,7 @@ def bench(
     def ratios(mode: str, base: str, i: int) -> list[float]:
         return [a[i] / b[i] for a, b in zip(times[mode], times[base], strict=True)]
 
-    out: dict[str, Any] = {"times": times, "checkpointed": checkpointed, "orders": orders,
+    out: dict[str, Any] = {"times": times, "checkpointed": checkpointed, "boundaries": boundaries, "orders": orders,
                            "steps_per_epoch": _calibrated.get(name, WORKLOADS[name][1])}
     for mode in modes[1:]:
         for i, what in ((2, "loop"), (0, "training"), (1, "end_to_end"), (3, "cpu")):
@@ -566,15 +579,23 @@ def reanalyze(path: Path) -> None:
         _print_bar(doc, results, doc.get("against"))
 
 
+def _boundaries_seen(result: dict[str, Any], mode: str) -> str:
+    """A mode's boundary checkpoints per record, as their range over the repetitions ("" in
+    files written before they were counted)."""
+    seen = result.get("boundaries", {}).get(mode)
+    return f"{min(seen)}..{max(seen)}" if seen else ""
+
+
 def _print_bar(doc: dict[str, Any], results: dict[str, dict[str, Any]], against: str | None = None) -> None:
     """The table of a ``--bar`` run: each workload's overhead to exit, its interval, held (and,
     with ``--against``, the same for that commit's record, measured against the same plain runs)."""
-    print(f"{'workload':10} {'to exit':>8} {'90% interval':>18} {'loop':>8} {'held':>6} {'checkpointed':>13}")
+    print(f"{'workload':10} {'to exit':>8} {'90% interval':>18} {'loop':>8} {'held':>6} {'checkpointed':>13}"
+          f" {'boundaries':>10}")
     for n, r in results.items():
         lo, hi = r["record_training_interval"]
         print(f"{n:10} {r['record_training_overhead']:8.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18}"
               f" {r['record_loop_overhead']:8.1%} {r['record_held_overhead']:6.1%}"
-              f" {'{}/{}'.format(*r['checkpointed']['record']):>13}")
+              f" {'{}/{}'.format(*r['checkpointed']['record']):>13} {_boundaries_seen(r, 'record'):>10}")
     for n, r in results.items():
         if "plain-control_training_interval" in r:
             lo, hi = r["plain-control_training_interval"]
@@ -589,7 +610,8 @@ def _print_bar(doc: dict[str, Any], results: dict[str, dict[str, Any]], against:
             print(f"{n:10} as of {against}: to exit {r['record-against_training_overhead']:8.1%}"
                   f" held {r['record-against_held_overhead']:6.1%} exit wait {r['record-against_exit_wait']:.2f}s"
                   f" (this tree {r['record_exit_wait']:.2f}s)"
-                  f" checkpointed {'{}/{}'.format(*r['checkpointed']['record-against'])}")
+                  f" checkpointed {'{}/{}'.format(*r['checkpointed']['record-against'])}"
+                  f" boundaries {_boundaries_seen(r, 'record-against')}")
     if "median_record_training_interval" in doc:
         lo, hi = doc["median_record_training_interval"]
         print(f"median over workloads, to exit: {doc['median_record_training_overhead']:.1%}"
