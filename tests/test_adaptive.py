@@ -143,8 +143,8 @@ def test_compute_that_paid_for_boundaries_once_does_not_pay_for_a_burst_of_them_
     """A boundary spares a replay the compute since the latest one, so that is its Eq. 4 C. The
     run's average had let 20 uncovered iterations pay for a boundary after each of the next
     ~80, once the block in them was checkpointed every time (each sparing a replay nothing):
-    in the fine-tuning benchmark, 16 to 21 boundaries of 60 epochs, in runs of up to 17 in a
-    row, at about 1 ms each (stop 44)."""
+    in the fine-tuning shape, up to 21 boundaries of 60 epochs, 17 in a row, at about 1 ms
+    each (stop 44)."""
     period = AdaptivePeriod(epsilon=1 / 15, every=False, boundary_interval=1000.0)
     taken = []
     for i in range(120):

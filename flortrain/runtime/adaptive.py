@@ -78,10 +78,10 @@ True``) is unchanged: its iterations are all uncovered.
 **And only the compute since the latest boundary.** A replay jumps to the latest boundary before
 the iteration it needs, so a boundary spares the uncovered compute since the one before it, not
 a share of the run's. Eq. 4's amortized form (the mean C, times n / (k + 1)) let compute that
-an earlier boundary had already spared pay again: in the fine-tuning benchmark, a few epochs
+an earlier boundary had already spared pay again: in the fine-tuning shape, a few epochs
 whose block the budget turned down early in the run paid for a boundary after nearly every
-later epoch, though the block was checkpointed in each (16 to 21 boundaries of 60 epochs, up to
-17 in a row, about 1 ms each; stop 44). So a boundary is due once its price is within Eq. 4's
+later epoch, though the block was checkpointed in each (up to 21 boundaries of 60 epochs, 17 in
+a row, about 1 ms each; stop 44). So a boundary is due once its price is within Eq. 4's
 share of the uncovered compute since the latest one. Where a boundary takes several iterations
 to pay for, what the last of them paid beyond its price counts toward the next, so the period
 keeps Eq. 4's rate rather than rounding it down to whole iterations. Blocks keep the amortized
