@@ -160,6 +160,9 @@ def test_compute_that_paid_for_boundaries_once_does_not_pay_for_a_burst_of_them_
     assert taken == list(range(20))  # 1% each, and each spares a second of compute
     # what 100 covered iterations leave uncovered (c · M each) pays for none
     assert period.costs["M1"].uncovered < 0.01 / period.target
+    # and with nothing uncovered since the latest boundary, not even a free one is due
+    period.costs["M1"].uncovered = 0.0
+    assert not period._eq4(period.costs["M1"], 0.0)
 
 
 @pytest.mark.parametrize("every_s", [3.5, 2.5, 1.25])

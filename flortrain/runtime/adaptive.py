@@ -253,8 +253,8 @@ class AdaptivePeriod:
         """Eq. 4 for one more checkpoint of mean cost ``m``. A main loop's boundary is weighed
         against the compute it spares, the uncovered compute since the latest boundary, not the
         run's average (see the module docstring)."""
-        if c.outer:
-            return m <= c.uncovered * self._share()
+        if c.outer:  # a boundary with nothing uncovered since the last spares nothing, however cheap
+            return c.uncovered > 0 and m <= c.uncovered * self._share()
         cc = c.compute / max(c.n, 1)
         if cc <= 0:
             return False
