@@ -313,26 +313,17 @@ def calibrate(name: str, base_env: dict[str, str] | None = None) -> int:
     return chosen
 
 
-def _checkpointed(store: Path) -> tuple[int, int]:
-    """(block instances checkpointed, block instances) of the latest record."""
+def _record_rows(store: Path) -> tuple[tuple[int, int], int]:
+    """(block instances checkpointed, block instances) of the latest record, and its main-loop
+    boundary checkpoints (what a replay jumps to): one query of the store's rows by state."""
     db = sqlite3.connect(store / "flortrain.db")
     try:
         (rid,) = db.execute("SELECT MAX(id) FROM runs WHERE kind='record'").fetchone()
-        rows = dict(db.execute("SELECT state, COUNT(*) FROM blocks WHERE run_id=? AND state!='boundary' GROUP BY state", (rid,)).fetchall())
+        rows = dict(db.execute("SELECT state, COUNT(*) FROM blocks WHERE run_id=? GROUP BY state", (rid,)).fetchall())
     finally:
         db.close()
-    return rows.get("checkpointed", 0), sum(rows.values())
-
-
-def _boundaries(store: Path) -> int:
-    """Main-loop boundary checkpoints of the latest record (what a replay jumps to)."""
-    db = sqlite3.connect(store / "flortrain.db")
-    try:
-        (rid,) = db.execute("SELECT MAX(id) FROM runs WHERE kind='record'").fetchone()
-        (n,) = db.execute("SELECT COUNT(*) FROM blocks WHERE run_id=? AND state='boundary'", (rid,)).fetchone()
-    finally:
-        db.close()
-    return int(n)
+    boundaries = rows.pop("boundary", 0)
+    return (rows.get("checkpointed", 0), sum(rows.values())), boundaries
 
 
 def bench(
@@ -368,8 +359,8 @@ def bench(
                 cmd = [py, "train.py"] if plain else [py, "-m", "flortrain", "record", "train.py"]
                 times[mode].append(_run(cmd, work, env))
                 if not plain:
-                    checkpointed[mode] = _checkpointed(work / mode)
-                    boundaries.setdefault(mode, []).append(_boundaries(work / mode))
+                    checkpointed[mode], taken = _record_rows(work / mode)
+                    boundaries.setdefault(mode, []).append(taken)
             if not bar:
                 # what the record buys: an outer probe replayed, against re-running the probed script
                 script.write_text(source(name, quick, probe=True, times=epochs_times))
