@@ -44,7 +44,7 @@ def test_a_memoized_digest_is_the_digest_of_the_state_given() -> None:
     random.seed(1)
     np.random.seed(1)
     torch.manual_seed(1)
-    memo: dict[str, tuple[Any, str]] = {}
+    memo: dict[str, tuple[bytes, str]] = {}
     seen = []
     for state in _variants(rng.capture()):
         got = rng.digest_map(state, memo)
@@ -54,7 +54,7 @@ def test_a_memoized_digest_is_the_digest_of_the_state_given() -> None:
 
 
 def test_a_stream_the_script_draws_from_gets_a_new_digest_with_the_memo() -> None:
-    memo: dict[str, tuple[Any, str]] = {}
+    memo: dict[str, tuple[bytes, str]] = {}
     first = rng.digest_map(rng.capture(), memo)
     np.random.standard_normal()  # numpy moves, and caches the second Gaussian of its pair
     second = rng.digest_map(rng.capture(), memo)

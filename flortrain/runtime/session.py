@@ -83,7 +83,7 @@ class Session:
     unnamed_effects: dict[str, str] = field(default_factory=dict)
     _main_audit: tuple[str, audit.Image, FrameType] | None = None
     _initial_digests: dict[str, str] = field(default_factory=dict)
-    _digest_memo: dict[str, tuple[Any, str]] = field(default_factory=dict)  # ``rng.digest_map``'s
+    _digest_memo: dict[str, tuple[bytes, str]] = field(default_factory=dict)  # ``rng.digest_map``'s
     #: id -> (tensor, version, name): live module tensors hashed by :meth:`live_object`
     _live_names: dict[int, tuple[Any, int, str]] = field(default_factory=dict)
     _last_commit: float = 0.0
