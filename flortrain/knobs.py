@@ -111,7 +111,8 @@ REPLAY_ALLOCATORS = ("steady", "default")
 
 
 #: Fault injection for tests: ``name=value`` pairs, comma separated (``writer-delay=2``: the
-#: writer sleeps that long before each checkpoint, a slow disk; ``launcher-fail=1``: the
+#: writer sleeps that long before each checkpoint, a slow disk; ``writer-fail=1``: it fails
+#: every checkpoint as on a full disk and writes nothing; ``launcher-fail=1``: the
 #: launcher raises before it waits, a bug in it; ``checkpoint-signal=N``: the training process
 #: sends itself signal N as it stages its first checkpoint, a signal arriving mid-hook).
 INJECT_ENV = "FLORTRAIN_INJECT"

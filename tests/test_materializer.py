@@ -354,6 +354,30 @@ def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_comple
     assert flortrain(tmp_path, "diff").code == 0
 
 
+def test_a_writer_whose_every_write_fails_leaves_a_complete_run_with_no_checkpoint_claimed(tmp_path: Path) -> None:
+    """``FLORTRAIN_INJECT=writer-fail=1`` (a full disk for every item; ``record_variants.py``
+    uses it to time the training side of a record alone): each staged checkpoint is reported
+    lost, none has a commit row, the output is untouched, and the replay re-executes all."""
+    script = tmp_path / "train.py"
+    script.write_text(KILLABLE.replace("    time.sleep(0.25)   # training goes on after the kill: a new writer must take over\n", ""))
+    truth = plain(script)
+    rec = flortrain(tmp_path, "record", "train.py", env={"FLORTRAIN_PERIOD": "every", "FLORTRAIN_INJECT": "writer-fail=1"})
+    assert rec.code == 0, rec.err
+    assert rec.out == truth.out
+    assert "0 of 8 block instances checkpointed" in rec.err, rec.err
+    lost = re.findall(r"checkpoint \S+ not written: No space left on device \(injected: writer-fail\)", rec.err)
+    assert len(lost) >= 8, rec.err  # the loop's 8 instances, and the boundaries staged
+    store = Store(tmp_path / ".flortrain")
+    assert store.checkpoints(1) == {}
+    assert _objects(tmp_path / ".flortrain") == []
+    script.write_text(script.read_text().replace("    #PROBE", '    print(f"PROBE {model[0].weight.sum().item():.6f}")'))
+    want = [ln for ln in plain(script).out.splitlines() if ln.startswith("PROBE")]
+    rep = flortrain(tmp_path, "replay", "train.py")
+    assert rep.code == 0, rep.err
+    assert [ln for ln in rep.out.splitlines() if ln.startswith("PROBE")] == want
+    assert flortrain(tmp_path, "diff").code == 0
+
+
 def test_a_failed_write_loses_that_checkpoint_only(tmp_path: Path) -> None:
     """The objects directory cannot be created (a file is in its way, as a full or broken disk
     would refuse it): checkpoints holding large tensors are lost with a warning; the run, and the

@@ -29,6 +29,7 @@ goes on with the next.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import signal
@@ -41,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+from flortrain import knobs
 from flortrain.channel import Channel
 from flortrain.runtime import blobformat
 from flortrain.runtime.arena import MADV_POPULATE_READ, populate_chunks
@@ -279,6 +281,9 @@ class Desk:
         self.pace = pace
         self.parent = parent
         self.delay = delay
+        #: fault injection (FLORTRAIN_INJECT=writer-fail=1): every item fails as on a full disk,
+        #: nothing is written; what is left of a record's cost is the training side's alone
+        self.fail = bool(knobs.injected("writer-fail"))
         self.tokens: dict[int, str] = {}
         self.queue: deque[Any] = deque()
         self.cpu = IdleCores()
@@ -362,6 +367,8 @@ class Desk:
         self.objects.lane = lane
         reply: tuple[Any, ...]
         try:
+            if self.fail:
+                raise OSError(errno.ENOSPC, "No space left on device (injected: writer-fail)", item["rel"])
             rel, sha, nbytes, digests = _write(item, self.arena, self.objects, self.tokens)
         except Exception as e:  # reported, never fatal: the next item may well succeed
             reason = f"{type(e).__name__}: {e}" if not isinstance(e, OSError) else f"{e.strerror or e} ({e.filename or ''})"
