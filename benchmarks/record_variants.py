@@ -19,7 +19,8 @@ the time from each instance's first step to the end of its last: the training st
 no hook in them. A record whose steps take longer than a plain run's pays something the hooks
 leave behind (cold caches, a heap laid out differently, a core taken by the writer).
 
-Every run uses the steady allocator (``record_overhead.STEADY_ALLOCATOR``), as the bar does; the
+Every repetition also runs ``plain-control``, a second plain run compared with the first as a
+record is (an A/A control): what the pairs cannot resolve. Every run uses the steady allocator (``record_overhead.STEADY_ALLOCATOR``), as the bar does; the
 order of the modes rotates by repetition, so that every mode runs in every position equally often.
 
     python benchmarks/record_variants.py [--only finetune] [--reps 8] [--inner] [--quick]
@@ -74,8 +75,9 @@ _TMPFS = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettem
 def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
     """``NAME=KEY:VALUE,...`` as (name, settings); raises ``ValueError`` saying what is wrong."""
     name, sep, rest = spec.partition("=")
-    if not sep or not name or name in ("plain", "record"):
-        raise ValueError(f"--variant {spec!r}: expected NAME=KEY:VALUE,... with a NAME other than plain or record")
+    if not sep or not name or name in ("plain", "plain-control", "record"):
+        raise ValueError(f"--variant {spec!r}: expected NAME=KEY:VALUE,... with a NAME other than plain, plain-control"
+                         " or record")
     settings: dict[str, str] = {}
     for pair in filter(None, rest.split(",")):
         key, sep, value = pair.partition(":")
@@ -119,7 +121,10 @@ def command(mode: str, settings: dict[str, str] | None, work: Path, rep: int) ->
 
 
 def bench(name: str, variants: dict[str, dict[str, str]], reps: int, quick: bool, inner: bool) -> dict[str, Any]:
-    modes: dict[str, dict[str, str] | None] = {"plain": None, "record": {}, **variants}
+    # ``plain-control``, a second plain run compared with the first as a record is: every
+    # variant's ratio has the same plain runs below it, so a few fast ones would move them all
+    # alike, and the control shows it
+    modes: dict[str, dict[str, str] | None] = {"plain": None, "plain-control": None, "record": {}, **variants}
     order = list(modes)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as d:
@@ -150,8 +155,9 @@ def bench(name: str, variants: dict[str, dict[str, str]], reps: int, quick: bool
             s[f"{what}_overhead"], s[f"{what}_spread"] = median_spread(ratios, 1)
             s[f"{what}_interval"] = interval([ratios])
         s["held"], s["held_spread"] = median_spread([r["held"] for r in runs[mode]])
-        s["checkpointed"] = [f"{r['checkpointed']}/{r['instances']}" for r in runs[mode]]
-        s["boundaries"] = [r["boundaries"] for r in runs[mode]]
+        if modes[mode] is not None:
+            s["checkpointed"] = [f"{r['checkpointed']}/{r['instances']}" for r in runs[mode]]
+            s["boundaries"] = [r["boundaries"] for r in runs[mode]]
         out["summary"][mode] = s
     return out
 
@@ -187,7 +193,7 @@ def main() -> None:
             line = f"  {mode:16} {s['loop_overhead']:+8.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18} {s['held']:7.1%}"
             if args.inner:
                 line += f" {s['steps_overhead']:+8.1%}"
-            print(line + f"  {statistics.median_low(s['checkpointed'])} (median)")
+            print(line + (f"  {statistics.median_low(s['checkpointed'])} (median)" if "checkpointed" in s else ""))
 
 
 def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
