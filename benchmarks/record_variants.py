@@ -20,8 +20,10 @@ no hook in them. A record whose steps take longer than a plain run's pays someth
 leave behind (cold caches, a heap laid out differently, a core taken by the writer).
 
 Every repetition also runs ``plain-control``, a second plain run compared with the first as a
-record is (an A/A control): what the pairs cannot resolve. Every run uses the steady allocator (``record_overhead.STEADY_ALLOCATOR``), as the bar does; the
-order of the modes rotates by repetition, so that every mode runs in every position equally often.
+record is (an A/A control): what the pairs cannot resolve. Every run uses the steady allocator
+(``record_overhead.STEADY_ALLOCATOR``), as the bar does. The order of the modes rotates by
+repetition, so that over as many repetitions as there are modes every mode runs in every
+position once.
 
     python benchmarks/record_variants.py [--only finetune] [--reps 8] [--inner] [--quick]
         [--variant NAME=KEY:VALUE,...]...

@@ -178,14 +178,22 @@ def db_timeout() -> float:
 
 def injected(name: str) -> float:
     """The value of an injected fault, 0 when it is not injected."""
+    return _injections().get(name, 0.0)
+
+
+def _injections() -> dict[str, float]:
+    """Every injected fault by name; a value that is not a number fails in one line (checked up
+    front by :func:`validate`, so a forked writer never meets it first)."""
+    out: dict[str, float] = {}
     for pair in os.environ.get(INJECT_ENV, "").split(","):
         k, _, v = pair.partition("=")
-        if k.strip() == name:
-            try:
-                return float(v)
-            except ValueError:
-                raise FlortrainError(f"{INJECT_ENV}: {pair!r} needs a number", code="FT050") from None
-    return 0.0
+        if not k.strip():
+            continue
+        try:
+            out[k.strip()] = float(v)
+        except ValueError:
+            raise FlortrainError(f"{INJECT_ENV}: {pair!r} needs a number", code="FT050") from None
+    return out
 
 
 def epsilon() -> float:
@@ -243,3 +251,4 @@ def validate() -> None:
     prestart()
     static_overlap()
     db_timeout()
+    _injections()

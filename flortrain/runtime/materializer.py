@@ -384,7 +384,6 @@ class BackgroundMaterializer:
         self.size = knobs.buffer_bytes()
         self.flush_timeout = knobs.flush_timeout()
         self.delay = knobs.injected("writer-delay")
-        knobs.injected("writer-fail")  # read again by the writer; a bad value fails here, in one line
         self.backlog = knobs.writer_backlog()
         self.tracker = ChangeTracker(track_versions)
         self.sync = SyncMaterializer(store, run_id, callbacks)
