@@ -30,7 +30,8 @@ position once.
 
 A ``--variant`` replaces the defaults: ``epsilon:X`` passes ``--epsilon X``, ``store:tmpfs`` puts
 the store on ``/dev/shm``, any other key is an environment variable (``FLORTRAIN_PERIOD:every``).
-Writes ``results/record_variants[-inner][-quick].json`` and ``.png``.
+Writes ``results/record_variants[-SHAPES][-inner][-quick].json`` and ``.png`` (``-SHAPES`` when
+``--only`` names other shapes than the fine-tuning one, the default).
 """
 
 from __future__ import annotations
@@ -182,7 +183,8 @@ def main() -> None:
             calibrate(name, STEADY_ALLOCATOR)
     results = {name: bench(name, variants, reps, args.quick, args.inner) for name in args.only}
     OUT.mkdir(parents=True, exist_ok=True)
-    stem = "record_variants" + ("-inner" if args.inner else "") + ("-quick" if args.quick else "")
+    shapes = "" if args.only == ["finetune"] else "-" + "-".join(args.only)  # the default keeps its name
+    stem = "record_variants" + shapes + ("-inner" if args.inner else "") + ("-quick" if args.quick else "")
     doc = {"reps": reps, "quick": args.quick, "inner": args.inner, "steady_allocator": True, "results": results}
     (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=2))
     _plot(results, OUT / f"{stem}.png")

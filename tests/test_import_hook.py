@@ -283,3 +283,37 @@ def test_installed_code_reached_through_a_symlink_is_passed_over_by_its_prefix(
     monkeypatch.delitem(audit._PROJECT, "flortrain_test_installed", raising=False)
     assert "flortrain_test_installed" not in audit.project_modules(files)
     assert module.__file__ not in asked
+
+
+def test_the_audits_project_modules_follow_every_change_to_sys_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``project_modules`` answers again from its last answer while ``sys.modules`` is as it was
+    then; a project module imported, removed or replaced under its name since must show."""
+    import types
+
+    from flortrain.runtime import audit, importhook
+
+    files = importhook.ProjectFiles([str(tmp_path)], str(tmp_path / "train.py"))
+
+    def project_module(name: str) -> types.ModuleType:
+        m = types.ModuleType(name)
+        m.__file__ = str(tmp_path / f"{name}.py")
+        return m
+
+    first = project_module("flortrain_test_helpers")
+    monkeypatch.setitem(sys.modules, "flortrain_test_helpers", first)
+    assert audit.project_modules(files)["flortrain_test_helpers"] is first
+    assert audit.project_modules(files)["flortrain_test_helpers"] is first  # the last answer again
+    assert "flortrain_test_more" not in audit.project_modules(files)
+    monkeypatch.setitem(sys.modules, "flortrain_test_more", project_module("flortrain_test_more"))
+    assert "flortrain_test_more" in audit.project_modules(files)  # imported since
+    again = project_module("flortrain_test_helpers")
+    sys.modules["flortrain_test_helpers"] = again  # re-imported: a new module under the old name
+    assert audit.project_modules(files)["flortrain_test_helpers"] is again
+    del sys.modules["flortrain_test_more"]
+    assert "flortrain_test_more" not in audit.project_modules(files)
+    answer = audit.project_modules(files)
+    answer.clear()  # a caller's copy: the next answer is whole
+    assert "flortrain_test_helpers" in audit.project_modules(files)
+    other = importhook.ProjectFiles([str(tmp_path / "elsewhere")], str(tmp_path / "train.py"))
+    monkeypatch.setattr(audit, "_PROJECT", {})  # judged afresh for another project
+    assert "flortrain_test_helpers" not in audit.project_modules(other)

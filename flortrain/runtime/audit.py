@@ -85,15 +85,33 @@ def roots(frame: FrameType | None, project: Any = None) -> dict[str, Any]:
 
 
 _PROJECT: dict[str, bool] = {}
+#: the last answer of :func:`project_modules`: a copy of ``sys.modules`` then, the project, the
+#: answer
+_LAST: tuple[dict[str, Any], Any, dict[str, types.ModuleType]] | None = None
 
 
 def project_modules(project: Any) -> dict[str, types.ModuleType]:
     """The imported modules whose files are the project's (each file judged once). A file under
     an installed or standard prefix is passed over by its name: resolving each of torch's
-    ~1,500 module paths held the first audited iteration up 0.19 s (stop 34)."""
+    ~1,500 module paths held the first audited iteration up 0.19 s (stop 34).
+
+    An audit asks at every loop entry and boundary it audits, and ``sys.modules`` has rarely
+    changed since: the last answer stands while a copy of ``sys.modules`` taken with it still
+    equals it, which compares each entry by identity first (the copy keeps every module it
+    names alive, so no identity passes to a new module meanwhile). After a training step the
+    walk over ~1,200 modules took 0.55-0.77 ms, the comparison a few tens of µs (stop 46)."""
+    global _LAST
+    last = _LAST
+    if last is not None and last[1] is project:
+        try:
+            if last[0] == sys.modules:
+                return dict(last[2])
+        except Exception:  # a non-module entry whose ``==`` will not say: judge them all again
+            pass
     out: dict[str, types.ModuleType] = {}
     excluded = tuple(getattr(project, "excluded", ()))
-    for name, module in list(sys.modules.items()):
+    snapshot = dict(sys.modules)
+    for name, module in snapshot.items():
         ours = _PROJECT.get(name)
         if ours is None:
             path = getattr(module, "__file__", None)
@@ -102,7 +120,8 @@ def project_modules(project: Any) -> dict[str, types.ModuleType]:
             )
         if ours and isinstance(module, types.ModuleType):
             out[name] = module
-    return out
+    _LAST = (snapshot, project, out)
+    return dict(out)
 
 
 class Image:
