@@ -8,7 +8,10 @@ teardown, because the training process committed what the writer wrote: 0.12 to 
 benchmark's shapes, about one point of overhead. Now the training process hands what is still in
 flight over (:meth:`~flortrain.runtime.session.Session.flush`) and goes on to exit at once; the
 writer drains on the idle core meanwhile and sends its results here; this process commits them to
-the store, prints the record's last line, and exits with the training process's status.
+the store as soon as the writer is done (during the training process's teardown, where it can),
+prints the record's last line once the training process has exited, and exits with its status.
+It holds the store open from the run's start (:meth:`Launcher._open`), so that the training
+process's close is not the last one, which copies SQLite's write-ahead log back.
 
 This process:
 
@@ -94,8 +97,8 @@ class Summary:
 
 
 def tell(*msg: Any) -> None:
-    """Send the launcher a message (nothing without one): ``("run", id, script)`` once the run
-    exists, ``("finished",)`` once its last line is printed, or ``("handoff", spec)``."""
+    """Send the launcher a message (nothing without one): ``("run", id, script, store root)``
+    once the run exists, ``("finished",)`` once its last line is printed, or ``("handoff", spec)``."""
     if channel is not None:
         with contextlib.suppress(OSError):
             channel.send(msg)
@@ -176,17 +179,27 @@ class Launcher:
         self.finished = False
         self.spec: dict[str, Any] | None = None
         self.status: int | None = None  # the training process's wait status, once it has ended
+        #: the store, opened when the run began (see :meth:`_open`); None once closed
+        self.store: Any = None
+        #: when the training process was seen to have exited (``time.monotonic()``)
+        self.exited: float | None = None
+        #: the record's last line, once what was handed over is committed
+        self.last_line: str | None = None
 
     def run(self) -> int:
         """Wait for the training process, commit what it handed over; its wait status."""
         if knobs.injected("launcher-fail"):  # fault injection: a bug in the launcher
             raise RuntimeError("injected")
-        status = self.status = self._wait()
-        exited = time.monotonic()
-        self._read_training()
-        if self.spec is not None:
-            replies = self._collect(self.spec)
-            self._commit(self.spec, replies, time.monotonic() - exited)
+        try:
+            status = self.status = self._wait()
+            if self.exited is None:
+                self.exited = time.monotonic()
+            self._read_training()
+            self._settle()
+        finally:
+            self._close()
+        if self.last_line is not None:
+            print(self.last_line, file=sys.stderr, flush=True)
         elif os.WIFSIGNALED(status) and not self.finished and self.run_id is not None:
             sig = os.WTERMSIG(status)
             _warn(
@@ -201,6 +214,7 @@ class Launcher:
             info = signal.sigwaitinfo(_WAITED)
             if info.si_signo == signal.SIGIO:
                 self._read_training()
+                self._settle()
             elif info.si_signo == signal.SIGCHLD:
                 done, status = os.waitpid(self.pid, os.WNOHANG)
                 if done:
@@ -215,10 +229,43 @@ class Launcher:
             while (msg := self.training.recv(0)) is not None:
                 if msg[0] == "run":
                     self.run_id, self.script = msg[1], msg[2]
+                    self._open(msg[3])
                 elif msg[0] == "finished":
                     self.finished = True
+                    self._close()
                 elif msg[0] == "handoff":
                     self.spec = msg[1]
+
+    def _open(self, root: str) -> None:
+        """Open the store as the run begins, and hold it open until the training process has
+        closed its own. SQLite's last connection to close copies the write-ahead log into the
+        database and syncs it: 11 ms in the training process, between the script's end and its
+        exit, where nothing else overlaps it. Held here, that falls to this process, which closes
+        the store (:meth:`_close`) while the training process's interpreter tears down its heap
+        (half a second for a torch script), on the other core (stop 46). A store that will not
+        open here is opened again to commit (:meth:`_commit`); nothing depends on this one."""
+        from flortrain.store.db import Store
+
+        try:
+            self.store = Store(Path(root), trust=True)  # the training process verified it
+        except Exception:
+            self.store = None
+
+    def _close(self) -> None:
+        if self.store is not None:
+            store, self.store = self.store, None
+            with contextlib.suppress(Exception):
+                store.close()
+
+    def _settle(self) -> None:
+        """Commit what the training process handed over, once it has (the training process has
+        closed its store by then): while it exits, or once it has."""
+        if self.spec is None or self.last_line is not None:
+            return
+        replies = self._collect(self.spec)
+        after = 0.0 if self.exited is None else time.monotonic() - self.exited
+        self.last_line = self._commit(self.spec, replies, after)
+        self._close()
 
     def _collect(self, spec: dict[str, Any]) -> dict[str, Any]:
         """The writer's results for the keys handed over, until it says it is done, dies, or
@@ -228,6 +275,10 @@ class Launcher:
             pidfd: int | None = os.pidfd_open(spec["writer"])
         except OSError:  # gone already: what it sent is all there is
             pidfd = None
+        training: int | None = None
+        if self.exited is None:
+            with contextlib.suppress(OSError):
+                training = os.pidfd_open(self.pid)
         timeout = knobs.flush_timeout()
         t0 = time.monotonic()
         told = exited = False
@@ -243,11 +294,18 @@ class Launcher:
                 if not told and waited > 2:
                     told = True
                     _warn(f"waiting for {len(spec['inflight']) - len(replies)} checkpoint(s) to be written")
-                ready, _, _ = select.select([self.writer.sock.fileno(), pidfd], [], [], min(1.0, timeout - waited))
+                fds = [self.writer.sock.fileno(), pidfd] + ([training] if training is not None else [])
+                ready, _, _ = select.select(fds, [], [], min(1.0, timeout - waited))
+                if training is not None and training in ready:  # "after" counts from here
+                    self.exited = time.monotonic()
+                    ready.remove(training)
+                    os.close(training)
+                    training = None
                 exited = ready == [pidfd]
         finally:
-            if pidfd is not None:
-                os.close(pidfd)
+            for fd in (pidfd, training):
+                if fd is not None:
+                    os.close(fd)
         return replies
 
     def _drain(self, replies: dict[str, Any]) -> bool:
@@ -262,16 +320,17 @@ class Launcher:
             return True
         return False
 
-    def _commit(self, spec: dict[str, Any], replies: dict[str, Any], after: float) -> None:
+    def _commit(self, spec: dict[str, Any], replies: dict[str, Any], after: float) -> str:
         """Commit each checkpoint the writer wrote, as the training process would have
-        (``BackgroundMaterializer._take``); say which were lost; print the record's last line."""
+        (``BackgroundMaterializer._take``); say which were lost; the record's last line."""
         from flortrain.store.db import Store
 
         run_id: int = spec["run_id"]
         pending: dict[str, str] = spec["pending"]
         more = 0
         try:
-            store = Store(Path(spec["root"]), trust=True)  # the training process verified it
+            store = self.store if self.store is not None else Store(Path(spec["root"]), trust=True)
+            self.store = store
             store.hold_claims()
             for key in spec["inflight"]:
                 reply, state = replies.get(key), pending.get(key)
@@ -286,12 +345,13 @@ class Launcher:
                 _warn(f"checkpoint {key} not written: {reason}")
                 if state is not None:
                     store.note_block(run_id, key, f"checkpoint lost: {reason}")
+            self.store = None
             store.close()
         except Exception as e:  # a store that fails now loses these checkpoints, never the run
             more = 0
             _warn(f"the checkpoints written after training ended could not be committed: {type(e).__name__}: {e}")
         summary: Summary = spec["summary"]
-        print(summary.line(more, after), file=sys.stderr, flush=True)
+        return summary.line(more, after)
 
 
 def _warn(msg: str) -> None:

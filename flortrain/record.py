@@ -139,7 +139,7 @@ def record(
             " what it printed before that is not printed again",
             file=sys.stderr,
         )
-    launcher.tell("run", run_id, script)
+    launcher.tell("run", run_id, script, str(store.root))
     for r in plan.refused:
         print(f"flortrain: {script}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
     store.guarded = True  # from here on the store failing must not break training
@@ -175,11 +175,14 @@ def record(
         run_id, outcome, elapsed, c.get("checkpointed", 0), c.get("checkpointed", 0) + c.get("recorded", 0),
         session.held, session.exit_wait,
     )
+    # closed before the launcher hears the run is over: the launcher, which holds the store open
+    # too, then closes it last and pays the write-ahead log's copy while this process exits; and
+    # a last write that failed here hands nothing over
+    store.close()
     handoff = session.handoff()
     if handoff is not None:  # the launcher commits the rest and prints the last line
         launcher.tell("handoff", {**handoff, "summary": summary})
     else:
         print(summary.line(), file=sys.stderr)
         launcher.tell("finished")
-    store.close()
     return status

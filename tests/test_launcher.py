@@ -23,14 +23,16 @@ from tests.protocol import (
     writer_below,
 )
 
-#: A small torch loop; at its exit (the script's atexit, after flortrain's flush) it notes how many
-#: checkpoints the store had committed then, and its own pid and parent's.
+#: A small torch loop; at its exit (the script's atexit, after flortrain's flush, and after
+#: ``EXIT_WAIT`` seconds) it notes how many checkpoints the store had committed then, and its own
+#: pid and parent's.
 SCRIPT = """\
 import atexit, json, os, signal, sqlite3, sys, time
 import torch
 
 
 def note():
+    time.sleep(float(os.environ.get("EXIT_WAIT", "0")))  # a teardown that takes that long
     n = -1
     if os.path.exists(".flortrain/flortrain.db"):
         db = sqlite3.connect(".flortrain/flortrain.db")
@@ -115,6 +117,22 @@ def test_the_training_process_exits_before_the_writer_is_done_and_the_launcher_c
     assert rep.code == 0 and "5 block instances skipped, 0 executed" in rep.err, rep.err
     assert probe_lines(rep.out) == probe_lines(plain(script).out)
     assert flortrain(tmp_path, "diff").code == 0
+
+
+def test_the_launcher_commits_what_was_handed_over_while_the_training_process_is_still_exiting(tmp_path: Path) -> None:
+    """A torch script's interpreter takes half a second to tear down after its last line. The
+    launcher commits the writer's last checkpoints as soon as they are written, during that
+    teardown, not after it: a script whose exit takes 4 s (its atexit sleeps) finds every
+    checkpoint of its run committed before it ends, and the record ends as before."""
+    script = _write(tmp_path)
+    truth = plain(script)
+    rec = flortrain(tmp_path, "record", "train.py",
+                    env={**EVERY, "FLORTRAIN_INJECT": "writer-delay=0.3", "EXIT_WAIT": "4"})
+    assert rec.code == 0 and rec.out == truth.out, rec.err
+    assert "5 of 5 block instances checkpointed" in rec.err, rec.err
+    at_exit = json.loads((tmp_path / "exit.json").read_text())
+    assert at_exit["committed"] == _committed(tmp_path) >= 5, (at_exit, rec.err)
+    assert "after training exited" not in rec.err, rec.err  # the writer was done before it exited
 
 
 def test_the_script_runs_in_a_child_of_the_launcher_unless_it_is_turned_off(tmp_path: Path) -> None:

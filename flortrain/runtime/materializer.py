@@ -681,25 +681,20 @@ class BackgroundMaterializer:
 
     def _unmap(self) -> None:
         """Unmap the arena from this process now that nothing will be staged: the writer still
-        maps it, so this only drops page-table entries, and the pages are freed when the writer
-        exits, in the background. Left mapped, the training process's own exit freed them (70-78
-        ms). Dropping the entries takes 12-15 ms for 256 MB warmed, so a thread does it
-        (``munmap`` releases the GIL) while the script's exit goes on: a third of the
-        no-checkpoint held of the LSTM shape's 3.7 s loop was this wait (stop 46). A daemon, so
-        that the interpreter's exit does not wait for it but overlaps it: a process that exits
-        while it is still in ``munmap`` loses nothing, its own exit dropping what is left.
-        Anything still holding a view of the arena (a warmer thread inside ``madvise``) leaves
-        it mapped, as before."""
+        maps it, so this only drops page-table entries (12-15 ms for 256 MB warmed), and the
+        pages are freed when the writer exits, in the background. Left mapped, the training
+        process's own exit freed them (70-78 ms). Anything still holding a view of the arena
+        (a warmer thread inside ``madvise``) leaves it mapped, as before.
+
+        On the training thread, not a thread of its own (tried at stop 46): ``munmap`` releases
+        the GIL, but it holds the address space's lock, so the next ``mmap`` or ``munmap`` of
+        the exit path (SQLite's close unmapping its shared index, the heap's teardown) waited for
+        it instead: held fell by the 14 ms, the time to exit did not."""
+        self.warmer.join(1.0)  # stopped when the flush began
         self._tensor_view = None
-        view, arena, warmer = self.view, self.arena, self.warmer
-
-        def unmap() -> None:
-            warmer.join(1.0)  # stopped when the flush began
-            with contextlib.suppress(BufferError, ValueError):
-                view.release()
-                arena.close()
-
-        threading.Thread(target=unmap, name="flortrain-unmap", daemon=True).start()
+        with contextlib.suppress(BufferError, ValueError):
+            self.view.release()
+            self.arena.close()
 
     def _reap_in_background(self) -> None:
         """Reap a writer that said goodbye without waiting for it to exit. Everything it wrote
