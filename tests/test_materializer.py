@@ -517,6 +517,30 @@ def test_writer_speed_is_timed_on_scratch_objects_it_removes(tmp_path: Path) -> 
     assert list(blobs.iterdir()) == []
 
 
+def test_writer_speed_keeps_the_fastest_of_its_tries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One slow try (here the first hash, held up 50 ms: 25 ns a byte of its 2 MB) is the
+    machine's moment, not what a byte costs: the fastest try is kept. Two tries let one
+    outlier in nine records of the CNN benchmark halve its checkpoints (stop 46)."""
+    from flortrain.runtime import materializer
+    from flortrain.store import content
+
+    real = content.name
+    calls: list[int] = []
+
+    def first_slow(data: memoryview) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.05)
+        return real(data)
+
+    monkeypatch.setattr(content, "name", first_slow)
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    speed = materializer.writer_speed(blobs)
+    assert len(calls) >= materializer.SPEED_TRIES >= 3
+    assert speed.hash_per_byte < 1e-8, speed
+
+
 def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
     """A boundary whose estimated cost does not fit the run's budget is not staged at all (the
     first boundary of a fine-tuning run holds a frozen table no block writes); once training
