@@ -239,7 +239,7 @@ class Launcher:
     def _open(self, root: str) -> None:
         """Open the store as the run begins, and hold it open until the training process has
         closed its own. SQLite's last connection to close copies the write-ahead log into the
-        database and syncs it: 11 ms in the training process, between the script's end and its
+        database and syncs it: 4-7 ms in the training process, between the script's end and its
         exit, where nothing else overlaps it. Held here, that falls to this process, which closes
         the store (:meth:`_close`) while the training process's interpreter tears down its heap
         (half a second for a torch script), on the other core (stop 46). A store that will not
@@ -281,10 +281,10 @@ class Launcher:
                 training = os.pidfd_open(self.pid)
         timeout = knobs.flush_timeout()
         t0 = time.monotonic()
-        told = exited = False
+        told = writer_gone = False
         try:
             # until it says it is done, or has exited and what it sent is read
-            while not self._drain(replies) and pidfd is not None and not exited:
+            while not self._drain(replies) and pidfd is not None and not writer_gone:
                 waited = time.monotonic() - t0
                 if waited > timeout:
                     with contextlib.suppress(OSError):
@@ -301,7 +301,7 @@ class Launcher:
                     ready.remove(training)
                     os.close(training)
                     training = None
-                exited = ready == [pidfd]
+                writer_gone = ready == [pidfd]
         finally:
             for fd in (pidfd, training):
                 if fd is not None:

@@ -122,12 +122,12 @@ def test_the_training_process_exits_before_the_writer_is_done_and_the_launcher_c
 def test_the_launcher_commits_what_was_handed_over_while_the_training_process_is_still_exiting(tmp_path: Path) -> None:
     """A torch script's interpreter takes half a second to tear down after its last line. The
     launcher commits the writer's last checkpoints as soon as they are written, during that
-    teardown, not after it: a script whose exit takes 4 s (its atexit sleeps) finds every
+    teardown, not after it: a script whose exit takes 6 s (its atexit sleeps) finds every
     checkpoint of its run committed before it ends, and the record ends as before."""
     script = _write(tmp_path)
     truth = plain(script)
     rec = flortrain(tmp_path, "record", "train.py",
-                    env={**EVERY, "FLORTRAIN_INJECT": "writer-delay=0.3", "EXIT_WAIT": "4"})
+                    env={**EVERY, "FLORTRAIN_INJECT": "writer-delay=0.3", "EXIT_WAIT": "6"})
     assert rec.code == 0 and rec.out == truth.out, rec.err
     assert "5 of 5 block instances checkpointed" in rec.err, rec.err
     at_exit = json.loads((tmp_path / "exit.json").read_text())
