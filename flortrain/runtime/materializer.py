@@ -109,7 +109,7 @@ def writer_speed(blobs: Path) -> WriterSpeed:
 
     Each figure is the fastest of :data:`SPEED_TRIES` tries: one slow try is the machine, not the
     bytes. With two, one record in nine of the CNN benchmark priced a byte at 0.79 ns against
-    0.33-0.41 in the others, and the period then took 5 of its 12 epochs (stop 46)."""
+    0.31-0.41 in the others, and the period then took 5 of its 12 epochs (stop 46)."""
     size = 2 << 20
     src = bytes(size)
     stage = warm = hashing = float("inf")
