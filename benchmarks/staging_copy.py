@@ -1,8 +1,8 @@
 """Two ways a checkpoint's staging copy might be cut, measured inside the workloads' own loops.
 
 The staging copy (each changed tensor into the shared arena, ``BackgroundMaterializer.submit``)
-is the largest single thing a checkpoint holds the training thread for: about 7 ms of the CNN
-shape's 12 ms a checkpointed epoch, 2.7 ms of the LSTM's 4.5 (``hook_times.py``, stop 44 and 48).
+is the largest single thing a checkpoint holds the training thread for: about 6.5 ms of the CNN
+shape's 8.3 ms a checkpoint, about 3 of the LSTM's 4.6 (``hook_times.py``, stop 44).
 Two ideas would take part of it off the training thread, and both depend on what training
 leaves free, so they are measured where training runs, not in a loop of copies:
 
@@ -29,8 +29,11 @@ state and the same machine, side by side:
 
 Per epoch it reports the staging call's time on the training thread (``held``) and the time
 from the call's start to the end of the next epoch's first optimizer update (``to step``: what
-the copy costs training in all, the step included). The fine-tuning shape is left out: what it
-stages per epoch is a 5 KB head (its frozen table is unchanged, so it is not copied).
+the copy costs training in all, the step included). Once training is over, each process also
+times copies in a row with nothing else running, per placement (the same pages each time, two
+regions in turn, the ring's next region): what a loop of copies says, for comparison. The
+fine-tuning shape is left out: what it stages per epoch is a 5 KB head (its frozen table is
+unchanged, so it is not copied).
 
 ``python benchmarks/staging_copy.py [--only cnn rnn] [--reps 2] [--quick]`` writes
 ``results/staging_copy.json`` and ``.png``.
@@ -57,7 +60,7 @@ OUT = record_overhead.OUT
 MODES = ("none", "fixed", "ring", "overlap")
 #: the workloads whose per-epoch staging is large enough to matter
 SHAPES = ("cnn", "rnn")
-#: epochs per child process: enough for each mode to be measured about ten times
+#: epochs per child process: each mode measured 10 (CNN) or 20 (LSTM) times after the first turn
 EPOCHS = {"cnn": 44, "rnn": 84}
 #: the mapping staged into (record's default warm arena)
 ARENA = 256 << 20
@@ -136,6 +139,19 @@ class Stager:
         held = time.perf_counter() - self.started
         self.rows.append({"mode": self.mode, "held": held})
 
+    def loop(self, copies: int = 40) -> dict[str, float]:
+        """The median of ``copies`` copies in a row, training over, per placement (ms): the same
+        pages each time, two regions in turn, or the ring's next region."""
+        size = self.size()
+        out = {}
+        for label, regions in (("fixed", 1), ("two regions", 2), ("ring", ARENA // size)):
+            times = []
+            for i in range(copies):
+                self.copy((i % regions) * size)
+                times.append(self.copy_s)
+            out[label] = 1e3 * statistics.median(times[copies // 8 :])
+        return out
+
     def before_step(self) -> None:
         if self.thread is not None:
             self.thread.join()
@@ -160,13 +176,15 @@ def child(name: str, epochs: int, out: str) -> None:
         finally:
             sys.stdout = stdout
     rows = [r for r in stager.rows[len(MODES) :] if "to_step" in r]  # the first turn of modes warms up
-    Path(out).write_text(json.dumps({"staged_mb": stager.size() / 1e6, "rows": rows}))
+    loop = stager.loop()
+    Path(out).write_text(json.dumps({"staged_mb": stager.size() / 1e6, "rows": rows, "loop": loop}))
 
 
 def measure(name: str, reps: int, quick: bool) -> dict[str, Any]:
     """Rows from ``reps`` child processes of a workload; per mode, medians in ms."""
     epochs = EPOCHS[name] // (3 if quick else 1)
     rows: list[dict[str, Any]] = []
+    loops: list[dict[str, float]] = []
     staged_mb = 0.0
     with tempfile.TemporaryDirectory() as d:
         for rep in range(reps):
@@ -175,6 +193,7 @@ def measure(name: str, reps: int, quick: bool) -> dict[str, Any]:
             subprocess.run([sys.executable, __file__, "--child", name, str(epochs), str(out)], env=env, check=True)
             got = json.loads(out.read_text())
             rows += got["rows"]
+            loops.append(got["loop"])
             staged_mb = got["staged_mb"]
             print(f"{name} run {rep}: {len(got['rows'])} epochs measured", file=sys.stderr)
     modes: dict[str, dict[str, Any]] = {}
@@ -188,7 +207,8 @@ def measure(name: str, reps: int, quick: bool) -> dict[str, Any]:
     base = modes["none"]["to_step_ms"]
     for mode in MODES:
         modes[mode]["costs_training_ms"] = modes[mode]["to_step_ms"] - base
-    return {"staged_mb": staged_mb, "modes": modes}
+    loop = {label: statistics.median(lp[label] for lp in loops) for label in loops[0]}
+    return {"staged_mb": staged_mb, "modes": modes, "loop_ms": loop}
 
 
 def main() -> None:
@@ -213,6 +233,7 @@ def main() -> None:
         for mode, m in r["modes"].items():
             print(f"  {mode:8} {m['epochs']:6d} {m['held_ms']:6.2f}ms {m['copy_ms']:6.2f}ms"
                   f" {m['to_step_ms']:7.2f}ms {m['costs_training_ms']:13.2f}ms")
+        print("  copies in a row, training over: " + ", ".join(f"{k} {v:.2f}ms" for k, v in r["loop_ms"].items()))
 
 
 def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
