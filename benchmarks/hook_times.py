@@ -21,7 +21,6 @@ be a side effect of the loop it does not name.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
@@ -32,8 +31,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record_overhead  # the workloads and their calibration
-
-OUT = record_overhead.OUT
 
 #: (label, module, attribute path, depth): what is timed, in the order the report lists it;
 #: depth is how deep in the rows above it a call runs
@@ -134,10 +131,8 @@ def main() -> None:
         if name in record_overhead.EPOCH_S:
             record_overhead.calibrate(name, record_overhead.STEADY_ALLOCATOR)
     results = {name: measure(name, reps, args.quick) for name in args.only}
-    OUT.mkdir(parents=True, exist_ok=True)
-    stem = "hook_times" + ("-quick" if args.quick else "")
-    (OUT / f"{stem}.json").write_text(json.dumps({"reps": reps, "quick": args.quick, "results": results}, indent=2))
-    _plot(results, OUT / f"{stem}.png")
+    doc = {"reps": reps, "quick": args.quick, "results": results}
+    record_overhead.save("hook_times" + ("-quick" if args.quick else ""), doc, lambda png: _plot(results, png))
     for name, r in results.items():
         print(f"{name}: {r['epochs']} epochs, held {r['held']:.1%}")
         print(f"  {'hook':28} {'calls':>6} {'per call':>10} {'per epoch':>10}")

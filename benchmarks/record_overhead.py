@@ -90,7 +90,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -424,6 +424,13 @@ def median_spread(values: list[float], less: float = 0.0) -> tuple[float, list[f
     """The median of ``values`` and their [min, max], each less ``less`` (1 turns ratios into
     overheads)."""
     return statistics.median(values) - less, [min(values) - less, max(values) - less]
+
+
+def save(stem: str, doc: dict[str, Any], plot: Callable[[Path], None]) -> None:
+    """Write a benchmark's result as ``results/<stem>.json`` and its plot as ``.png``."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=2))
+    plot(OUT / f"{stem}.png")
 
 
 def workload_args(description: str, reps: int) -> argparse.ArgumentParser:

@@ -56,7 +56,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record_overhead  # the workloads
 
-OUT = record_overhead.OUT
 MODES = ("none", "fixed", "ring", "overlap")
 #: the workloads whose per-epoch staging is large enough to matter
 SHAPES = ("cnn", "rnn")
@@ -223,10 +222,8 @@ def main() -> None:
     if not shapes:
         raise SystemExit(f"staging_copy.py: measures {', '.join(SHAPES)} only")
     results = {name: measure(name, reps, args.quick) for name in shapes}
-    OUT.mkdir(parents=True, exist_ok=True)
-    stem = "staging_copy" + ("-quick" if args.quick else "")
-    (OUT / f"{stem}.json").write_text(json.dumps({"reps": reps, "quick": args.quick, "results": results}, indent=2))
-    _plot(results, OUT / f"{stem}.png")
+    doc = {"reps": reps, "quick": args.quick, "results": results}
+    record_overhead.save("staging_copy" + ("-quick" if args.quick else ""), doc, lambda png: _plot(results, png))
     for name, r in results.items():
         print(f"{name}: {r['staged_mb']:.1f} MB staged per epoch")
         print(f"  {'mode':8} {'epochs':>6} {'held':>8} {'copy':>8} {'to step':>9} {'costs training':>15}")

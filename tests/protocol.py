@@ -61,7 +61,7 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: f
 PLAIN_RUNS = "FLORTRAIN_TEST_PLAIN_RUNS"
 
 
-def plain(script: Path, args: list[str] | None = None) -> Result:
+def plain(script: Path, args: list[str] | None = None, cached: bool = True) -> Result:
     """The ground truth: ``python SCRIPT ARGS`` in a fresh process, in the script's directory.
 
     Many tests run the same script in the same state more than once (the same fixture in
@@ -73,9 +73,14 @@ def plain(script: Path, args: list[str] | None = None) -> Result:
     never reads them); a result that names the directory it ran in is reused only there. A hit
     does not run the script, so its side effects (files it writes) do not happen again; a run
     killed by a signal is not kept. The cache lives for one session: a directory of your own
-    in ``FLORTRAIN_TEST_PLAIN_RUNS`` is not cleaned, and knows nothing of torch upgrades."""
+    in ``FLORTRAIN_TEST_PLAIN_RUNS`` is not cleaned, and knows nothing of torch upgrades.
+
+    ``cached=False`` runs the script whatever the cache holds, and keeps nothing: for a script
+    whose output is not a function of its inputs (a race inside torch), where a test retries
+    the ground truth until it takes one path. Reused, the first run's path would be every
+    retry's (the DataLoader crash test failed so at stop 48)."""
     cmd = [sys.executable, script.name, *(args or [])]
-    cache = os.environ.get(PLAIN_RUNS)
+    cache = os.environ.get(PLAIN_RUNS) if cached else None
     if not cache:
         return run(cmd, script.parent)
     cwd = str(script.parent)

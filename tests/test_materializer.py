@@ -443,7 +443,8 @@ def _worker_crash(attempt: Callable[[], Result], tries: int = 3) -> Result:
     load of a parallel test run, reported the death through the fallback instead in 1 run of 45
     (and a record in 1 of 45). A flortrain that replaces the handler after DataLoader set it
     reports the death through the fallback every time, and still fails here (planted and
-    checked at stop 43)."""
+    checked at stop 43). Each try must be a fresh run: the plain runs bypass the test session's
+    cache of ground truths, which would hand every retry the first run's path."""
     for _ in range(tries):
         result = attempt()
         assert result.code == 1 and "DataLoader worker (pid" in result.err, result.err
@@ -456,7 +457,7 @@ def _worker_crash(attempt: Callable[[], Result], tries: int = 3) -> Result:
 def test_a_dataloader_worker_crash_is_still_reported_under_record(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(WORKER_CRASH)
-    truth = _worker_crash(lambda: plain(script))
+    truth = _worker_crash(lambda: plain(script, cached=False))  # a race: each try a fresh run
 
     def record() -> Result:
         for store in tmp_path.glob(".flortrain*"):

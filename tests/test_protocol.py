@@ -10,11 +10,13 @@ says: these fixtures are too small for a division to pay, and it must still be e
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.protocol import (
+    PLAIN_RUNS,
     block_states,
     copy_fixture,
     fixture_names,
@@ -80,3 +82,16 @@ def test_protocol(name: str, tmp_path: Path) -> None:
         d = flortrain(tmp_path, "diff")
         assert d.code == 0, d.out + d.err
         script.write_text(original)
+
+
+def test_a_ground_truth_is_reused_unless_the_test_says_its_script_races(tmp_path: Path) -> None:
+    """``plain`` reuses a run whose inputs match an earlier one; ``cached=False`` runs afresh
+    each time and keeps nothing, so a test that retries a racy ground truth gets a new try."""
+    assert os.environ.get(PLAIN_RUNS), "conftest sets the session's cache of plain runs"
+    script = tmp_path / "coin.py"
+    script.write_text("import os\nprint(os.urandom(8).hex())\n")
+    first = plain(script)
+    assert plain(script).out == first.out
+    fresh = [plain(script, cached=False).out for _ in range(2)]
+    assert fresh[0] != fresh[1] and first.out not in fresh
+    assert plain(script).out == first.out  # a fresh run did not replace the kept one
