@@ -15,9 +15,9 @@ leaves free, so they are measured where training runs, not in a loop of copies:
   every time may be faster than into the next region of the ring.
 
 How: the workload's script (``record_overhead.source``) runs in a child process with two calls
-spliced in: ``_stage()`` where an outer probe goes (the end of each epoch) and ``_before_step()``
-before each ``opt.step()`` and ``_after_step()`` after it. Epochs take the modes in turn, so every mode meets the same training
-state and the same machine, side by side:
+spliced in: ``_stage()`` where an outer probe goes (the end of each epoch), and
+``_before_step()`` and ``_after_step()`` around each ``opt.step()``. Epochs take the modes in
+turn, so every mode meets the same training state and the same machine, side by side:
 
 - ``none``: nothing is staged (the baseline);
 - ``fixed``: every parameter and optimizer tensor is copied on the training thread into a 256 MB
@@ -56,6 +56,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record_overhead  # the workloads
 
+from flortrain.store.direct import aligned
+
 MODES = ("none", "fixed", "ring", "overlap")
 #: the workloads whose per-epoch staging is large enough to matter
 SHAPES = ("cnn", "rnn")
@@ -63,8 +65,6 @@ SHAPES = ("cnn", "rnn")
 EPOCHS = {"cnn": 44, "rnn": 84}
 #: the mapping staged into (record's default warm arena)
 ARENA = 256 << 20
-#: staging places tensors at page-aligned offsets, as the materializer does for large tensors
-ALIGN = 4096
 
 STEP = "\n        opt.step()\n"
 
@@ -97,7 +97,6 @@ class Stager:
         self.ring_at = 0
         self.thread: threading.Thread | None = None
         self.started: float | None = None
-        self.mode = "none"
         self.rows: list[dict[str, Any]] = []
         self.copy_s = 0.0
 
@@ -110,33 +109,35 @@ class Stager:
         return out
 
     def copy(self, at: int) -> None:
+        """Copy every tensor into the mapping from ``at``, each at a page-aligned offset, as the
+        materializer places large tensors."""
         t0 = time.perf_counter()
         for t in self.tensors():
             n = t.numel() * t.element_size()
             self.whole[at : at + n].view(t.dtype).view(t.shape).copy_(t)
-            at += -(-n // ALIGN) * ALIGN
+            at += aligned(n)
         self.copy_s = time.perf_counter() - t0
 
     def size(self) -> int:
-        return sum(-(-t.numel() * t.element_size() // ALIGN) * ALIGN for t in self.tensors())
+        return sum(aligned(t.numel() * t.element_size()) for t in self.tensors())
 
     def stage(self) -> None:
-        self.mode = MODES[self.epoch % len(MODES)]
+        mode = MODES[self.epoch % len(MODES)]
         self.epoch += 1
         self.started = time.perf_counter()
-        if self.mode == "fixed":
+        if mode == "fixed":
             self.copy(0)
-        elif self.mode == "ring":
+        elif mode == "ring":
             size = self.size()
             if self.ring_at + size > ARENA:
                 self.ring_at = 0
             self.copy(self.ring_at)
             self.ring_at += size
-        elif self.mode == "overlap":
+        elif mode == "overlap":
             self.thread = threading.Thread(target=self.copy, args=(0,))
             self.thread.start()
         held = time.perf_counter() - self.started
-        self.rows.append({"mode": self.mode, "held": held})
+        self.rows.append({"mode": mode, "held": held})
 
     def loop(self, copies: int = 40) -> dict[str, float]:
         """The median of ``copies`` copies in a row, training over, per placement (ms): the same
