@@ -107,7 +107,7 @@ def _analyse(source: Source, prefix: str) -> Plan:
         for s in prog.scopes.values()
         if s.qualname != MODULE and isinstance(s.node, cst.FunctionDef)
     )
-    untracked = untracked_writes(source.module) if mains else ()
+    untracked = untracked_writes(source) if mains else ()
     return Plan(source.path, tuple(mains), tuple(blocks), tuple(refused), functions, others, untracked)
 
 

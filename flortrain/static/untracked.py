@@ -16,6 +16,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from flortrain.static.plan import Span
+from flortrain.static.source import Source
 
 
 def _is_data(node: cst.BaseExpression) -> bool:
@@ -63,8 +64,10 @@ class _Finder(cst.CSTVisitor):
                 self._add(node)
 
 
-def untracked_writes(module: cst.Module) -> tuple[Span, ...]:
-    """Where a module writes tensor memory behind the version counter's back."""
+def untracked_writes(source: Source) -> tuple[Span, ...]:
+    """Where a module writes tensor memory behind the version counter's back. Visited through the
+    source's own wrapper, whose positions the index has already resolved: a wrapper of its own
+    would compute them again (a second of a 2,400-line file's instrumentation)."""
     finder = _Finder()
-    cst.MetadataWrapper(module, unsafe_skip_copy=True).visit(finder)
+    source.wrapper.visit(finder)
     return tuple(finder.found)
