@@ -380,8 +380,14 @@ def test_a_writer_whose_every_write_fails_leaves_a_complete_run_with_no_checkpoi
 
 def test_a_failed_write_loses_that_checkpoint_only(tmp_path: Path) -> None:
     """The objects directory cannot be created (a file is in its way, as a full or broken disk
-    would refuse it): checkpoints holding large tensors are lost with a warning; the run, and the
-    checkpoints that hold only small tensors, are not."""
+    would refuse it): every checkpoint holding a large tensor (here, all of them) is lost, each
+    with a warning naming it and a note on its row; the run completes, and no checkpoint is
+    claimed whose bytes cannot be read back.
+
+    Who warns depends on timing: the training process when the writer reports during training
+    ("...; training goes on"), or the launcher when the writer's backlog was handed over at exit
+    (a loaded machine leaves the idle-priority writer no CPU until training ends; CI saw that
+    at stop 49). Either way the line is ``checkpoint KEY not written: REASON``."""
     objects = tmp_path / ".flortrain" / "blobs" / "objects"
     objects.parent.mkdir(parents=True)
     objects.write_text("in the way")
@@ -391,13 +397,13 @@ def test_a_failed_write_loses_that_checkpoint_only(tmp_path: Path) -> None:
     truth = plain(script)
     rec = flortrain(tmp_path, "record", "train.py", env=env)
     assert rec.code == 0 and rec.out == truth.out, rec.err
-    assert "not written" in rec.err and "training goes on" in rec.err, rec.err
     store = Store(tmp_path / ".flortrain")
-    ck = store.checkpoints(1)
-    for rel, sha, _ in ck.values():
-        assert store.read_blob(rel, sha) is not None
-    notes = [n for (n,) in store.db.execute("SELECT note FROM blocks WHERE run_id=1 AND note LIKE 'checkpoint lost%'")]
-    assert notes
+    rows = store.db.execute("SELECT key, state, note FROM blocks WHERE run_id=1").fetchall()
+    assert len([r for r in rows if r[1] != "boundary"]) == 8, rows  # one row per epoch's block
+    for key, state, note in rows:
+        assert state != "checkpointed" and (note or "").startswith("checkpoint lost: "), (key, state, note)
+        assert f"checkpoint {key} not written: " in rec.err, rec.err
+    assert store.checkpoints(1) == {}
 
 
 WORKER_CRASH = """\
