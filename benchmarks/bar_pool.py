@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from record_overhead import OUT, WORKLOADS, _pairs, stratified_interval
+from record_overhead import WORKLOADS, _pairs, save, stratified_interval
 
 EPSILON = 1 / 15
 BAR = 0.02
@@ -170,9 +170,7 @@ def main() -> None:
     except ValueError as e:
         print(e, file=sys.stderr)
         raise SystemExit(2) from None
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{args.out}.json").write_text(json.dumps(out, indent=2))
-    _plot(out, OUT / f"{args.out}.png")
+    save(args.out, out, lambda png: _plot(out, png))
     _print(out)
 
 

@@ -29,7 +29,6 @@ Writes benchmarks/results/paired_overhead.json and .png.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -47,12 +46,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_overhead import (
     _HELD,
     EPOCH_S,
-    OUT,
     WORKLOADS,
     _calibrated,
     become_subreaper,
     calibrate,
     median_spread,
+    save,
     settle,
     source,
     workload_args,
@@ -162,10 +161,7 @@ def main() -> None:
     if len(args.only) == len(WORKLOADS):
         doc["median_ab_overhead"] = statistics.median(r["ab_overhead"] for r in results.values())
         doc["median_aa_overhead"] = statistics.median(r["aa_overhead"] for r in results.values())
-    OUT.mkdir(parents=True, exist_ok=True)
-    quick = "-quick" if args.quick else ""
-    (OUT / f"paired_overhead{quick}.json").write_text(json.dumps(doc, indent=2))
-    _plot(results, OUT / f"paired_overhead{quick}.png")
+    save("paired_overhead" + ("-quick" if args.quick else ""), doc, lambda png: _plot(results, png))
     print(f"{'workload':10} {'recorded vs plain':>22} {'plain vs plain (A/A)':>24} {'held':>14}")
     for n, r in results.items():
         ab, aa, hs = r["ab_spread"], r["aa_spread"], r["held_spread"]

@@ -495,7 +495,6 @@ def main() -> None:
                 [_pairs(r, "plain-control") for r in results.values()]
             )
             _both_doc(doc, results)
-    OUT.mkdir(parents=True, exist_ok=True)
     # the run's variant in its files' names: longer epochs, then quick
     suffix = (
         (f"-x{args.epochs_times}" if args.epochs_times != 1 else "")
@@ -505,14 +504,12 @@ def main() -> None:
     )
     stem = "record_overhead" + ("-bar" if args.bar else "") + ("-against" if args.bar and args.against else "") + suffix
     # every mode of this tree ran as without --against: its figures are the tree's figures too
-    (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=2))
-    _plot(results, OUT / f"{stem}.png", args.against if args.bar else None)
+    save(stem, doc, lambda png: _plot(results, png, args.against if args.bar else None))
     if args.bar:
         _print_bar(doc, results, args.against)
         return
     if args.against:
-        (OUT / f"record_overhead-against{suffix}.json").write_text(json.dumps(doc, indent=2))
-        _plot(results, OUT / f"record_overhead-against{suffix}.png", args.against)
+        save(f"record_overhead-against{suffix}", doc, lambda png: _plot(results, png, args.against))
     print(f"{'workload':10} {'loop':>8} {'record':>8} {'every':>8} {'e2e rec':>8} {'cpu rec':>8} {'held':>8} {'held ev':>8} {'exit wait':>9} {'ckpt (adaptive)':>16} {'ckpt (every)':>13} {'replay':>7}")
     for n, r in results.items():
         ck = r["checkpointed"]

@@ -36,7 +36,6 @@ Writes ``results/record_variants[-SHAPES][-inner][-quick].json`` and ``.png`` (`
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import statistics
@@ -48,7 +47,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_overhead import (
     EPOCH_S,
-    OUT,
     STEADY_ALLOCATOR,
     WORKLOADS,
     _calibrated,
@@ -58,6 +56,7 @@ from record_overhead import (
     calibrate,
     interval,
     median_spread,
+    save,
     source,
     workload_args,
 )
@@ -182,12 +181,10 @@ def main() -> None:
         if name in EPOCH_S:
             calibrate(name, STEADY_ALLOCATOR)
     results = {name: bench(name, variants, reps, args.quick, args.inner) for name in args.only}
-    OUT.mkdir(parents=True, exist_ok=True)
     shapes = "" if args.only == ["finetune"] else "-" + "-".join(args.only)  # the default keeps its name
     stem = "record_variants" + shapes + ("-inner" if args.inner else "") + ("-quick" if args.quick else "")
     doc = {"reps": reps, "quick": args.quick, "inner": args.inner, "steady_allocator": True, "results": results}
-    (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=2))
-    _plot(results, OUT / f"{stem}.png")
+    save(stem, doc, lambda png: _plot(results, png))
     for name, r in results.items():
         print(f"{name} ({reps} reps, steps per epoch {r['steps_per_epoch']}):")
         print(f"  {'mode':16} {'loop':>8} {'90% interval':>18} {'held':>7}" + (f" {'steps':>8}" if args.inner else "")
