@@ -369,3 +369,34 @@ def test_a_boundary_that_never_fits_costs_a_few_captures_not_one_per_iteration()
     assert taken == 0
     assert captures <= 2, captures
     assert period.spent == pytest.approx(0.002 * captures)
+
+
+def test_a_block_cheaper_to_run_than_to_restore_is_futile_once_measured_and_watched() -> None:
+    """``futile``: an instance whose checkpoint could only slow a replay (mean C below c times
+    mean M) is not prepared for one; not before M is measured, nor during the alias watch's
+    instances, nor in ``every`` mode; and a loop whose instances grow dearer is a candidate again."""
+    period = AdaptivePeriod(epsilon=1 / 15, restore_ratio=1.38, every=False)
+    assert not period.futile("L1")  # never seen
+    period.executed("L1", 2e-6, outer=False)
+    assert not period.futile("L1")  # no checkpoint yet: M unknown
+    _checkpoint(period, "L1", 1e-3)
+    assert not period.futile("L1")  # the alias watch's instances run in full
+    period.executed("L1", 2e-6, outer=False)
+    assert period.futile("L1")  # 2 µs to run, about 1.4 ms to restore
+    # the mean compute climbs past c·M (1.38 ms): a checkpoint could pay again
+    period.executed("L1", 0.01, outer=False)
+    assert not period.futile("L1")
+    # the boundary between the two: mean C just under c·M is futile, just over it is not
+    edge = AdaptivePeriod(epsilon=1 / 15, restore_ratio=2.0, every=False)
+    _checkpoint(edge, "L2", 1e-3)
+    edge.executed("L2", 1.9e-3, outer=False)
+    edge.executed("L2", 1.9e-3, outer=False)
+    assert edge.futile("L2")
+    edge.executed("L2", 2.5e-3, outer=False)
+    assert not edge.futile("L2")  # mean 2.1 ms, restore 2 ms
+    assert not AdaptivePeriod(every=True).futile("L1")
+    main = AdaptivePeriod(epsilon=1 / 15, every=False)  # a main loop's boundaries are never futile
+    for _ in range(3):
+        main.executed("M0", 1e-6)
+    _checkpoint(main, "M0", 1e-3)
+    assert not main.futile("M0")

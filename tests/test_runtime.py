@@ -15,6 +15,7 @@ from tests.protocol import (
     latest_run,
     plain,
     probe_lines,
+    record_and_replay_match_plain,
     replay_matches_plain,
 )
 
@@ -252,6 +253,50 @@ def test_adaptive_period_checkpoints_fewer_and_replays_exactly(tmp_path: Path) -
     states = block_states(tmp_path / ".flortrain", int(latest_run(tmp_path)["id"]))  # type: ignore[arg-type]
     assert states == {"skipped": 1, "executed": 5}, states
     assert flortrain(tmp_path, "diff").code == 0
+
+
+FUTILE = textwrap.dedent(
+    """\
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    X = torch.randn(256, 64)
+    Y = X @ torch.randn(64, 1)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for epoch in range(12):
+        for group in opt.param_groups:
+            group["lr"] = 1e-3 * 0.9 ** epoch
+            #PROBE
+        for i in range(0, 256, 32):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(X[i:i + 32]), Y[i:i + 32])
+            loss.backward()
+            opt.step()
+        print(f"epoch {epoch} loss {loss.item():.10f}")
+    """
+)
+
+
+def test_a_loop_cheaper_than_its_restore_is_checkpointed_once_and_replays_exactly(tmp_path: Path) -> None:
+    """The learning-rate loop takes microseconds and its changeset reaches the model and the
+    optimizer: a restore would cost more than running it, so after its first (forced) checkpoint
+    and the alias watch's instances its instances are futile (``AdaptivePeriod.futile``): not
+    checkpointed and not prepared for one. A probe inside it replays exactly, on the adaptive
+    period, with every instance executed."""
+    rec, rep = record_and_replay_match_plain(
+        tmp_path, FUTILE, "print('PROBE', epoch, repr(group['lr']), repr(model[0].weight.sum().item()))",
+        {"FLORTRAIN_EPSILON": "0.5"},
+    )
+    db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
+    rows = db.execute(
+        "SELECT run_id, block_id, state, COUNT(*) FROM blocks WHERE state != 'boundary' GROUP BY run_id, block_id, state"
+    ).fetchall()
+    db.close()
+    lr_loop = {(run, state): n for run, block, state, n in rows if block == "L10"}
+    assert lr_loop == {(1, "checkpointed"): 1, (1, "recorded"): 11, (2, "executed"): 12}, rows
+    assert rec.code == 0 and rep.code == 0
 
 
 def test_intra_op_threads_are_pinned_on_replay(tmp_path: Path) -> None:

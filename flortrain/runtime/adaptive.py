@@ -99,6 +99,19 @@ A period that spent exactly ε landed on ε: the fine-tuning benchmark measured 
 quarter below the ceiling. On the benchmark's shapes what it misses fits in that quarter; on
 epochs of 31 ms it does not (docs/benchmarks.md, stop 40).
 
+**A block whose instances cost less than a restore is not prepared for.** Eq. 4 bounds M/C by
+``1 / (1 + c)``, but amortized over the instances since the last checkpoint: a loop of a few
+microseconds (nanoGPT's ``for g in optimizer.param_groups: g['lr'] = lr``, whose changeset
+reaches the whole model and optimizer) would still be checkpointed every few thousand
+instances, and each such checkpoint makes a replay restore a model where running the loop takes
+microseconds. Worse, every instance pays to be ready for one: the walk of the objects below its
+changeset (``identity``) and the light alias watch, about half of the 0.25 ms a step that loop's
+hooks held on nanoGPT's shape (stop 50). So once a block's mean compute is below ``c`` times its
+mean M, its instances are :meth:`AdaptivePeriod.futile`: they run as recorded, not checkpointed
+and not prepared, with their compute still measured, so that a loop whose instances grow
+becomes a candidate again. The first instance is checkpointed as before (M is unknown until
+then), and the alias watch's instances are watched in full.
+
 **A boundary at least every minute of training.** ``record --resume`` restarts a killed record
 from a boundary checkpoint only; block checkpoints do not serve it. So a main loop whose latest
 boundary is ``FLORTRAIN_BOUNDARY_INTERVAL`` seconds of training old (60 by default) takes one
@@ -221,6 +234,17 @@ class AdaptivePeriod:
         if c.k == 0:
             return True
         return self._affordable(c, c.materialize / c.k, ongoing)
+
+    def futile(self, block_id: str) -> bool:
+        """Whether a checkpoint of this block's next instance could only slow a replay down: the
+        instances compute in less time than a restore takes (``c`` times M, Eq. 3), so skipping
+        one costs more than running it. Asked as an instance opens, once M is measured and the
+        alias watch's instances are past: a futile instance is not prepared for a checkpoint
+        (see the module docstring). Never in ``FLORTRAIN_PERIOD=every``."""
+        c = self.costs.get(block_id)
+        if self.every or c is None or c.outer or c.k == 0 or c.n < knobs.ALIAS_WATCH_INSTANCES:
+            return False
+        return c.compute / c.n < self.restore_ratio * c.materialize / c.k
 
     def _affordable(self, c: BlockCosts, m: float, ongoing: float = 0.0) -> bool:
         """Eq. 4 and the run's budget for a checkpoint of ``m`` seconds. A nested block's must

@@ -379,10 +379,15 @@ class SkipBlock(Checkpointable):
             self.key = session.next_key(block_id)
             self.state = session.initial_state(self)
         self.entry: dict[str, Any] | None = None
+        #: an instance the period will not checkpoint whatever happens (``AdaptivePeriod.futile``):
+        #: nothing below its changeset is walked or watched
+        self.futile = False
         if session is not None:
             session.frames.append(self)
             if self.state is State.RECORD:
                 session.registry.reset_block()
+                self.futile = session.adaptive.futile(block_id)
+            if self.state is State.RECORD and not self.futile:
                 roots = self._entry_roots(session, objects)
                 self.entry = self._identities(session, roots, names)
                 if session.adaptive.costs.get(block_id) is None or (
@@ -557,7 +562,7 @@ class SkipBlock(Checkpointable):
         if self.id in s.unnamed_effects:  # changes state its checkpoints would not hold
             s.block_done(self, "recorded", compute_s=compute, note=s.unnamed_effects[self.id])
             return
-        if not s.adaptive.should_materialize(self.id, s.iteration_elapsed()):
+        if self.futile or not s.adaptive.should_materialize(self.id, s.iteration_elapsed()):
             s.block_done(self, "recorded", compute_s=compute)
             return
         # M_i of Eq. 4 is all the time training is held up: capturing the state and staging it
