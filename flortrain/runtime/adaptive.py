@@ -105,8 +105,9 @@ microseconds (nanoGPT's ``for g in optimizer.param_groups: g['lr'] = lr``, whose
 reaches the whole model and optimizer) would still be checkpointed every few thousand
 instances, and each such checkpoint makes a replay restore a model where running the loop takes
 microseconds. Worse, every instance pays to be ready for one: the walk of the objects below its
-changeset (``identity``) and the light alias watch, about half of the 0.25 ms a step that loop's
-hooks held on nanoGPT's shape (stop 50). So once a block's mean compute is below ``c`` times its
+changeset (``identity``) and the light alias watch. Without them, the median time to open and to
+close a memoized loop on nanoGPT's shape fell from 150 and 187 µs to 61 and 105 µs, and the
+record's held from 6.4% to 5.6% (stop 50). So once a block's mean compute is below ``c`` times its
 mean M, its instances are :meth:`AdaptivePeriod.futile`: they run as recorded, not checkpointed
 and not prepared, with their compute still measured, so that a loop whose instances grow
 becomes a candidate again. The first instance is checkpointed as before (M is unknown until
