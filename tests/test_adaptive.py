@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from flortrain.errors import FlortrainError
-from flortrain.runtime.adaptive import HEADROOM, AdaptivePeriod, contention
+from flortrain.runtime.adaptive import HEADROOM, AdaptivePeriod, BlockCosts, contention
 
 
 def _checkpoint(period: AdaptivePeriod, block_id: str, blocked: float, background: float = 0.0) -> float:
@@ -372,9 +372,10 @@ def test_a_boundary_that_never_fits_costs_a_few_captures_not_one_per_iteration()
 
 
 def test_a_block_cheaper_to_run_than_to_restore_is_futile_once_measured_and_watched() -> None:
-    """``futile``: an instance whose checkpoint could only slow a replay (mean C below c times
-    mean M) is not prepared for one; not before M is measured, nor during the alias watch's
-    instances, nor in ``every`` mode; and a loop whose instances grow dearer is a candidate again."""
+    """``futile``: an instance whose checkpoint could only slow a replay (its compute below c
+    times what its cheapest checkpoint held training) is not prepared for one; not before M is
+    measured, nor during the alias watch's instances, nor in ``every`` mode, nor for a main
+    loop; and one dear instance makes the block a candidate again at once."""
     period = AdaptivePeriod(epsilon=1 / 15, restore_ratio=1.38, every=False)
     assert not period.futile("L1")  # never seen
     period.executed("L1", 2e-6, outer=False)
@@ -383,17 +384,20 @@ def test_a_block_cheaper_to_run_than_to_restore_is_futile_once_measured_and_watc
     assert not period.futile("L1")  # the alias watch's instances run in full
     period.executed("L1", 2e-6, outer=False)
     assert period.futile("L1")  # 2 µs to run, about 1.4 ms to restore
-    # the mean compute climbs past c·M (1.38 ms): a checkpoint could pay again
-    period.executed("L1", 0.01, outer=False)
+    period.executed("L1", 0.01, outer=False)  # one instance dearer than a restore
     assert not period.futile("L1")
-    # the boundary between the two: mean C just under c·M is futile, just over it is not
+    period.executed("L1", 2e-6, outer=False)  # cheap again, but the mean (2.5 ms) is not
+    assert not period.futile("L1")
+    # M is the cheapest checkpoint's blocked time: not the writer's share, not a dear first one
     edge = AdaptivePeriod(epsilon=1 / 15, restore_ratio=2.0, every=False)
-    _checkpoint(edge, "L2", 1e-3)
-    edge.executed("L2", 1.9e-3, outer=False)
-    edge.executed("L2", 1.9e-3, outer=False)
+    edge.costs.setdefault("L2", BlockCosts()).contention = 1.0
+    _checkpoint(edge, "L2", 5e-3, background=0.05)  # held 5 ms, the writer 50 ms more
+    _checkpoint(edge, "L2", 1e-3, background=0.05)  # held 1 ms: a restore about 2 ms
+    for _ in range(2):
+        edge.executed("L2", 1.9e-3, outer=False)
     assert edge.futile("L2")
     edge.executed("L2", 2.5e-3, outer=False)
-    assert not edge.futile("L2")  # mean 2.1 ms, restore 2 ms
+    assert not edge.futile("L2")  # 2.5 ms to run against 2 ms to restore
     assert not AdaptivePeriod(every=True).futile("L1")
     main = AdaptivePeriod(epsilon=1 / 15, every=False)  # a main loop's boundaries are never futile
     for _ in range(3):

@@ -268,13 +268,13 @@ FUTILE = textwrap.dedent(
     for epoch in range(12):
         for group in opt.param_groups:
             group["lr"] = 1e-3 * 0.9 ** epoch
-            #PROBE
         for i in range(0, 256, 32):
             opt.zero_grad()
             loss = nn.functional.mse_loss(model(X[i:i + 32]), Y[i:i + 32])
             loss.backward()
             opt.step()
         print(f"epoch {epoch} loss {loss.item():.10f}")
+        #PROBE
     """
 )
 
@@ -283,10 +283,11 @@ def test_a_loop_cheaper_than_its_restore_is_checkpointed_once_and_replays_exactl
     """The learning-rate loop takes microseconds and its changeset reaches the model and the
     optimizer: a restore would cost more than running it, so after its first (forced) checkpoint
     and the alias watch's instances its instances are futile (``AdaptivePeriod.futile``): not
-    checkpointed and not prepared for one. A probe inside it replays exactly, on the adaptive
-    period, with every instance executed."""
+    checkpointed and not prepared for one. An outer probe's replay restores its first instance
+    and runs the rest, on the adaptive period, exactly. (Eq. 4 alone would not checkpoint it again
+    in 12 instances either: the in-process test below shows what the rule changes.)"""
     rec, rep = record_and_replay_match_plain(
-        tmp_path, FUTILE, "print('PROBE', epoch, repr(group['lr']), repr(model[0].weight.sum().item()))",
+        tmp_path, FUTILE, "print('PROBE', epoch, repr(opt.param_groups[0]['lr']), repr(model[0].weight.sum().item()))",
         {"FLORTRAIN_EPSILON": "0.5"},
     )
     db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
@@ -295,8 +296,57 @@ def test_a_loop_cheaper_than_its_restore_is_checkpointed_once_and_replays_exactl
     ).fetchall()
     db.close()
     lr_loop = {(run, state): n for run, block, state, n in rows if block == "L10"}
-    assert lr_loop == {(1, "checkpointed"): 1, (1, "recorded"): 11, (2, "executed"): 12}, rows
+    assert lr_loop == {(1, "checkpointed"): 1, (1, "recorded"): 11, (2, "skipped"): 1, (2, "executed"): 11}, rows
     assert rec.code == 0 and rep.code == 0
+
+
+def test_a_futile_instance_is_neither_walked_nor_watched_nor_checkpointed(tmp_path: Path) -> None:
+    """In-process, with the block's costs given: a futile instance (``AdaptivePeriod.futile``)
+    opens without the walk below its changeset or the light alias watch, and closes as recorded
+    without Eq. 4 being asked; a block that is not futile, at the same point, is prepared."""
+    import torch
+
+    from flortrain.runtime import identity
+    from flortrain.runtime.adaptive import BlockCosts
+    from flortrain.runtime.session import Session
+    from flortrain.runtime.skipblock import SkipBlock
+    from flortrain.store.db import Store
+
+    s = Session("record", Store(tmp_path / "store"), 1)
+    s.registry.install()
+    try:
+        net = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        s.adaptive.every = False
+        s.main_enter("M0")
+        s.main[2] = 0  # type: ignore[index]  # inside the loop's first iteration
+        objects = {"opt.param_groups": lambda: opt.param_groups}
+        # both blocks checkpointed once (held 1 ms) and past the alias watch's instances
+        s.adaptive.costs["cheap"] = BlockCosts(n=2, k=1, compute=4e-6, last=2e-6, materialize=1e-3, least=1e-3, outer=False)
+        s.adaptive.costs["dear"] = BlockCosts(n=2, k=1, compute=0.02, last=0.01, materialize=1e-3, least=1e-3, outer=False)
+        walked: list[object] = []
+        asked: list[str] = []
+        entry = identity.entry
+        identity.entry = lambda *a: walked.append(a) or entry(*a)  # type: ignore[assignment]
+        s.adaptive.should_materialize = lambda b, *a: asked.append(b) or False  # type: ignore[method-assign]
+        try:
+
+            def opened(block_id: str) -> SkipBlock:
+                return (lambda: SkipBlock(s, block_id, (0, 0), (), objects, {}))()  # the frames a hook has
+
+            cheap = opened("cheap")
+            assert cheap.futile and cheap.entry is None and cheap.light is None and cheap.watch is None
+            assert walked == []
+            cheap.end(objects, {})
+            assert asked == [] and s.counts == {"recorded": 1}
+            dear = opened("dear")
+            assert not dear.futile and dear.entry is not None and dear.light is not None and len(walked) == 1
+            dear.end(objects, {})
+            assert asked == ["dear"] and s.counts == {"recorded": 2}
+        finally:
+            identity.entry = entry  # type: ignore[assignment]
+    finally:
+        s.registry.uninstall()
 
 
 def test_intra_op_threads_are_pinned_on_replay(tmp_path: Path) -> None:

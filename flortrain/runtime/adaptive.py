@@ -107,10 +107,10 @@ instances, and each such checkpoint makes a replay restore a model where running
 microseconds. Worse, every instance pays to be ready for one: the walk of the objects below its
 changeset (``identity``) and the light alias watch. Without them, the median time to open and to
 close a memoized loop on nanoGPT's shape fell from 150 and 187 µs to 61 and 105 µs, and the
-record's held from 6.4% to 5.6% (stop 50). So once a block's mean compute is below ``c`` times its
-mean M, its instances are :meth:`AdaptivePeriod.futile`: they run as recorded, not checkpointed
-and not prepared, with their compute still measured, so that a loop whose instances grow
-becomes a candidate again. The first instance is checkpointed as before (M is unknown until
+record's held from 6.4% to 5.6% (stop 50). So once a block's compute is below ``c`` times what its
+cheapest checkpoint held training, its instances are :meth:`AdaptivePeriod.futile`: they run as
+recorded, not checkpointed and not prepared, with their compute still measured, so that a loop
+whose instances grow dearer becomes a candidate again at once. The first instance is checkpointed as before (M is unknown until
 then), and the alias watch's instances are watched in full.
 
 **A boundary at least every minute of training.** ``record --resume`` restarts a killed record
@@ -156,6 +156,8 @@ class BlockCosts:
     last: float = 0.0  # C of the latest instance
     since: float = 0.0  # training seconds of an outer unit since its latest checkpoint
     materialize: float = 0.0  # total M over the k checkpoints
+    #: the least time one of its checkpoints held training (:meth:`AdaptivePeriod.futile`)
+    least: float = float("inf")
     contention: float = 0.0  # of the latest instance (see `contention`)
     outer: bool = True  # its compute is training time of its own, not part of an enclosing unit's
     priced: float = 0.0  # M of the latest checkpoint :meth:`AdaptivePeriod.affords` turned down
@@ -241,11 +243,16 @@ class AdaptivePeriod:
         instances compute in less time than a restore takes (``c`` times M, Eq. 3), so skipping
         one costs more than running it. Asked as an instance opens, once M is measured and the
         alias watch's instances are past: a futile instance is not prepared for a checkpoint
-        (see the module docstring). Never in ``FLORTRAIN_PERIOD=every``."""
+        (see the module docstring). Never in ``FLORTRAIN_PERIOD=every``.
+
+        Judged cautiously, since a futile block is never checkpointed again to correct it: M is
+        the least time one of its checkpoints held training (not the mean M, which counts the
+        writer's share and a first checkpoint's one-off hashing), and C the larger of its mean
+        and its latest instance, so that one dear instance makes the next a candidate again."""
         c = self.costs.get(block_id)
         if self.every or c is None or c.outer or c.k == 0 or c.n < knobs.ALIAS_WATCH_INSTANCES:
             return False
-        return c.compute / c.n < self.restore_ratio * c.materialize / c.k
+        return max(c.compute / c.n, c.last) < self.restore_ratio * c.least
 
     def _affordable(self, c: BlockCosts, m: float, ongoing: float = 0.0) -> bool:
         """Eq. 4 and the run's budget for a checkpoint of ``m`` seconds. A nested block's must
@@ -339,6 +346,7 @@ class AdaptivePeriod:
         share = c.contention * background_s
         m = blocked_s + share
         c.materialize += m
+        c.least = min(c.least, blocked_s)
         self.charged += blocked_s
         self.writer += share
         if not c.outer:  # a replay restores this instance rather than computing it
