@@ -9,6 +9,8 @@ import sqlite3
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.protocol import (
     block_states,
     flortrain,
@@ -300,7 +302,9 @@ def test_a_loop_cheaper_than_its_restore_is_checkpointed_once_and_replays_exactl
     assert rec.code == 0 and rep.code == 0
 
 
-def test_a_futile_instance_is_neither_walked_nor_watched_nor_checkpointed(tmp_path: Path) -> None:
+def test_a_futile_instance_is_neither_walked_nor_watched_nor_checkpointed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """In-process, with the block's costs given: a futile instance (``AdaptivePeriod.futile``)
     opens without the walk below its changeset or the light alias watch, and closes as recorded
     without Eq. 4 being asked; a block that is not futile, at the same point, is prepared."""
@@ -327,24 +331,21 @@ def test_a_futile_instance_is_neither_walked_nor_watched_nor_checkpointed(tmp_pa
         walked: list[object] = []
         asked: list[str] = []
         entry = identity.entry
-        identity.entry = lambda *a: walked.append(a) or entry(*a)  # type: ignore[assignment]
-        s.adaptive.should_materialize = lambda b, *a: asked.append(b) or False  # type: ignore[method-assign]
-        try:
+        monkeypatch.setattr(identity, "entry", lambda *a: walked.append(a) or entry(*a))
+        monkeypatch.setattr(s.adaptive, "should_materialize", lambda b, *a: asked.append(b) or False)
 
-            def opened(block_id: str) -> SkipBlock:
-                return (lambda: SkipBlock(s, block_id, (0, 0), (), objects, {}))()  # the frames a hook has
+        def opened(block_id: str) -> SkipBlock:
+            return (lambda: SkipBlock(s, block_id, (0, 0), (), objects, {}))()  # the frames a hook has
 
-            cheap = opened("cheap")
-            assert cheap.futile and cheap.entry is None and cheap.light is None and cheap.watch is None
-            assert walked == []
-            cheap.end(objects, {})
-            assert asked == [] and s.counts == {"recorded": 1}
-            dear = opened("dear")
-            assert not dear.futile and dear.entry is not None and dear.light is not None and len(walked) == 1
-            dear.end(objects, {})
-            assert asked == ["dear"] and s.counts == {"recorded": 2}
-        finally:
-            identity.entry = entry  # type: ignore[assignment]
+        cheap = opened("cheap")
+        assert cheap.futile and cheap.entry is None and cheap.light is None and cheap.watch is None
+        assert walked == []
+        cheap.end(objects, {})
+        assert asked == [] and s.counts == {"recorded": 1}
+        dear = opened("dear")
+        assert not dear.futile and dear.entry is not None and dear.light is not None and len(walked) == 1
+        dear.end(objects, {})
+        assert asked == ["dear"] and s.counts == {"recorded": 2}
     finally:
         s.registry.uninstall()
 

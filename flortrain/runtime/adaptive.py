@@ -110,8 +110,9 @@ close a memoized loop on nanoGPT's shape fell from 150 and 187 µs to 61 and 105
 record's held from 6.4% to 5.6% (stop 50). So once a block's compute is below ``c`` times what its
 cheapest checkpoint held training, its instances are :meth:`AdaptivePeriod.futile`: they run as
 recorded, not checkpointed and not prepared, with their compute still measured, so that a loop
-whose instances grow dearer becomes a candidate again at once. The first instance is checkpointed as before (M is unknown until
-then), and the alias watch's instances are watched in full.
+whose instances grow dearer becomes a candidate again at once. The first instance is
+checkpointed as before (M is unknown until then), and the alias watch's instances are watched
+in full.
 
 **A boundary at least every minute of training.** ``record --resume`` restarts a killed record
 from a boundary checkpoint only; block checkpoints do not serve it. So a main loop whose latest
