@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from flortrain import knobs
+from flortrain.runtime.skipblock import FUTILE_NOTE
 from tests.protocol import (
     block_states,
     flortrain,
@@ -296,9 +298,15 @@ def test_a_loop_cheaper_than_its_restore_is_checkpointed_once_and_replays_exactl
     rows = db.execute(
         "SELECT run_id, block_id, state, COUNT(*) FROM blocks WHERE state != 'boundary' GROUP BY run_id, block_id, state"
     ).fetchall()
+    # the instances after the alias watch's are futile, and say so
+    futile = db.execute("SELECT iteration FROM blocks WHERE run_id = 1 AND block_id = 'L10' AND note = ?", (FUTILE_NOTE,))
+    futile_iterations = sorted(i for (i,) in futile.fetchall())
     db.close()
     lr_loop = {(run, state): n for run, block, state, n in rows if block == "L10"}
     assert lr_loop == {(1, "checkpointed"): 1, (1, "recorded"): 11, (2, "skipped"): 1, (2, "executed"): 11}, rows
+    assert futile_iterations == list(range(knobs.ALIAS_WATCH_INSTANCES, 12)), futile_iterations
+    assert "L10 (<module>): skip 1 of 12 instance(s)" in rep.err, rep.err
+    assert f"the others execute: not checkpointed at record: {FUTILE_NOTE}" in rep.err, rep.err
     assert rec.code == 0 and rep.code == 0
 
 

@@ -50,6 +50,11 @@ if TYPE_CHECKING:
 
 Getters = Mapping[str, Callable[[], Any]]
 
+#: The row note of a futile instance (``AdaptivePeriod.futile``), which the replay plan shows as
+#: the reason a block's other instances execute: without it a user sees a loop checkpointed once
+#: in hundreds of instances and no reason why.
+FUTILE_NOTE = "it runs faster than a checkpoint of it would restore"
+
 
 class State(StrEnum):
     RECORD = "record"
@@ -562,7 +567,10 @@ class SkipBlock(Checkpointable):
         if self.id in s.unnamed_effects:  # changes state its checkpoints would not hold
             s.block_done(self, "recorded", compute_s=compute, note=s.unnamed_effects[self.id])
             return
-        if self.futile or not s.adaptive.should_materialize(self.id, s.iteration_elapsed()):
+        if self.futile:
+            s.block_done(self, "recorded", compute_s=compute, note=FUTILE_NOTE)
+            return
+        if not s.adaptive.should_materialize(self.id, s.iteration_elapsed()):
             s.block_done(self, "recorded", compute_s=compute)
             return
         # M_i of Eq. 4 is all the time training is held up: capturing the state and staging it
