@@ -489,6 +489,13 @@ def test_epsilon_is_settable_and_c_is_refined_from_the_last_replay(tmp_path: Pat
     script.write_text(FROZEN.replace("    #PROBE\n", ""))
     again = flortrain(tmp_path, "record", "train.py")
     assert f"restore/materialize ratio c = {measured[0]:.2f} (measured by replay run 2)" in again.err, again.err
+    # the replay plan prices its restores with the same c, and says so before its estimate
+    script.write_text(FROZEN.replace("    #PROBE\n", '    print(f"PROBE {head.weight.sum().item():.6f}")\n'))
+    replay = flortrain(tmp_path, "replay", "train.py")
+    assert replay.code == 0, replay.err
+    plan = [line for line in replay.err.splitlines() if line.startswith("flortrain: ") and "replay plan" not in line]
+    estimate = next(i for i, line in enumerate(plan) if "estimated block time" in line)
+    assert plan[estimate - 1] == f"flortrain: restore/materialize ratio c = {measured[0]:.2f} (measured by replay run 2)", plan
 
 
 def test_objects_of_an_item_are_hashed_and_written_once_each(tmp_path: Path) -> None:

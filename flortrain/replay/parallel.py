@@ -60,7 +60,7 @@ def loop_costs(p: Prepared) -> list[LoopCosts]:
         if b["key"] not in p.checkpoints:
             continue
         where = (b["main_id"], b["main_inst"], b["iteration"])
-        restored = knobs.DEFAULT_RESTORE_RATIO * (b["materialize_s"] or 0.0)
+        restored = p.restore_ratio * (b["materialize_s"] or 0.0)
         if b["state"] == "boundary":
             restore.setdefault(where[:2], {})[where[2]] = restored
             continue

@@ -44,7 +44,9 @@ def find_record(store: Store, script: str, run_id: int | None) -> Run:
     return latest
 
 
-def _costs(blocks: list[dict[str, Any]]) -> dict[str, tuple[int, int, float, float]]:
+def _costs(blocks: list[dict[str, Any]], restore_ratio: float) -> dict[str, tuple[int, int, float, float]]:
+    """Per block: instances, checkpoints, compute, and the estimated time to restore them (``c``
+    times what each checkpoint held the record, Eq. 3)."""
     out: dict[str, tuple[int, int, float, float]] = {}
     for b in blocks:
         if b["state"] == "boundary":
@@ -52,7 +54,7 @@ def _costs(blocks: list[dict[str, Any]]) -> dict[str, tuple[int, int, float, flo
         n, k, c, r = out.get(b["block_id"], (0, 0, 0.0, 0.0))
         ck = b["state"] == "checkpointed"
         m = b["materialize_s"] or 0.0
-        out[b["block_id"]] = (n + 1, k + int(ck), c + (b["compute_s"] or 0.0), r + (knobs.DEFAULT_RESTORE_RATIO * m if ck else 0.0))
+        out[b["block_id"]] = (n + 1, k + int(ck), c + (b["compute_s"] or 0.0), r + (restore_ratio * m if ck else 0.0))
     return out
 
 
@@ -141,6 +143,10 @@ class Prepared:
     blocks: list[dict[str, Any]]  # the record's block and boundary rows, read once
     boundaries: dict[tuple[str, int], list[int]]  # per main-loop entry: committed boundaries
     module_passes: ModulePasses = field(default_factory=dict)  # done ahead by the static pass's child
+    #: Flor's c = R/M as the latest replay of the script measured it (the default before any):
+    #: the plan's estimates and parallel segments price restores with the c a record's period
+    #: judged them by (``AdaptivePeriod.futile``, Eq. 4)
+    restore_ratio: float = knobs.DEFAULT_RESTORE_RATIO
 
 
 def _stopped(store: Store, record: Run) -> str:
@@ -235,9 +241,13 @@ def prepare(
         print(f"flortrain: {static.fell_back}", file=sys.stderr)
     modules = recorded_modules(store, record)  # after the probes, whose errors come first
     blocks = store.blocks(record.id)
-    costs = _costs(blocks)
+    measured = store.restore_ratio(os.path.abspath(script))
+    restore_ratio = knobs.DEFAULT_RESTORE_RATIO if measured is None else measured[0]
+    costs = _costs(blocks, restore_ratio)
     lines = s.rplan.describe(s.plan, costs, _why_not(blocks))
     lines[-1:-1] = _module_blocks(costs)
+    if measured is not None:  # before the estimate it went into
+        lines.insert(-1, f"restore/materialize ratio c = {measured[0]:.2f} (measured by replay run {measured[1]})")
     lines[1:1] = _executed_source(script, record, s.probes)
     for line in lines:
         print(f"flortrain: {line}", file=sys.stderr)
@@ -246,6 +256,7 @@ def prepare(
         store, record, script, record.argv if new_args is None else new_args, s.current_text, disk_text,
         s.code_text, modules, s.rplan, checkpoints, torch_script,
         [code for _, code in s.probes], new_args is None, blocks, _boundaries(blocks, checkpoints), s.modules,
+        restore_ratio,
     )
 
 
