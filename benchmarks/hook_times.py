@@ -15,8 +15,12 @@ The times go to a file descriptor, not to a Python object: the record's side-eff
 walks what the script can reach, the wrappers' closures included, and a list that grows would
 be a side effect of the loop it does not name.
 
-``python benchmarks/hook_times.py [--only finetune] [--reps 3] [--quick]`` writes
-``results/hook_times.json`` and ``.png``.
+A step loop pays its hooks at every step, not every epoch: ``--only nanogpt`` times them in
+``record_replay.py``'s nanoGPT shape (the fixture at 64 dimensions, 400 iterations of about
+20 ms), where an "epoch" below is one main-loop iteration.
+
+``python benchmarks/hook_times.py [--only finetune nanogpt] [--reps 3] [--quick]`` writes
+``results/hook_times.json`` and ``.png`` (``hook_times-finetune-nanogpt.json`` for those only).
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record_overhead  # the workloads and their calibration
+import record_replay  # nanoGPT's shape
+
+#: Step-loop workloads beside record_overhead's: name -> its main loop's iterations
+STEP_LOOPS = {"nanogpt": 400}
 
 #: (label, module, attribute path, depth): what is timed, in the order the report lists it;
 #: depth is how deep in the rows above it a call runs
@@ -38,6 +46,9 @@ HOOKS: tuple[tuple[str, str, str, int], ...] = (
     ("main_iteration()", "flortrain.runtime", "main_iteration", 0),
     ("boundary checkpoint", "flortrain.runtime.session", "Session._record_boundary", 1),
     ("boundary RNG digests", "flortrain.runtime.session", "Session._boundary_digests", 1),
+    ("boundary scalars", "flortrain.runtime.session", "scalars_json", 1),
+    # every boundary's, and every checkpoint payload's: one function, whoever calls it
+    ("RNG capture (boundaries, payloads)", "flortrain.runtime.rng", "capture", 1),
     ("side-effect audit", "flortrain.runtime.session", "Session._audit_iteration", 1),
     ("block()", "flortrain.runtime", "block", 0),
     ("end()", "flortrain.runtime.skipblock", "SkipBlock.end", 0),
@@ -45,7 +56,6 @@ HOOKS: tuple[tuple[str, str, str, int], ...] = (
     ("checkpoint", "flortrain.runtime.session", "Session.checkpoint", 1),
     ("payload", "flortrain.runtime.skipblock", "Checkpointable._payload", 2),
     ("state capture", "flortrain.runtime.skipblock", "capture", 3),
-    ("rng.capture", "flortrain.runtime.rng", "capture", 3),
     ("submit", "flortrain.runtime.materializer", "BackgroundMaterializer.submit", 2),
     ("stage (split, pickle)", "flortrain.runtime.blobformat", "stage", 3),
     ("send to writer", "flortrain.channel", "Channel.send", 3),
@@ -83,14 +93,26 @@ def _timed(f: Any, label: str, fd: int, clock: Any) -> Any:
     return timed
 
 
+def _source(name: str, quick: bool) -> tuple[str, int]:
+    """The workload's script and its epochs (a step loop's: its iterations)."""
+    if name not in STEP_LOOPS:
+        return record_overhead.source(name, quick), record_overhead.WORKLOADS[name][2] // (2 if quick else 1)
+    text = (record_replay.REALCODE / "nanogpt.py").read_text()
+    for old, new in record_replay.NANOGPT_EDITS.items():
+        if old not in text:
+            raise SystemExit(f"fixtures/realcode/nanogpt.py no longer has {old!r}: update NANOGPT_EDITS")
+        text = text.replace(old, new)
+    return text, STEP_LOOPS[name]
+
+
 def measure(name: str, reps: int, quick: bool) -> dict[str, Any]:
     """Time the hooks in ``reps`` records of a workload; per hook, the medians over records."""
-    epochs = record_overhead.WORKLOADS[name][2] // (2 if quick else 1)
+    text, epochs = _source(name, quick)
     per_record: list[dict[str, list[float]]] = []
     held: list[float] = []
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
-        (work / "train.py").write_text(record_overhead.source(name, quick))
+        (work / "train.py").write_text(text)
         for rep in range(reps):
             times = work / f"times{rep}.tsv"
             env = {**os.environ, **record_overhead.STEADY_ALLOCATOR, "FLORTRAIN_LAUNCHER": "off",
@@ -117,14 +139,15 @@ def measure(name: str, reps: int, quick: bool) -> dict[str, Any]:
             "per_epoch_ms": statistics.median(1e3 * sum(s) / epochs for s in seen),
         }
     return {"epochs": epochs, "held": statistics.median(held), "hooks": hooks,
-            "steps_per_epoch": record_overhead._calibrated.get(name, record_overhead.WORKLOADS[name][1])}
+            "steps_per_epoch": None if name in STEP_LOOPS
+            else record_overhead._calibrated.get(name, record_overhead.WORKLOADS[name][1])}
 
 
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3])
         return
-    ap = record_overhead.workload_args(__doc__ or "", 3)
+    ap = record_overhead.workload_args(__doc__ or "", 3, extra=tuple(STEP_LOOPS))
     args = ap.parse_args()
     reps = 1 if args.quick else args.reps
     for name in args.only:
@@ -132,12 +155,13 @@ def main() -> None:
             record_overhead.calibrate(name, record_overhead.STEADY_ALLOCATOR)
     results = {name: measure(name, reps, args.quick) for name in args.only}
     doc = {"reps": reps, "quick": args.quick, "results": results}
-    record_overhead.save("hook_times" + ("-quick" if args.quick else ""), doc, lambda png: _plot(results, png))
+    only = "" if args.only == list(record_overhead.WORKLOADS) else "-" + "-".join(args.only)
+    record_overhead.save("hook_times" + only + ("-quick" if args.quick else ""), doc, lambda png: _plot(results, png))
     for name, r in results.items():
-        print(f"{name}: {r['epochs']} epochs, held {r['held']:.1%}")
-        print(f"  {'hook':28} {'calls':>6} {'per call':>10} {'per epoch':>10}")
+        print(f"{name}: {r['epochs']} epochs (main-loop iterations), held {r['held']:.1%}")
+        print(f"  {'hook':38} {'calls':>6} {'per call':>10} {'per epoch':>10}")
         for label, h in r["hooks"].items():
-            print(f"  {'  ' * h['depth'] + label:28} {h['calls']:6.0f} {h['per_call_us']:8.0f}µs {h['per_epoch_ms']:8.3f}ms")
+            print(f"  {'  ' * h['depth'] + label:38} {h['calls']:6.0f} {h['per_call_us']:8.0f}µs {h['per_epoch_ms']:8.3f}ms")
 
 
 def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
@@ -152,7 +176,7 @@ def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
         ax.barh(range(len(labels)), [h["per_epoch_ms"] for h in r["hooks"].values()])
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlabel("ms per epoch (a row includes the indented rows below it)")
+        ax.set_xlabel("ms per epoch (a row includes the rows indented below it)", fontsize=8)
         ax.set_title(f"{name}: held {r['held']:.1%} of training", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

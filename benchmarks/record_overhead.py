@@ -433,12 +433,13 @@ def save(stem: str, doc: dict[str, Any], plot: Callable[[Path], None]) -> None:
     plot(OUT / f"{stem}.png")
 
 
-def workload_args(description: str, reps: int) -> argparse.ArgumentParser:
-    """The options every benchmark of these workloads takes."""
+def workload_args(description: str, reps: int, extra: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """The options every benchmark of these workloads takes; ``extra``: workloads of its own it
+    also offers (not run by default)."""
     ap = argparse.ArgumentParser(description=description.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="half the epochs, one repetition")
     ap.add_argument("--reps", type=int, default=reps)
-    ap.add_argument("--only", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--only", nargs="*", default=list(WORKLOADS), choices=[*WORKLOADS, *extra])
     return ap
 
 
