@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record_overhead  # the workloads and their calibration
 import record_replay  # nanoGPT's shape
 
-#: Step-loop workloads beside record_overhead's: name -> its main loop's iterations
-STEP_LOOPS = {"nanogpt": 400}
+#: Step-loop workloads beside record_overhead's: name -> (record_replay's workload, its main
+#: loop's iterations)
+STEP_LOOPS = {"nanogpt": ("realcode-nanogpt", 400)}
 
 #: (label, module, attribute path, depth): what is timed, in the order the report lists it;
 #: depth is how deep in the rows above it a call runs
@@ -97,12 +98,8 @@ def _source(name: str, quick: bool) -> tuple[str, int]:
     """The workload's script and its epochs (a step loop's: its iterations)."""
     if name not in STEP_LOOPS:
         return record_overhead.source(name, quick), record_overhead.WORKLOADS[name][2] // (2 if quick else 1)
-    text = (record_replay.REALCODE / "nanogpt.py").read_text()
-    for old, new in record_replay.NANOGPT_EDITS.items():
-        if old not in text:
-            raise SystemExit(f"fixtures/realcode/nanogpt.py no longer has {old!r}: update NANOGPT_EDITS")
-        text = text.replace(old, new)
-    return text, STEP_LOOPS[name]
+    workload, iterations = STEP_LOOPS[name]
+    return record_replay.edited_source(workload), iterations
 
 
 def measure(name: str, reps: int, quick: bool) -> dict[str, Any]:
