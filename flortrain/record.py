@@ -69,6 +69,15 @@ def _untracked(shown: str, plan: Plan, session: Session) -> None:
         print(f"flortrain: {shown}:{u.line}:{u.col}: {UNTRACKED}", file=sys.stderr)
 
 
+def _note_load(store: Store, run_id: int, session: Session) -> None:
+    """Keep, per main loop, the cores its iterations kept busy (CPU over wall seconds): a
+    parallel replay's workers each need that many, so on a small machine they may only queue
+    (:func:`flortrain.replay.parallel.cores_per_worker`)."""
+    load = {m: round(cpu / wall, 3) for m, (wall, cpu) in session.loop_load.items() if wall > 0}
+    if load and store.owned() and store.failed is None:
+        store.set_meta(run_id, {**store.run(run_id).meta, "load": load})
+
+
 def _resumable(store: Store, run_id: int, script: str, text: str, args: list[str]) -> tuple[Run, tuple[str, int, int]]:
     """The killed record ``run_id`` of ``script`` and where it can continue, or a one-line refusal."""
     where = Located(script)
@@ -166,6 +175,7 @@ def record(
     session.project = hook.files  # the side-effect audit walks the project modules' globals too
     status = execute(session, code, script, args, torch_script, hook)
     elapsed = time.perf_counter() - t0
+    _note_load(store, run_id, session)
     store.finish_run(run_id, "complete" if status == 0 else "failed", status)
     c = session.counts
     outcome = "complete" if status == 0 else f"failed (exit {status})"

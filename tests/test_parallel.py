@@ -9,17 +9,24 @@ direct resume needs, a failing worker, the code after the loop, and the planner.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from flortrain.replay import sharing
 from flortrain.replay.segments import LoopCosts, divide, even
 from flortrain.store.blobs import BlobReader, object_rel
-from tests.protocol import flortrain, plain
+from flortrain.store.db import open_store
+from tests.protocol import Result, flortrain, plain
 
 EVERY = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_SEGMENTS": "even"}
 
@@ -192,17 +199,54 @@ def test_jobs_1_is_a_serial_replay(tmp_path: Path) -> None:
     assert "worker" not in rep.err and "parallel" not in rep.err
 
 
-def test_a_division_that_does_not_pay_is_refused(tmp_path: Path) -> None:
-    # By the record's own costs, two workers that each import torch and set up cannot beat one
-    # for a loop this small: the replay says so and runs serially, exactly.
+def test_a_division_that_cannot_pay_starts_no_worker(tmp_path: Path) -> None:
+    """By the record's own costs, two workers that each import torch and set up cannot beat one
+    for a loop this small: the replay says so before planning, runs serially and exactly, and
+    never starts a worker (started ahead and dismissed, they would take the cores from it)."""
     _, want = _setup(tmp_path, CARRIED, INNER, {"FLORTRAIN_PERIOD": "every"})
     mark = f"warm-{uuid.uuid4()}"
-    rep = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env={"FLORTRAIN_TEST_MARK": mark})
-    assert rep.code == 0 and rep.out == want
-    assert "replaying serially: dividing main loop" in rep.err and "would not pay" in rep.err
-    # the workers started before the plan (to overlap their start-up with it) are gone: they
-    # were killed before the serial replay ran, not left importing torch beside it
+    rep, workers = _replay_watching(tmp_path, ["--jobs", "2"], {"FLORTRAIN_TEST_MARK": mark}, mark)
+    assert rep.code == 0 and rep.out == want, rep.err
+    assert "replaying serially: dividing main loop" in rep.err and "cannot pay" in rep.err
+    assert workers == set()
     assert _processes_marked(mark) == []
+
+
+def test_workers_sharing_the_cores_are_priced_as_queueing(tmp_path: Path) -> None:
+    """A record's main loop that kept every core busy leaves nothing for a second worker: two
+    of them run each at half speed; a loop that kept one core busy on two fits."""
+    _setup(tmp_path, CARRIED, INNER, {"FLORTRAIN_PERIOD": "every"})
+    store = open_store(str(tmp_path / ".flortrain"), create=False)
+    try:
+        record = store.run(1)
+        main_id = next(iter(record.meta["load"]))  # every record measures its main loops' load
+        busy = dataclasses.replace(record, meta={**record.meta, "load": {main_id: 2.0}})
+        idle = dataclasses.replace(record, meta={**record.meta, "load": {main_id: 0.4}})
+        assert sharing.slowdown(busy, main_id, 2, cores=2) == 2.0
+        assert sharing.slowdown(idle, main_id, 2, cores=2) == 1.0
+        assert sharing.concurrency(busy, main_id, 4, cores=8) == 4.0
+        assert sharing.cannot_pay(store, busy, 2, cores=2) is not None  # one worker's worth of cores
+    finally:
+        store.close()
+
+
+def _replay_watching(tmp_path: Path, args: list[str], env: dict[str, str], mark: str) -> tuple[Result, set[int]]:
+    """``flortrain replay train.py ARGS``, and the pids of the replay workers (processes marked
+    ``mark`` running ``flortrain.replay.worker``) seen while it ran, polled every 10 ms: a
+    worker lives for its import of torch at least, about a second."""
+    cmd = [sys.executable, "-m", "flortrain", "replay", "train.py", *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers: set[int] = set()
+    while proc.poll() is None:
+        for pid in _processes_marked(mark):
+            try:
+                if b"flortrain.replay.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    workers.add(pid)
+            except OSError:
+                continue
+        time.sleep(0.01)
+    out, err = proc.communicate()
+    return Result(proc.returncode, out, err), workers
 
 
 def _processes_marked(mark: str) -> list[int]:

@@ -33,15 +33,10 @@ from flortrain.replay import backends
 from flortrain.replay.backends import Outcome
 from flortrain.replay.replayer import Prepared, begin, conclude
 from flortrain.replay.segments import LoopCosts, SegmentPlan, divide, even
+from flortrain.replay.sharing import WORKER_STARTUP_S, WORTHWHILE, slowdown
 from flortrain.replay.worker import WorkerResult, WorkerTask
 from flortrain.runtime.spans import Segment
 from flortrain.store.db import LogEntry
-
-#: a parallel plan must beat the serial estimate by this much to be worth the extra processes
-WORTHWHILE = 0.9
-#: seconds a worker process takes to start before the script runs (interpreter, flortrain's
-#: imports, reading the task: 0.3 s measured here) and to hand its result back
-WORKER_STARTUP_S = 0.5
 
 
 def _say(msg: str) -> None:
@@ -96,8 +91,10 @@ def _resumable(p: Prepared, main_id: str) -> bool:
     return main_id not in p.rplan.unresumable and knobs.resume() == "direct"
 
 
-def plan_segments(p: Prepared, jobs: int) -> tuple[SegmentPlan | None, str]:
-    """The division of the main loop worth dividing, or None and why the replay stays serial."""
+def plan_segments(p: Prepared, jobs: int, backend: str = "local") -> tuple[SegmentPlan | None, str]:
+    """The division of the main loop worth dividing, or None and why the replay stays serial.
+    Local workers share this machine's cores (:mod:`flortrain.replay.sharing`): the estimate
+    of a division counts the queueing when they ask for more cores than there are."""
     if not p.rplan.probes:
         return None, "no probes: the replay only re-runs what has no checkpoint"
     if not p.compares:
@@ -115,9 +112,11 @@ def plan_segments(p: Prepared, jobs: int) -> tuple[SegmentPlan | None, str]:
         plan = divide(loop, marks, jobs, shape=even(loop))
         return (plan, "") if len(plan.workers) > 1 else (None, f"main loop {loop.main_id} has one iteration")
     plan = divide(loop, marks, jobs)
-    if len(plan.workers) < 2 or plan.parallel > WORTHWHILE * plan.serial:
+    slow = slowdown(p.record, loop.main_id, len(plan.workers)) if backend == "local" else 1.0
+    if len(plan.workers) < 2 or plan.parallel * slow > WORTHWHILE * plan.serial:
+        shared = f", {len(plan.workers)} workers sharing the cores" if slow > 1.0 and len(plan.workers) > 1 else ""
         return None, (
-            f"dividing main loop {loop.main_id} would not pay (estimated {plan.parallel:.1f}s"
+            f"dividing main loop {loop.main_id} would not pay (estimated {plan.parallel * slow:.1f}s{shared}"
             f" against {plan.serial:.1f}s serially)"
         )
     return plan, ""
@@ -290,14 +289,15 @@ def replay_parallel(
     """Run the replay on ``jobs`` workers; None when it is better run serially (said why).
     ``warm``: local workers started before planning (:class:`backends.LocalBackend`); the
     caller closes them."""
-    plan, why = plan_segments(p, jobs)
+    plan, why = plan_segments(p, jobs, backend_name)
     if plan is None:
         _say(f"replaying serially: {why}")
         return None
     n = len(plan.workers)
+    slow = slowdown(p.record, plan.loop.main_id, n) if backend_name == "local" else 1.0
     _say(
         f"parallel replay: main loop {plan.loop.main_id} in {n} segments on {backend_name} workers,"
-        f" estimated {plan.parallel:.1f}s (serially {plan.serial:.1f}s)"
+        f" estimated {plan.parallel * slow:.1f}s (serially {plan.serial:.1f}s)"
     )
     for k, w in enumerate(plan.workers):
         _say(f"  segment {k + 1}: {w.describe()}")

@@ -7,7 +7,6 @@ import sys
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from flortrain import knobs
@@ -15,6 +14,7 @@ from flortrain.errors import FlortrainError, Located
 from flortrain.replay.backends import LocalBackend
 from flortrain.replay.diff import diff_runs
 from flortrain.replay.replayplan import ReplayPlan
+from flortrain.replay.sharing import cannot_pay
 from flortrain.runtime import allocator
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
 from flortrain.runtime.launch import execute, import_torch, pin_threads, set_aside_static_objects
@@ -208,16 +208,21 @@ def static_replay(
     return StaticReplay(current_text, plan, rplan, code_text, tuple((p.line, p.code) for p in probes.probes), ahead)
 
 
-def prepare(
-    script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
-    trust: bool = False, overlap: bool = False,
-) -> Prepared:
-    """Find the record, read the probes, plan the replay and print the plan. With ``overlap``
-    (this process runs the replay next, so it will import torch), the static pass runs in a
-    forked child while torch is imported here, where that saves time."""
+def locate(script: str, run_id: int | None, store_dir: str | None, trust: bool = False) -> tuple[Store, Run]:
+    """The store and the record a replay of ``script`` replays."""
     knobs.validate()
     store = open_store(store_dir, create=False, trust=trust)  # a typo in --store must not create one
-    record = find_record(store, script, run_id)
+    return store, find_record(store, script, run_id)
+
+
+def prepare(
+    script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
+    trust: bool = False, overlap: bool = False, located: tuple[Store, Run] | None = None,
+) -> Prepared:
+    """Find the record (unless ``located`` already), read the probes, plan the replay and print
+    the plan. With ``overlap`` (this process runs the replay next, so it will import torch), the
+    static pass runs in a forked child while torch is imported here, where that saves time."""
+    store, record = located or locate(script, run_id, store_dir, trust)
     if record.effective_status != "complete":
         print(f"flortrain: record run {record.id} is {record.effective_status}; {_stopped(store, record)}", file=sys.stderr)
     recorded_text = store.source(record.source_sha)
@@ -296,30 +301,38 @@ def conclude(p: Prepared, run: int, status: int, elapsed: float, counts: dict[st
     return status
 
 
-def _warm_workers(script: str, jobs: int, backend: str) -> LocalBackend | None:
+def _warm_workers(script: str, jobs: int) -> LocalBackend | None:
     """Local workers started before planning, so that their start-up (the interpreter, torch)
-    overlaps the driver's (see :class:`LocalBackend`); None for one job, or Ray."""
-    if jobs < 2 or backend != "local" or knobs.prestart() == "off":
+    overlaps the driver's (see :class:`LocalBackend`); None when prestarting is off."""
+    if knobs.prestart() == "off":
         return None
     try:
-        text = Path(script).read_text(errors="replace")
-    except OSError:
+        text = read_text(script)
+    except FlortrainError:
         return None  # prepare() says why in one line
-    return LocalBackend(warm=jobs, uses_torch=uses_torch(text))
+    return LocalBackend(warm=jobs, uses_torch=project_uses_torch(script, text))
 
 
 def replay(
     script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
     jobs: int = 1, backend: str = "local", blobs: str | None = None, trust: bool = False,
 ) -> int:
-    warm = _warm_workers(script, jobs, backend)
+    located = locate(script, run_id, store_dir, trust)
+    serially = None
+    if jobs > 1 and backend == "local" and knobs.segments() == "estimated":
+        # decided from the record before any worker is paid for (:mod:`flortrain.replay.sharing`)
+        serially = cannot_pay(*located, jobs)
+    divides = jobs > 1 and serially is None
+    warm = _warm_workers(script, jobs) if divides and backend == "local" else None
     try:
         # a replay that runs here imports torch next: its static pass can overlap that
-        p = prepare(script, run_id, cli_probes, new_args, store_dir, trust, overlap=jobs == 1)
+        p = prepare(script, run_id, cli_probes, new_args, store_dir, trust, overlap=not divides, located=located)
         set_aside_static_objects()
         if jobs == 1 and backend != "local":
             print("flortrain: --jobs 1: replaying serially, in this process", file=sys.stderr)
-        if jobs > 1:
+        if serially is not None:
+            print(f"flortrain: replaying serially: {serially}", file=sys.stderr)
+        if divides:
             from flortrain.replay.parallel import replay_parallel
 
             status = replay_parallel(p, jobs, backend, blobs, warm)

@@ -66,6 +66,9 @@ class Session:
     _driven: set[str] = field(default_factory=set)  # main loops whose iterator the runtime wraps
     #: when the current iteration of each main loop began: wall, CPU, and :attr:`held` then
     _boundary_t: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    #: main loop id -> [wall, CPU] seconds of its iterations in this process: how many cores the
+    #: loop keeps busy, which a parallel replay's planner weighs against the machine's
+    loop_load: dict[str, list[float]] = field(default_factory=dict)
     _hold_t0: float | None = None  # when the hook in progress began (:meth:`holding`)
     background: float = 0.0  # the writer's estimated seconds for the latest checkpoint
     #: seconds of :attr:`held` spent at the end waiting for the writer to finish what training
@@ -353,6 +356,9 @@ class Session:
         held = self._held_at(now)
         if last is not None:
             self.adaptive.executed(main_id, now - last[0] - (held - last[2]), cpu - last[1])
+            load = self.loop_load.setdefault(main_id, [0.0, 0.0])
+            load[0] += now - last[0]
+            load[1] += cpu - last[1]
         if not last_one:
             self._boundary_t[main_id] = (now, cpu, held)
 
