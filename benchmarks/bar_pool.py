@@ -1,29 +1,33 @@
 """The record-overhead bar over several ``record_overhead.py --bar`` runs, their pairs pooled.
 
-Why: on this project's 2-core VM two plain runs of one script differ by as much as 25 to 50% (the
-A/A control of ``record_overhead.py --control``), so one run of 10 to 24 pairs pins the median
-over workloads only to within a few points of the 2% bar, and runs of the same code have read
-from -0.6% to +5.5%. A median is as good as the number of pairs behind it. Each pair
-is a plain run and a recorded run in the same repetition, so its ratio is meaningful wherever
-it was measured; pooling the pairs of several runs of comparable trees gives the bar more pairs
-than one session can afford.
+Why: on a 2-core VM two plain runs of one script differ by as much as 25 to 50% (the A/A
+control of ``record_overhead.py --control``), so one run of 10 to 24 pairs pins the median over
+workloads only to within a few points of the 2% bar, and runs of the same code have read from
+-0.6% to +5.5%. A median is as good as the number of pairs behind it. Each pair is a plain run
+and a recorded run in the same repetition, so its ratio is meaningful wherever it was
+measured; pooling the pairs of several runs of comparable trees gives the bar more pairs than
+one session can afford.
 
 What it reports, per workload and for the median over workloads:
 - each run's median and 90% bootstrap interval, as the run reported them;
 - the **pooled** median over every pair of the runs given, with a 90% bootstrap interval that
   resamples pairs *within each run* (a run's weight stays its number of pairs, and a run
-  measured on a fast day does not stand in for a slow one);
-  it does not resample the runs, so it speaks for the days measured, not for any day;
+  measured at a fast hour does not stand in for a slow one); it does not resample the runs,
+  so it speaks for the hours measured, not for any hour;
 - where the runs had ``--control``, the same for the A/A control, pooled: the floor;
 - held, the median of the runs' held figures (held is measured on the training thread, not a
   difference of two runs, so it needs no pooling).
 
-It runs nothing: the inputs are result files. Pool only runs of trees whose record paths do not
-differ in what they cost; the docs name which were pooled and why.
+It runs nothing: the inputs are result files, either ``--bar`` runs or an earlier pool, whose
+runs carry their pairs. Pool only runs of trees whose record paths do not differ in what they
+cost. To add a new run to the pool:
+
+    python benchmarks/record_overhead.py --bar --steady-allocator --control --reps 20
+    python benchmarks/bar_pool.py benchmarks/results/bar_pool.json benchmarks/results/record_overhead-bar.json
 
     python benchmarks/bar_pool.py FILE [FILE ...] [--out NAME]
 
-Writes benchmarks/results/NAME.json and .png (NAME defaults to record_overhead-bar-pooled).
+Writes benchmarks/results/NAME.json and .png (NAME defaults to bar_pool).
 """
 
 from __future__ import annotations
@@ -41,54 +45,62 @@ EPSILON = 1 / 15
 BAR = 0.02
 
 
-def pool(paths: list[Path]) -> dict[str, Any]:
-    """The pooled figures of the ``--bar`` result files ``paths`` (see the module's docstring).
-    Raises ``ValueError`` naming a file that is not one."""
-    docs = []
-    for p in paths:
-        try:
-            d = json.loads(p.read_text())
-        except ValueError as e:
-            raise ValueError(f"{p}: not a result file ({e})") from None
-        if not isinstance(d, dict) or not d.get("bar") or set(d.get("results", ())) != set(WORKLOADS):
-            raise ValueError(f"{p}: not a --bar run of every workload ({', '.join(WORKLOADS)})")
-        docs.append(d)
+def _run(d: dict[str, Any]) -> dict[str, Any]:
+    """One ``--bar`` run's entry in a pool: its reported figures and its pairs."""
     names = list(WORKLOADS)
-    runs = [{n: _pairs(d["results"][n]) for n in names} for d in docs]
-    controls = [{n: _pairs(d["results"][n], "plain-control") for n in names} for d in docs if d.get("control")]
-    out: dict[str, Any] = {
-        "runs": [
-            {
-                "file": p.name,
-                "pairs": len(run[names[0]]),
-                "median": d["median_record_training_overhead"],
-                "interval": d["median_record_training_interval"],
-                "held": d["median_record_held_overhead"],
-                "workloads": {n: d["results"][n]["record_training_overhead"] for n in names},
-            }
-            for p, d, run in zip(paths, docs, runs, strict=True)
-        ],
-        "pairs": sum(len(run[names[0]]) for run in runs),
-        "workloads": {},
+    run: dict[str, Any] = {
+        "commit": d.get("commit"),
+        "pairs": len(_pairs(d["results"][names[0]])),
+        "median": d["median_record_training_overhead"],
+        "interval": d["median_record_training_interval"],
+        "held": d["median_record_held_overhead"],
+        "workloads": {n: d["results"][n]["record_training_overhead"] for n in names},
+        "held_by_workload": {n: d["results"][n]["record_held_overhead"] for n in names},
+        "ratios": {n: _pairs(d["results"][n]) for n in names},
     }
+    if d.get("control"):
+        run["control_ratios"] = {n: _pairs(d["results"][n], "plain-control") for n in names}
+    return run
+
+
+def runs_of(path: Path) -> list[dict[str, Any]]:
+    """The runs in result file ``path``: one for a ``--bar`` run, its runs for a pool. Raises
+    ``ValueError`` naming a file that is neither."""
+    try:
+        d = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: not a result file ({e})") from None
+    if isinstance(d, dict) and isinstance(d.get("runs"), list) and all("ratios" in r for r in d["runs"]):
+        return list(d["runs"])
+    if not isinstance(d, dict) or not d.get("bar") or set(d.get("results", ())) != set(WORKLOADS):
+        raise ValueError(f"{path}: not a --bar run of every workload ({', '.join(WORKLOADS)}), nor a pool")
+    return [_run(d)]
+
+
+def pool(paths: list[Path]) -> dict[str, Any]:
+    """The pooled figures of the runs in result files ``paths`` (see the module's docstring)."""
+    runs = [r for p in paths for r in runs_of(p)]
+    names = list(WORKLOADS)
+    controls = [r["control_ratios"] for r in runs if "control_ratios" in r]
+    out: dict[str, Any] = {"runs": runs, "pairs": sum(r["pairs"] for r in runs), "workloads": {}}
     for n in names:
-        ratios = [x for run in runs for x in run[n]]
+        ratios = [x for r in runs for x in r["ratios"][n]]
         w: dict[str, Any] = {
             "median": statistics.median(ratios) - 1,
-            "interval": stratified_interval([[run[n]] for run in runs]),
-            "pairs_above_epsilon": sum(r - 1 > EPSILON for r in ratios),
+            "interval": stratified_interval([[r["ratios"][n]] for r in runs]),
+            "pairs_above_epsilon": sum(x - 1 > EPSILON for x in ratios),
             "pairs": len(ratios),
-            "held": statistics.median(d["results"][n]["record_held_overhead"] for d in docs),
+            "held": statistics.median(r["held_by_workload"][n] for r in runs),
         }
         if controls:
             c = [x for run in controls for x in run[n]]
             w["control_median"] = statistics.median(c) - 1
-            w["control_pairs_above_epsilon"] = sum(r - 1 > EPSILON for r in c)
+            w["control_pairs_above_epsilon"] = sum(x - 1 > EPSILON for x in c)
             w["control_pairs"] = len(c)
         out["workloads"][n] = w
     out["median"] = statistics.median(w["median"] for w in out["workloads"].values())
-    out["interval"] = stratified_interval([[run[n] for n in names] for run in runs])
-    out["held"] = statistics.median(r["held"] for r in out["runs"])
+    out["interval"] = stratified_interval([[r["ratios"][n] for n in names] for r in runs])
+    out["held"] = statistics.median(r["held"] for r in runs)
     if controls:
         out["control_runs"] = len(controls)
         out["control_median"] = statistics.median(w["control_median"] for w in out["workloads"].values())
@@ -96,13 +108,17 @@ def pool(paths: list[Path]) -> dict[str, Any]:
     return out
 
 
+def _label(k: int, r: dict[str, Any]) -> str:
+    return f"{k + 1}" + (f" {r['commit']}" if r.get("commit") else "")
+
+
 def _print(out: dict[str, Any]) -> None:
-    print(f"{'run':52} {'pairs':>5} {'median':>7} {'90% interval':>18} {'held':>6}")
-    for r in out["runs"]:
+    print(f"{'run':20} {'pairs':>5} {'median':>7} {'90% interval':>18} {'held':>6}")
+    for k, r in enumerate(out["runs"]):
         lo, hi = r["interval"]
-        print(f"{r['file']:52} {r['pairs']:5d} {r['median']:+7.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18} {r['held']:6.1%}")
+        print(f"{_label(k, r):20} {r['pairs']:5d} {r['median']:+7.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18} {r['held']:6.1%}")
     lo, hi = out["interval"]
-    print(f"{'pooled':52} {out['pairs']:5d} {out['median']:+7.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18} {out['held']:6.1%}")
+    print(f"{'pooled':20} {out['pairs']:5d} {out['median']:+7.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18} {out['held']:6.1%}")
     for n, w in out["workloads"].items():
         lo, hi = w["interval"]
         line = (f"{n:10} pooled {w['median']:+.1%} ({lo:+.1%} .. {hi:+.1%}), {w['pairs_above_epsilon']}/{w['pairs']}"
@@ -123,7 +139,7 @@ def _plot(out: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    labels = [r["file"].removeprefix("record_overhead-bar-").removesuffix(".json") for r in out["runs"]] + ["pooled"]
+    labels = [_label(k, r) for k, r in enumerate(out["runs"])] + ["pooled"]
     meds = [100 * r["median"] for r in out["runs"]] + [100 * out["median"]]
     ivs = [r["interval"] for r in out["runs"]] + [out["interval"]]
     err = [[m - 100 * iv[0] for m, iv in zip(meds, ivs, strict=True)], [100 * iv[1] - m for m, iv in zip(meds, ivs, strict=True)]]
@@ -158,8 +174,9 @@ def _plot(out: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("files", nargs="+", type=Path, metavar="FILE", help="record_overhead.py --bar result files")
-    ap.add_argument("--out", default="record_overhead-bar-pooled", help="the result files' name, without suffix")
+    ap.add_argument("files", nargs="+", type=Path, metavar="FILE",
+                    help="record_overhead.py --bar result files, or an earlier pool")
+    ap.add_argument("--out", default="bar_pool", help="the result files' name, without suffix")
     args = ap.parse_args()
     missing = [p for p in args.files if not p.is_file()]
     if missing:
@@ -170,7 +187,7 @@ def main() -> None:
     except ValueError as e:
         print(e, file=sys.stderr)
         raise SystemExit(2) from None
-    save(args.out, out, lambda png: _plot(out, png))
+    save(args.out, out, lambda png: _plot(out, png), stamp=False)
     _print(out)
 
 

@@ -1,6 +1,6 @@
 """The fault-injection suite, long mode: many SIGKILLed records across fixtures and every kind of
-store fault, with the figures issue 8 asks for (trials, faults by kind, exact replays, clean
-refusals, silent wrong answers, training runs broken by flortrain).
+store fault, with the figures that say whether a record can be trusted (trials, faults by kind,
+exact replays, clean refusals, silent wrong answers, training runs broken by flortrain).
 
 The harness and what each fault and outcome means are in tests/faults.py; the default test
 command runs a short mode of it (tests/test_fault_injection.py). This is not a timing benchmark:
@@ -25,6 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from record_overhead import commit  # noqa: E402
 
 from tests.faults import KILL_FIXTURES, STORE_FAULTS, Tally, namespaces_available, run_suite  # noqa: E402
 
@@ -69,6 +72,7 @@ def main() -> int:
     result = {
         "benchmark": "fault_injection",
         "seed": a.seed,
+        "commit": commit(),
         "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
         "user_namespaces": namespaces_available(),
         "seconds": round(time.perf_counter() - t0, 1),

@@ -7,7 +7,7 @@ calls per record, its median time per call and its total per epoch.
 
 Why in a record and not in a loop of calls: after a training step the hook's code and data are
 out of the caches. ``rng.capture`` takes about 37 µs called in a loop and 80 to 130 µs at a
-main-loop boundary of the fine-tuning shape (stop 44); only the calls as training makes them
+main-loop boundary of the fine-tuning shape; only the calls as training makes them
 say what training pays. The wrappers add a few microseconds to each call timed, and a hook's
 time includes the hooks timed inside it (the indented rows).
 
@@ -20,7 +20,8 @@ A step loop pays its hooks at every step, not every epoch: ``--only nanogpt`` ti
 20 ms), where an "epoch" below is one main-loop iteration.
 
 ``python benchmarks/hook_times.py [--only finetune nanogpt] [--reps 3] [--quick]`` writes
-``results/hook_times.json`` and ``.png`` (``hook_times-finetune-nanogpt.json`` for those only).
+``results/hook_times.json`` and ``.png``: the latest result of each workload, so that a run of
+some keeps the others' (when it ran with the same settings), each naming its commit.
 """
 
 from __future__ import annotations
@@ -151,9 +152,9 @@ def main() -> None:
         if name in record_overhead.EPOCH_S:
             record_overhead.calibrate(name, record_overhead.STEADY_ALLOCATOR)
     results = {name: measure(name, reps, args.quick) for name in args.only}
-    doc = {"reps": reps, "quick": args.quick, "results": results}
-    only = "" if args.only == list(record_overhead.WORKLOADS) else "-" + "-".join(args.only)
-    record_overhead.save("hook_times" + only + ("-quick" if args.quick else ""), doc, lambda png: _plot(results, png))
+    stem = "hook_times" + ("-quick" if args.quick else "")
+    doc = record_overhead.merge_by_workload(stem, {"reps": reps, "quick": args.quick, "results": results})
+    record_overhead.save(stem, doc, lambda png: _plot(doc["results"], png), stamp=False)
     for name, r in results.items():
         print(f"{name}: {r['epochs']} epochs (main-loop iterations), held {r['held']:.1%}")
         print(f"  {'hook':38} {'calls':>6} {'per call':>10} {'per epoch':>10}")

@@ -30,9 +30,10 @@ Every time is a whole command's wall time (start-up included: the user waits for
 are per repetition (replay / plain of the same probe) and the median and range are reported.
 Every replay's probe output is checked against the plain run's, and each replay's ``diff``.
 
-    python benchmarks/parallel_replay.py [--quick] [--reps R] [--setting S] [--variants V ...] [--tag T]
+    python benchmarks/parallel_replay.py [--quick] [--reps R] [--setting S] [--variants V ...]
 
-Writes benchmarks/results/parallel_replay.json and .png (``-quick`` in the name with --quick).
+Writes benchmarks/results/parallel_replay.json and .png (``-quick`` in the name with --quick),
+with the settings and variants measured and the commit.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from record_overhead import commit  # noqa: E402
 
 WORKLOAD = """\
 import torch
@@ -195,7 +198,6 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--setting", choices=list(SETTINGS), help="measure this setting only")
     ap.add_argument("--variants", nargs="*", choices=list(VARIANTS), help="measure these variants only")
-    ap.add_argument("--tag", default="", help="a suffix for the result files' names")
     args = ap.parse_args()
     reps = args.reps or (1 if args.quick else 3)
     results = {}
@@ -210,9 +212,10 @@ def main() -> None:
         "settings": results,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "reps": reps,
+        "commit": commit(),
     }
     OUT.mkdir(parents=True, exist_ok=True)
-    stem = "parallel_replay" + (f"-{args.tag}" if args.tag else "") + ("-quick" if args.quick else "")
+    stem = "parallel_replay" + ("-quick" if args.quick else "")
     (OUT / f"{stem}.json").write_text(json.dumps(out, indent=2) + "\n")
     plot(results, OUT / f"{stem}.png")
     for setting, result in results.items():

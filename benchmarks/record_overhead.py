@@ -4,9 +4,9 @@ the outer-probe replay it buys.
 Workloads (generated, no downloads):
 - ``cnn``: a small CNN with Adam, ~75 MB of checkpointed state, ~1 s epochs;
 - ``finetune``: a 100 MB frozen embedding table, a tiny trained head, ~0.1 s epochs (60 of them):
-  the issue sets the shape by its epoch time, and its batches per epoch are calibrated to it in
-  each run (:func:`calibrate`), since this VM's speed varies: 160 batches took 0.1 s on
-  2026-11-25, 28 ms at stop 39 and 60 ms at stop 40;
+  the shape is set by its epoch time, and its batches per epoch are calibrated to it in each
+  run (:func:`calibrate`), since this VM's speed varies: the same 160 batches have taken from
+  28 to 100 ms;
 - ``rnn``: an LSTM language model on synthetic tokens.
 
 For each, R repetitions interleave ``python S``, ``flortrain record S`` (adaptive period, the
@@ -39,20 +39,18 @@ For the CNN, an outer probe's replay is timed against a plain run of the probed 
 ``--against COMMIT`` adds a fourth mode to every repetition: ``flortrain record`` as of that
 commit (checked out in a temporary git worktree, put first on ``PYTHONPATH``), against the same
 plain runs. Two versions compared this way differ by less than the noise between repetitions
-on a shared VM would hide in separate runs; results go to ``record_overhead-against.json`` (and
-the tree's own, measured in the same runs, to ``record_overhead.json`` as well).
+on a shared VM would hide in separate runs; the result file says which commit it was.
 
-``--bar`` runs only the pair the issue's bar compares (plain and adaptive record), so that
+``--bar`` runs only the pair the overhead bar compares (plain and adaptive record), so that
 many more repetitions fit in the same time, and writes ``record_overhead-bar.json``; with
-``--against COMMIT`` too, that commit's adaptive record joins each repetition
-(``record_overhead-bar-against.json``). Every run
+``--against COMMIT`` too, that commit's adaptive record joins each repetition. Every run
 reports a 90% bootstrap interval for each workload's median overhead to exit and for the
 median over workloads: on this VM single pairs spread by ±15%, and the interval says whether
 the repetitions pin a figure down.
 
 ``--control`` adds ``plain-control`` to every repetition: a second plain run, compared with the
 first exactly as a record is (an A/A control). Its median and interval are the noise floor of
-the same runs: two identical code paths measured +3.4% and +5.6% apart in one run at stop 40.
+the same runs: two identical code paths have measured +3.4% and +5.6% apart in one run.
 With it, each record is also compared with both plain runs of its repetition (their geometric
 mean, ``record_both``): a baseline of two runs at two positions of the order is less noisy than
 one. ``--reanalyze FILE`` adds that figure to a result file written before it existed.
@@ -68,7 +66,8 @@ epoch as much.
     python benchmarks/record_overhead.py [--quick] [--reps N] [--only NAME...] [--against COMMIT] [--bar]
                                          [--epochs-times K] [--steady-allocator] [--control]
 
-Writes benchmarks/results/record_overhead.json and .png.
+Writes benchmarks/results/record_overhead.json and .png (``record_overhead-bar`` with
+``--bar``, ``-quick`` added with ``--quick``); the options of the run are in the file.
 """
 
 from __future__ import annotations
@@ -206,12 +205,12 @@ _calibrated: dict[str, int] = {}
 #: freed, instead of mapping each large tensor afresh and unmapping it when freed. By default
 #: the CNN's plain run takes ~400k page faults per epoch (fresh zeroed pages for every step's
 #: gradients and activations), and they cost a third of its epoch (2.0 s against 1.25 s with
-#: these settings, measured at stop 35). A recorded run sometimes skips most of them for a few
+#: these settings). A recorded run sometimes skips most of them for a few
 #: epochs, by accident of where its staging buffers sit in the heap, and then runs faster than
 #: plain: its overhead came out negative. With both runs' allocator steady the comparison
 #: holds what flortrain itself costs.
 STEADY_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
-#: ``--bar``: only the pair the issue's bar compares, so that more repetitions fit in the time
+#: ``--bar``: only the pair the overhead bar compares, so that more repetitions fit in the time
 BAR_MODES = ("plain", "record")
 
 
@@ -426,9 +425,42 @@ def median_spread(values: list[float], less: float = 0.0) -> tuple[float, list[f
     return statistics.median(values) - less, [min(values) - less, max(values) - less]
 
 
-def save(stem: str, doc: dict[str, Any], plot: Callable[[Path], None]) -> None:
-    """Write a benchmark's result as ``results/<stem>.json`` and its plot as ``.png``."""
+def commit() -> str:
+    """The commit the benchmark runs (``+dirty`` when the tree has changes), so that a result
+    file names the code it measured."""
+    def git(*a: str) -> str:
+        p = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, check=False)
+        return p.stdout.strip() if p.returncode == 0 else ""
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def merge_by_workload(stem: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with the workloads of ``results/<stem>.json`` that this run did not measure, when
+    that file's run had the same settings: a benchmark keeps one result file, its latest figures
+    per workload, and a run of one workload does not discard the others. Each workload's result
+    names the commit it measured."""
+    for r in doc["results"].values():
+        r.setdefault("commit", commit())
+    path = OUT / f"{stem}.json"
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return doc
+    same = {k: v for k, v in old.items() if k not in ("results", "commit")} == {
+        k: v for k, v in doc.items() if k not in ("results", "commit")
+    }
+    if not same or not isinstance(old.get("results"), dict):
+        return doc
+    return {**doc, "results": {**{k: v for k, v in old["results"].items() if k not in doc["results"]}, **doc["results"]}}
+
+
+def save(stem: str, doc: dict[str, Any], plot: Callable[[Path], None], stamp: bool = True) -> None:
+    """Write a benchmark's result as ``results/<stem>.json`` and its plot as ``.png``; ``stamp``:
+    name the commit measured in it (a result computed from other results names theirs)."""
     OUT.mkdir(parents=True, exist_ok=True)
+    if stamp:
+        doc.setdefault("commit", commit())
     (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=2))
     plot(OUT / f"{stem}.png")
 
@@ -451,13 +483,13 @@ def main() -> None:
                          " (writes record_overhead-bar.json)")
     ap.add_argument("--epochs-times", type=int, default=1, metavar="K",
                     help="K times each workload's epochs: a longer run, where what a record pays once"
-                         " (its exit, its first checkpoints) weighs less (adds -xK to the file names)")
+                         " (its exit, its first checkpoints) weighs less")
     ap.add_argument("--control", action="store_true",
                     help="a second plain run in every repetition, compared with the first as a record is:"
-                         " the noise floor of the same runs (adds -control)")
+                         " the noise floor of the same runs")
     ap.add_argument("--steady-allocator", action="store_true",
                     help="run every mode with glibc malloc keeping freed memory (STEADY_ALLOCATOR):"
-                         " takes the page-fault churn of a plain run out of the comparison (adds -steady)")
+                         " takes the page-fault churn of a plain run out of the comparison")
     ap.add_argument("--reanalyze", metavar="FILE", type=Path,
                     help="run nothing: add the record-against-both-plain-runs figures to a --control"
                          " result file written before they existed, and print its bar table")
@@ -496,21 +528,12 @@ def main() -> None:
                 [_pairs(r, "plain-control") for r in results.values()]
             )
             _both_doc(doc, results)
-    # the run's variant in its files' names: longer epochs, then quick
-    suffix = (
-        (f"-x{args.epochs_times}" if args.epochs_times != 1 else "")
-        + ("-steady" if args.steady_allocator else "")
-        + ("-control" if args.control else "")
-        + ("-quick" if args.quick else "")
-    )
-    stem = "record_overhead" + ("-bar" if args.bar else "") + ("-against" if args.bar and args.against else "") + suffix
-    # every mode of this tree ran as without --against: its figures are the tree's figures too
-    save(stem, doc, lambda png: _plot(results, png, args.against if args.bar else None))
+    # one file per kind of run; the options it ran with are in the file
+    stem = "record_overhead" + ("-bar" if args.bar else "") + ("-quick" if args.quick else "")
+    save(stem, doc, lambda png: _plot(results, png, args.against))
     if args.bar:
         _print_bar(doc, results, args.against)
         return
-    if args.against:
-        save(f"record_overhead-against{suffix}", doc, lambda png: _plot(results, png, args.against))
     print(f"{'workload':10} {'loop':>8} {'record':>8} {'every':>8} {'e2e rec':>8} {'cpu rec':>8} {'held':>8} {'held ev':>8} {'exit wait':>9} {'ckpt (adaptive)':>16} {'ckpt (every)':>13} {'replay':>7}")
     for n, r in results.items():
         ck = r["checkpointed"]

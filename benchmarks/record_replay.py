@@ -8,11 +8,12 @@ For each workload, R repetitions of (interleaved, so drift affects all equally):
 - ``python S''`` / ``replay S''``   an inner probe: the probed loop re-executes
 
 Wall-clock medians end to end, process start-up included (that is what a user waits for).
-Writes benchmarks/results/record_replay.json and .png (``record_replay-SUFFIX`` with
-``--suffix``). A replay re-executes with a steady heap (``runtime/allocator.py``); run with
-``FLORTRAIN_REPLAY_ALLOCATOR=default`` in the environment to measure it without.
+Writes benchmarks/results/record_replay.json and .png: the latest result of each workload, so
+that ``--workload NAME`` replaces that workload's and keeps the others', each naming the commit
+and the machine it measured. A replay re-executes with a steady heap (``runtime/allocator.py``);
+run with ``FLORTRAIN_REPLAY_ALLOCATOR=default`` in the environment to measure it without.
 
-    python benchmarks/record_replay.py [--reps 5] [--workload NAME ...] [--suffix SUFFIX]
+    python benchmarks/record_replay.py [--reps 5] [--workload NAME ...]
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from record_overhead import _HELD  # noqa: E402  (the pattern of record's closing line, kept once)
+# _HELD: the pattern of record's closing line, kept once
+from record_overhead import _HELD, commit  # noqa: E402
 from record_overhead import source as overhead_source  # noqa: E402
 
 #: The floor every run pays before training: the interpreter, torch, and the first optimizer
@@ -274,15 +276,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
-    ap.add_argument("--suffix", default="", help="added to the results' file names (record_replay-SUFFIX.json)")
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    results = [bench(w, a.reps) for w in (a.workload or list(WORKLOADS))]
-    doc = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}, "results": results}
-    stem = "record_replay" + (f"-{a.suffix}" if a.suffix else "")
-    doc["replay_allocator"] = os.environ.get("FLORTRAIN_REPLAY_ALLOCATOR", "steady")
-    (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=2))
-    plot(results, OUT / f"{stem}.png")
+    stamp = {
+        "commit": commit(),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "replay_allocator": os.environ.get("FLORTRAIN_REPLAY_ALLOCATOR", "steady"),
+    }
+    results = [{**bench(w, a.reps), **stamp} for w in (a.workload or list(WORKLOADS))]
+    latest = {r["workload"]: r for r in _kept(OUT / "record_replay.json")} | {r["workload"]: r for r in results}
+    kept = [latest[w] for w in WORKLOADS if w in latest]
+    (OUT / "record_replay.json").write_text(json.dumps({"results": kept}, indent=2))
+    plot(kept, OUT / "record_replay.png")
     for r in results:
         med = r["median_s"]
         assert isinstance(med, dict)
@@ -305,6 +310,15 @@ def main() -> None:
             " checkpointed, last record: "
             + ", ".join(_counts(b, s) for b, s in sorted(saved[-1].items()))
         )
+
+
+def _kept(path: Path) -> list[dict[str, Any]]:
+    """The workloads' results in the result file ``path``, or none if there is no such file."""
+    try:
+        results = json.loads(path.read_text()).get("results", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [r for r in results if isinstance(r, dict) and r.get("workload") in WORKLOADS]
 
 
 def _counts(block: str, states: dict[str, int]) -> str:

@@ -30,8 +30,9 @@ position once.
 
 A ``--variant`` replaces the defaults: ``epsilon:X`` passes ``--epsilon X``, ``store:tmpfs`` puts
 the store on ``/dev/shm``, any other key is an environment variable (``FLORTRAIN_PERIOD:every``).
-Writes ``results/record_variants[-SHAPES][-inner][-quick].json`` and ``.png`` (``-SHAPES`` when
-``--only`` names other shapes than the fine-tuning one, the default).
+Writes ``results/record_variants.json`` and ``.png`` (``-quick`` added with ``--quick``): the
+latest result of each shape, so that a run of one keeps the others' when it ran with the same
+settings, each naming its commit.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from record_overhead import (
     calibrate,
     interval,
     median_spread,
+    merge_by_workload,
     save,
     source,
     workload_args,
@@ -181,10 +183,10 @@ def main() -> None:
         if name in EPOCH_S:
             calibrate(name, STEADY_ALLOCATOR)
     results = {name: bench(name, variants, reps, args.quick, args.inner) for name in args.only}
-    shapes = "" if args.only == ["finetune"] else "-" + "-".join(args.only)  # the default keeps its name
-    stem = "record_variants" + shapes + ("-inner" if args.inner else "") + ("-quick" if args.quick else "")
+    stem = "record_variants" + ("-quick" if args.quick else "")
     doc = {"reps": reps, "quick": args.quick, "inner": args.inner, "steady_allocator": True, "results": results}
-    save(stem, doc, lambda png: _plot(results, png))
+    doc = merge_by_workload(stem, doc)
+    save(stem, doc, lambda png: _plot(doc["results"], png), stamp=False)
     for name, r in results.items():
         print(f"{name} ({reps} reps, steps per epoch {r['steps_per_epoch']}):")
         print(f"  {'mode':16} {'loop':>8} {'90% interval':>18} {'held':>7}" + (f" {'steps':>8}" if args.inner else "")

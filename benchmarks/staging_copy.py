@@ -2,7 +2,7 @@
 
 The staging copy (each changed tensor into the shared arena, ``BackgroundMaterializer.submit``)
 is the largest single thing a checkpoint holds the training thread for: about 6.5 ms of the CNN
-shape's 8.3 ms a checkpoint, about 3 of the LSTM's 4.6 (``hook_times.py``, stop 44).
+shape's 8.3 ms a checkpoint, about 3 of the LSTM's 4.6 (``hook_times.py``).
 Two ideas would take part of it off the training thread, and both depend on what training
 leaves free, so they are measured where training runs, not in a loop of copies:
 
@@ -223,8 +223,9 @@ def main() -> None:
     if not shapes:
         raise SystemExit(f"staging_copy.py: measures {', '.join(SHAPES)} only")
     results = {name: measure(name, reps, args.quick) for name in shapes}
-    doc = {"reps": reps, "quick": args.quick, "results": results}
-    record_overhead.save("staging_copy" + ("-quick" if args.quick else ""), doc, lambda png: _plot(results, png))
+    stem = "staging_copy" + ("-quick" if args.quick else "")
+    doc = record_overhead.merge_by_workload(stem, {"reps": reps, "quick": args.quick, "results": results})
+    record_overhead.save(stem, doc, lambda png: _plot(doc["results"], png), stamp=False)
     for name, r in results.items():
         print(f"{name}: {r['staged_mb']:.1f} MB staged per epoch")
         print(f"  {'mode':8} {'epochs':>6} {'held':>8} {'copy':>8} {'to step':>9} {'costs training':>15}")
