@@ -337,12 +337,35 @@ def test_diff_reports_a_nondeterministic_script(work: Path) -> None:
     (work / "train.py").write_text(SCRIPT.replace("random.seed(1)", "random.seed()"))
     assert invoke("record", "train.py").exit_code == 0
     rep = invoke("replay", "train.py")
-    assert "not faithful" in rep.stderr
+    assert rep.exit_code == 1 and "not faithful" in rep.stderr, rep.stderr
     d = invoke("diff")
     assert d.exit_code == 1
     # Every block was skipped and restored, so the printed losses agree; the RNG digests taken at
     # each main-loop boundary still expose the unseeded stream from the first iteration on.
     assert "RNG streams differ at the start of M9 iteration 0" in d.stdout
+
+
+def test_a_replay_that_finds_itself_unfaithful_exits_1(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Training reads an environment variable that changed since the record: the inner loop the
+    # probe makes execute trains with another rate, and the replay's own check sees it. It must
+    # print every probe line (what this run computes) and say what differed, and exit 1 as
+    # `diff` does, so that a script or CI does not take it for a faithful replay.
+    text = SCRIPT.replace("import sys\n", "import os\nimport sys\n").replace(
+        "w[0] -= 0.1 * err * x", "w[0] -= float(os.environ.get('LR', '0.1')) * err * x"
+    )
+    (work / "train.py").write_text(text)
+    assert invoke("record", "train.py").stdout == plain_output(work / "train.py")
+    probe = "        if (x, y) == data[0]: print('PROBE', epoch, err)\n"
+    (work / "train.py").write_text(text.replace("        total += err * err\n", "        total += err * err\n" + probe))
+    monkeypatch.setenv("LR", "0.2")
+    rep = invoke("replay", "train.py")
+    assert rep.exit_code == 1, rep.stderr
+    assert probe_lines(rep.stdout) == probe_lines(plain_output(work / "train.py"))
+    assert len(probe_lines(rep.stdout)) == 4
+    assert "differs from record 1" in rep.stderr and "record: epoch 0 loss" in rep.stderr, rep.stderr
+    assert "state differs from the record's checkpoint" in rep.stderr
+    assert "warning: the replay is not faithful" in rep.stderr
+    assert invoke("diff").exit_code == 1
 
 
 def test_seeding_inside_the_main_loop_is_deterministic(work: Path) -> None:

@@ -104,7 +104,10 @@ def test_a_killed_child_leaves_the_pass_to_the_parent(tmp_path: Path) -> None:
     script.write_text(TELLS.replace("#PROBE", 'print("PROBE", model.weight.norm().item())'))
     want = probe_lines(plain(script).out)
     rep = flortrain(tmp_path, "replay", "train.py")
-    assert rep.code == 0 and want and probe_lines(rep.out) == want, rep.err
+    # the script tells where the pass ran, and the replay's ran in a child: its check finds the
+    # record's last line differs, which is true, and exits 1
+    assert rep.code == 1 and want and probe_lines(rep.out) == want, rep.err
+    assert "record: libcst imported: True\nflortrain:     replay: libcst imported: False" in rep.err, rep.err
 
 
 @two_cpus
@@ -114,7 +117,10 @@ def test_a_killed_replay_child_leaves_the_plan_to_the_parent(tmp_path: Path) -> 
     script.write_text(TELLS.replace("#PROBE", 'print("PROBE", model.weight.norm().item())'))
     want = probe_lines(plain(script).out)
     rep = flortrain(tmp_path, "replay", "train.py", env={"FLORTRAIN_INJECT": "static-child-kill=1"})
-    assert rep.code == 0 and want and probe_lines(rep.out) == want, rep.err
+    # the replay's pass ran in its own process, which the script tells: the last line truly
+    # differs from the record's, and the replay says so with exit 1
+    assert rep.code == 1 and want and probe_lines(rep.out) == want, rep.err
+    assert "record: libcst imported: False\nflortrain:     replay: libcst imported: True" in rep.err, rep.err
     assert f"flortrain: the static pass's child was killed by signal 9; {FELL_BACK}" in rep.err.splitlines()
 
 

@@ -100,10 +100,20 @@ def plan_segments(p: Prepared, jobs: int, backend: str = "local") -> tuple[Segme
     if not p.compares:
         return None, "new script arguments: the record's iterations are not this run's to divide"
     loops = []
+    carried = []
     for loop in loop_costs(p):
         if p.rplan.spans.get(loop.main_id) == []:
             continue  # no probe in it: a serial replay jumps over its iterations
+        if loop.main_id in p.rplan.carried:
+            carried.append(loop.main_id)  # a worker would start the probes' state afresh
+            continue
         loops.append(loop)
+    if not loops and carried:
+        m = carried[0]
+        return None, (
+            f"main loop {m} carries probe state: {p.rplan.carried[m]}; no checkpoint holds it, so a"
+            " worker resuming at a later iteration would start it afresh"
+        )
     if not loops:
         return None, "no main loop with a probe in it ran for more than one iteration"
     loop = max(loops, key=lambda lc: sum(lc.run))

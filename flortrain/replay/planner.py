@@ -18,6 +18,7 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from flortrain.replay.probes import Probe, ProbeSet
+from flortrain.replay.probestate import carried_by_probes
 from flortrain.replay.replayplan import ReplayPlan
 from flortrain.static.plan import Block, Guard, Instrumentation, MainLoop, Plan
 from flortrain.static.program import MODULE
@@ -129,7 +130,13 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
         probes={p.line: p.number for p in probes.probes},
     )
     spans, no_spans, unresumable = _span_guards(probes, mains_at, parents, pos)
-    return ReplayPlan(inst, execute, len(probes.probes), in_probes, spans, no_spans, unresumable)
+    main_nodes = [
+        (n, mains_at[pos[n].start.line])
+        for n in _walk(current.module)
+        if isinstance(n, cst.For | cst.While) and pos[n].start.line in mains_at
+    ]
+    carried = carried_by_probes(probes, main_nodes, parents, lambda n: int(pos[n].start.line))
+    return ReplayPlan(inst, execute, len(probes.probes), in_probes, spans, no_spans, unresumable, carried)
 
 
 def _span_guards(

@@ -275,7 +275,10 @@ def begin(p: Prepared, meta: dict[str, Any] | None = None) -> int:
 
 def conclude(p: Prepared, run: int, status: int, elapsed: float, counts: dict[str, int], how: str = "") -> int:
     """Finish the run, summarize it on stderr and check it with diff (when it replayed the
-    record's own arguments)."""
+    record's own arguments). The exit status is the script's, or 1 when the check finds the
+    replay differs from the record, as ``flortrain diff`` would: a replay that knows it is not
+    faithful must not pass for a faithful one in a script or CI. Its output is printed all the
+    same, and the run row keeps the script's own status (the run did complete)."""
     store = p.store
     store.finish_run(run, "complete" if status == 0 else "failed", status)
     if store.failed:
@@ -296,7 +299,8 @@ def conclude(p: Prepared, run: int, status: int, elapsed: float, counts: dict[st
         for line in result.report(limit=3):
             print(f"flortrain: {line}", file=sys.stderr)
         if not result.identical:
-            print("flortrain: warning: the replay is not faithful; see `flortrain diff`", file=sys.stderr)
+            print("flortrain: warning: the replay is not faithful (exit 1); see `flortrain diff`", file=sys.stderr)
+            status = 1
     store.close()
     return status
 

@@ -27,6 +27,9 @@ class ReplayPlan:
     #: main id -> why a parallel-replay worker may not resume at its boundary checkpoints (no
     #: boundary state, or a probe reads a name they do not hold): it pseudoresumes from the start
     unresumable: dict[str, str] = field(default_factory=dict)
+    #: main id -> the probe state its iterations carry, which no checkpoint holds: a parallel
+    #: replay does not divide it (:mod:`flortrain.replay.probestate`)
+    carried: dict[str, str] = field(default_factory=dict)
 
     def describe(
         self, plan: Plan, costs: dict[str, tuple[int, int, float, float]], why_not: dict[str, str] | None = None

@@ -79,9 +79,20 @@ def boundary_state(prog: Program, loop: Loop) -> Boundary:
 def read_before_bound(loop: Loop, name: str) -> bool:
     """Whether an iteration of ``loop`` (as it is now, probes included) may read ``name`` before
     binding it: then it sees what an earlier iteration left, which a jump must restore."""
+    return bool(first_reads(loop, name))
+
+
+def first_reads(loop: Loop, name: str) -> list[tuple[cst.Name, list[cst.CSTNode]]]:
+    """The reads of ``name`` in an iteration of ``loop`` that may see what an earlier iteration
+    left (no binding before them on some path), each with its ancestors in its statement."""
     reads: list[tuple[cst.Name, list[cst.CSTNode]]] = []
     _first_reads(list(_suite(loop.body)), name, False, reads)
-    return bool(reads)
+    return reads
+
+
+def bindings(body: cst.CSTNode, line: Callable[[cst.CSTNode], int]) -> dict[str, list[int]]:
+    """Each name ``body`` binds, with the lines binding it (not inside nested definitions)."""
+    return _bindings(body, line)
 
 
 def _value_reads_after(prog: Program, scope: Scope, loop: Loop, name: str) -> bool | None:
