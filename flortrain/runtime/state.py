@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flortrain.runtime import versions
+from flortrain.runtime.channels import is_channel, type_name
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range, frozenset)
 
@@ -45,6 +46,16 @@ def attr(path: str, name: str) -> str:
 
 class Unrestorable(Exception):
     """An object the checkpoint cannot hold faithfully: the block instance is not memoized."""
+
+
+class Uncapturable(Unrestorable):
+    """An object no kind of capture describes (a lock, a socket, a C extension's object):
+    raised with its path, and named whole by :func:`capture_named`."""
+
+    def __init__(self, path: str, obj: Any) -> None:
+        self.path = path
+        self.type = type_name(obj)
+        super().__init__(f"cannot capture `{path}` ({self.type}): flortrain has no way to capture a {self.type}")
 
 
 class CarriesGraph(Unrestorable):
@@ -129,6 +140,9 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: 
     if id(obj) in memo:
         return {"kind": "ref", "path": memo[id(obj)]}
     memo[id(obj)] = path
+    if is_channel(obj):
+        # where the script writes (a logger, a log file, a SummaryWriter): not state (``channels``)
+        return {"kind": "channel", "type": type_name(obj)}
     torch = _torch()
     if torch is not None:
         if isinstance(obj, torch.nn.Module):
@@ -203,7 +217,24 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: 
         if _picklable_class(type(obj)):
             state["cls"] = type(obj)  # a replaced one is rebuilt as pickle would: new, then its dict
         return state
-    raise Unrestorable(f"cannot capture a {type(obj).__name__}")
+    raise Uncapturable(path, obj)
+
+
+def capture_named(
+    expr: str, obj: Any, memo: dict[int, str], mark: Mark | None = None, path: str | None = None
+) -> dict[str, Any]:
+    """:func:`capture` of a changeset element ``expr`` (under ``path``, ``expr`` unless told); a
+    failure names the element, its type, and what inside it could not be captured, where
+    (``cannot capture `writer` (mylib.Writer): holds a _thread.lock at `writer._lock```): the
+    user reading why a loop is not checkpointed learns which object to look at."""
+    path = expr if path is None else path
+    try:
+        return capture(obj, memo, path, mark)
+    except Uncapturable as e:
+        inner = expr + e.path[len(path):] if e.path.startswith(path) else e.path
+        if inner == expr:
+            raise Uncapturable(expr, obj) from None
+        raise Unrestorable(f"cannot capture `{expr}` ({type_name(obj)}): holds a {e.type} at `{inner}`") from None
 
 
 def _file_position(f: Any, path: str) -> Any:
@@ -245,6 +276,11 @@ def library_module(obj: Any) -> str | None:
     path = getattr(obj, "__file__", None)
     if path is None:
         return name if name in sys.builtin_module_names else None
+    if isinstance(path, str) and not path.startswith("/") and "." in name:
+        # a module object a package makes itself (``torch.ops``, whose ``__file__`` is
+        # ``_ops.py``): its package's, as the package is
+        top = sys.modules.get(name.split(".", 1)[0])
+        return name if top is not None and library_module(top) is not None else None
     return name if isinstance(path, str) and path.startswith(_library()) else None
 
 
@@ -438,6 +474,8 @@ class Restorer:
                 live.grad = state["grad"]
                 return live
             return self.fresh(state, path)
+        if kind == "channel":
+            return live  # not state: the live channel stays (``channels``)
         if kind == "file":
             if state["position"] is not None and isinstance(live, io.IOBase) and not live.closed:
                 live.seek(state["position"])

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from flortrain.static import library
+from flortrain.static import library, sinks
 from flortrain.static.expressions import (
     VIEW_ATTRS,
     dotted,
@@ -404,6 +404,10 @@ class _Walker:
             if resolved is not None:
                 # a method of a local class: its body was analysed above and its effects on
                 # `self` mapped onto the receiver, so rule 1/4 would only add the whole receiver
+                return 2
+            if sinks.output_call(self.prog, self.scope, func) is not None:
+                # `log.info(..)`, `f.write(..)`, `writer.add_scalar(..)` on a channel: output, as
+                # `print` is, not a change of state (``static/sinks``)
                 return 2
             owner = self.prog.type_of(func.value, self.scope)
             if owner is not None and self.prog.method(owner, func.attr.value) is None:
