@@ -83,8 +83,12 @@ def test_a_loop_writing_to_loggers_files_and_csv_stays_memoized(tmp_path: Path) 
     store = tmp_path / ".flortrain"
     assert block_states(store, 1) == {"checkpointed": 3}, rec.err
     assert block_states(store, int(latest_run(tmp_path)["id"])) == {"skipped": 3}, rep.err  # type: ignore[call-overload]
-    # a skipped instance writes to its channels what it writes to stdout: nothing
+    # a skipped instance writes to its channels what it writes to stdout: nothing; the plan says so
     assert "train batch" in rec.out and "train batch" not in rep.out, rep.out
+    channels = "`f` (file), `rows` (csv), `tracker.out` (file), `log` (logger)"
+    assert f"a skipped instance writes nothing to {channels}, as it prints nothing" in rep.err, (
+        rep.err
+    )
 
 
 class Holder:
@@ -229,7 +233,9 @@ OUTPUTS = [
 
 
 @pytest.mark.parametrize(("src", "expected"), OUTPUTS)
-def test_calls_that_only_write_to_a_channel_leave_the_changeset(src: str, expected: set[tuple[str, Restore]]) -> None:
+def test_calls_that_only_write_to_a_channel_leave_the_changeset(
+    src: str, expected: set[tuple[str, Restore]]
+) -> None:
     check(src, expected)
 
 
@@ -239,4 +245,6 @@ def test_a_rebound_channel_is_named_and_a_logger_restored_by_name(tmp_path: Path
     assert isinstance(held, Logger) and logging.getLogger(held.name) is log
     with open(tmp_path / "out.txt", "w") as f, pytest.raises(state.Unrestorable) as e:
         _rebound_channel("f", f)
-    assert str(e.value).startswith("cannot capture `f` (_io.TextIOWrapper): an output channel the loop binds"), e.value
+    assert str(e.value).startswith(
+        "cannot capture `f` (_io.TextIOWrapper): an output channel the loop binds"
+    ), e.value
