@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import pickle
 import sys
 import threading
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from flortrain.runtime import state
 from flortrain.runtime.skipblock import Logger, _rebound_channel
 from flortrain.static.plan import Restore
-from tests.protocol import block_states, latest_run, record_and_replay_match_plain
+from tests.protocol import block_states, flortrain, latest_run, plain, record_and_replay_match_plain
 from tests.test_changeset import check
 
 P = Restore.IN_PLACE
@@ -108,12 +109,51 @@ def test_a_capture_that_fails_names_the_object_and_its_type() -> None:
     assert str(e.value).startswith("cannot capture `lock` (_thread.lock): "), e.value
 
 
+def test_a_state_pickle_refuses_is_named_by_what_holds_it() -> None:
+    roots = {"cfg": {"a": [1, threading.Lock()]}, "n": 3}
+    with pytest.raises(TypeError) as e:
+        pickle.dumps(roots)
+    assert state.unpicklable(e.value, roots) == (
+        "cannot capture `cfg` (dict): holds a _thread.lock at `cfg['a'][1]`, which cannot be pickled"
+    )
+
+
+LOCK = """\
+import threading
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+train = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]
+for epoch in range(3):
+    for x, y in train:
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        guard = threading.Lock()
+    print(epoch, guard.locked())
+"""
+
+
+def test_a_record_names_the_object_it_cannot_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(LOCK)
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert rec.code == 0 and rec.out == plain(tmp_path / "train.py").out, rec.err
+    assert (
+        "not checkpointed: cannot capture `guard` (_thread.lock): it cannot be pickled" in rec.err
+    ), rec.err
+
+
 def test_channels_are_neither_captured_nor_replaced(tmp_path: Path) -> None:
     """A logger (whose manager holds every logger torch makes), a handler, a file open for
-    writing, a csv writer: each is captured as a channel, and restoring leaves the live one."""
+    writing, a csv writer: each is captured as a channel, and restoring leaves the live one, at
+    the level it had (a loop may set it)."""
+    log = logging.getLogger("tests.sinks")
+    log.setLevel(logging.INFO)
     with open(tmp_path / "log.txt", "w") as out:
         sinks = {
-            "log": logging.getLogger("train"),
+            "log": log,
             "handler": logging.StreamHandler(sys.stdout),
             "file": out,
             "rows": csv.writer(io.StringIO()),
@@ -123,8 +163,10 @@ def test_channels_are_neither_captured_nor_replaced(tmp_path: Path) -> None:
         kinds = {k: s["kind"] for k, s in captured["items"].items()}
         assert kinds == dict.fromkeys(sinks, "channel")
         before = dict(sinks)
+        log.setLevel(logging.DEBUG)
         state.restore_into(sinks, captured)
         assert all(sinks[k] is before[k] for k in sinks)
+        assert log.level == logging.INFO
 
 
 def test_a_library_module_held_by_an_object_is_named_not_walked() -> None:

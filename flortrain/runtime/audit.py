@@ -265,11 +265,11 @@ def _shape(obj: Any, leaves: bool = True) -> tuple[Any, list[Any]]:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.nn.Module | torch.optim.Optimizer | torch.utils.data.DataLoader):
         return ("X",), []  # the alias watch's
-    if is_channel(obj):
-        return ("X",), []  # where the script writes, not state (``channels``)
     leaf = _leaf(obj, torch)
     if leaf is not None:
         return (leaf(obj) if leaves else ("X",)), []
+    if is_channel(obj):
+        return ("X",), []  # where the script writes, not state (``channels``)
     attrs = _attributes(obj)
     if attrs is None:
         return ("X",), []
@@ -290,7 +290,8 @@ def _leaf(obj: Any, torch: Any) -> Callable[[Any], Any] | None:
     if isinstance(obj, _SEQUENCE_ITERATORS):
         return _iterator_position
     if isinstance(obj, io.IOBase):
-        return lambda f: ("F", _position(f))
+        # a file open for writing only is a channel: its position moves with the output
+        return (lambda f: ("X",)) if is_channel(obj) else (lambda f: ("F", _position(f)))
     return None
 
 

@@ -37,7 +37,11 @@ LIBRARY_CHANNELS: frozenset[tuple[str, str]] = frozenset(
     }
 )
 
-_KNOWN: dict[type, bool] = {}
+#: type -> whether its objects are channels (``_FILE``: it depends on the file's mode). Asked of
+#: every object a capture or an audit walks, so once per type; a type made before ``logging``
+#: was imported cannot be a logger's.
+_KNOWN: dict[type, bool | str] = {}
+_FILE = "file"
 
 
 def type_name(obj: Any) -> str:
@@ -50,24 +54,40 @@ def type_name(obj: Any) -> str:
 
 def is_channel(obj: Any) -> bool:
     """Whether ``obj`` is where the script writes, not state (see the module docstring)."""
-    if isinstance(obj, io.IOBase):
-        return _write_only(obj)
-    logging = sys.modules.get("logging")
-    if logging is not None and isinstance(
-        obj, logging.Logger | logging.LoggerAdapter | logging.Handler | logging.Manager
-    ):
-        return True
     cls = type(obj)
     known = _KNOWN.get(cls)
     if known is None:
-        known = any(
-            (c.__module__.startswith(prefix) and c.__name__ == name)
-            for c in cls.__mro__
-            for prefix, name in LIBRARY_CHANNELS
-            if isinstance(c.__module__, str)
-        )
+        known = _classify(cls)
         _KNOWN[cls] = known
-    return known
+    if known == _FILE:
+        return _write_only(obj)
+    return bool(known)
+
+
+def _classify(cls: type) -> bool | str:
+    if issubclass(cls, io.IOBase):
+        return _FILE
+    logging = sys.modules.get("logging")
+    if logging is not None and issubclass(
+        cls, logging.Logger | logging.LoggerAdapter | logging.Handler | logging.Manager
+    ):
+        return True
+    return any(
+        c.__module__.startswith(prefix) and c.__name__ == name
+        for c in cls.__mro__
+        if isinstance(c.__module__, str)
+        for prefix, name in LIBRARY_CHANNELS
+    )
+
+
+def level(obj: Any) -> int | None:
+    """A logger's or handler's level: the one part of a channel a loop may set that decides
+    what is written later (``if epoch == 3: log.setLevel(logging.DEBUG)``), kept with it."""
+    logging = sys.modules.get("logging")
+    if logging is not None and isinstance(obj, logging.Logger | logging.Handler):
+        value = obj.level
+        return value if isinstance(value, int) else None
+    return None
 
 
 def _write_only(f: io.IOBase) -> bool:

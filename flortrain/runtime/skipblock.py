@@ -43,6 +43,7 @@ from flortrain.runtime.state import (
     graph_of,
     item,
     snapshot_equal,
+    unpicklable,
     why_unrestorable,
 )
 
@@ -287,6 +288,16 @@ class Checkpointable:
             if why is not None:
                 raise Unrestorable(why)
         return payload
+
+    def failure(self, error: Exception, objects: Getters, names: Getters) -> str:
+        """Why a checkpoint of this state failed, naming what holds an object pickle refused
+        (:func:`state.unpicklable`)."""
+        if isinstance(error, Unrestorable):
+            return str(error)
+        try:
+            return unpicklable(error, {**bound(names), **bound(objects)})
+        except Exception:
+            return str(error)
 
     def unusable(self, payload: dict[str, Any]) -> str | None:
         """Why a restore of ``payload`` would fail (at :attr:`at`), checked before it starts."""
@@ -611,8 +622,9 @@ class SkipBlock(Checkpointable):
         try:
             outcome = s.checkpoint(self.key, self.id, lambda: self._payload(s, objects, names))
         except Exception as e:  # any failure to checkpoint leaves the instance to re-execute
-            s.warn_once(self.id, f"block {self.id} not checkpointed: {e}")
-            s.block_done(self, "recorded", compute_s=compute, note=str(e))
+            why = self.failure(e, objects, names)
+            s.warn_once(self.id, f"block {self.id} not checkpointed: {why}")
+            s.block_done(self, "recorded", compute_s=compute, note=why)
             return
         m = s.adaptive.materialized(self.id, time.perf_counter() - t0, s.background)
         occ = int(self.key.rsplit("#", 1)[1])

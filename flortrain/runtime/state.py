@@ -15,12 +15,13 @@ import functools
 import io
 import pickle
 import random
+import re
 import sys
 import types
 from collections.abc import Callable
 from typing import Any
 
-from flortrain.runtime import versions
+from flortrain.runtime import channels, versions
 from flortrain.runtime.channels import is_channel, type_name
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range, frozenset)
@@ -140,9 +141,6 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: 
     if id(obj) in memo:
         return {"kind": "ref", "path": memo[id(obj)]}
     memo[id(obj)] = path
-    if is_channel(obj):
-        # where the script writes (a logger, a log file, a SummaryWriter): not state (``channels``)
-        return {"kind": "channel", "type": type_name(obj)}
     torch = _torch()
     if torch is not None:
         if isinstance(obj, torch.nn.Module):
@@ -208,6 +206,9 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: 
         return _typed({"kind": "dict", "items": {k: _child(v, memo, item(path, k), mark) for k, v in obj.items()}}, obj, dict)
     if isinstance(obj, set):
         return {"kind": "set", "value": obj}
+    if is_channel(obj):
+        # where the script writes (a logger, a log file, a SummaryWriter): not state (``channels``)
+        return {"kind": "channel", "type": type_name(obj), "level": channels.level(obj)}
     if isinstance(obj, io.IOBase):
         return {"kind": "file", "position": _file_position(obj, path)}
     if is_stateful(obj):
@@ -235,6 +236,49 @@ def capture_named(
         if inner == expr:
             raise Uncapturable(expr, obj) from None
         raise Unrestorable(f"cannot capture `{expr}` ({type_name(obj)}): holds a {e.type} at `{inner}`") from None
+
+
+_UNPICKLABLE = re.compile(r"(?:cannot|Can't) pickle '?([\w.<>]+)'?")
+
+
+def unpicklable(error: Exception, roots: dict[str, Any], budget: int = 20_000) -> str:
+    """Why a checkpoint could not be stored, naming what holds the object pickle refused
+    (``cannot capture `guard` (_thread.lock): it cannot be pickled``) where pickle's message
+    names only its type: the state's objects are walked for one of that type, containers by
+    their items and plain objects by their attributes, up to ``budget`` objects. Called once a
+    checkpoint has failed, on the live state it was made of."""
+    found = _UNPICKLABLE.search(str(error))
+    if found is None:
+        return str(error)
+    wanted = found.group(1)
+    seen: set[int] = set()
+    for expr, obj in roots.items():
+        stack: list[tuple[str, Any]] = [(expr, obj)]
+        while stack and len(seen) < budget:
+            path, o = stack.pop()
+            if isinstance(o, _IMMUTABLE) or id(o) in seen:
+                continue
+            seen.add(id(o))
+            if wanted in (type(o).__name__, type_name(o)):
+                if path == expr:
+                    return f"cannot capture `{expr}` ({type_name(o)}): it cannot be pickled"
+                return f"cannot capture `{expr}` ({type_name(obj)}): holds a {type_name(o)} at `{path}`, which cannot be pickled"
+            stack.extend(reversed(_pickled_children(o, path)))
+    return str(error)
+
+
+def _pickled_children(obj: Any, path: str) -> list[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        return [(item(path, k), v) for k, v in obj.items()]
+    if isinstance(obj, list | tuple | collections.deque):
+        return [(item(path, i), v) for i, v in enumerate(obj)]
+    if isinstance(obj, set | frozenset | types.ModuleType | type):
+        return []
+    torch = _torch()
+    if torch is not None and isinstance(obj, torch.Tensor | torch.nn.Module | torch.optim.Optimizer):
+        return []
+    d = getattr(obj, "__dict__", None)
+    return [(attr(path, k), v) for k, v in d.items()] if isinstance(d, dict) else []
 
 
 def _file_position(f: Any, path: str) -> Any:
@@ -475,7 +519,10 @@ class Restorer:
                 return live
             return self.fresh(state, path)
         if kind == "channel":
-            return live  # not state: the live channel stays (``channels``)
+            # not state: the live channel stays (``channels``), at the level it had
+            if state.get("level") is not None and channels.level(live) is not None:
+                live.setLevel(state["level"])
+            return live
         if kind == "file":
             if state["position"] is not None and isinstance(live, io.IOBase) and not live.closed:
                 live.seek(state["position"])
