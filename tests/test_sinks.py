@@ -248,6 +248,22 @@ OUTPUTS = [
         {("opt", P)},
         id="a-writer-held-by-self",
     ),
+    pytest.param(
+        """
+        def main(loader, opt):
+            import logging as lg
+            from tqdm import trange
+            log = lg.getLogger("train")
+            bar = trange(30)
+            for epoch in range(3):
+                for b in loader:
+                    opt.step()
+                    bar.set_description(f"{b}")
+                    log.warning("loss %s", b)
+        """,
+        {("opt", P)},
+        id="imported-inside-the-function",
+    ),
     # what is not certainly a channel stays with the rules
     pytest.param(
         """

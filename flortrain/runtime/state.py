@@ -520,8 +520,9 @@ class Restorer:
             return self.fresh(state, path)
         if kind == "channel":
             # not state: the live channel stays (``channels``), at the level it had
-            if state.get("level") is not None and channels.level(live) is not None:
-                live.setLevel(state["level"])
+            level = state.get("level")
+            if level is not None and channels.level(live) not in (None, level):
+                live.setLevel(level)
             return live
         if kind == "file":
             if state["position"] is not None and isinstance(live, io.IOBase) and not live.closed:
