@@ -47,6 +47,9 @@ class ReplayPlan:
             else:
                 est += restore + compute * (n - k) / max(n, 1)
                 out.append(f"  {b.id} ({b.function}): skip {k} of {n} instance(s), restoring checkpoints")
+                if k and b.outputs:
+                    channels = ", ".join(f"`{expr}` ({kind})" for expr, kind in b.outputs)
+                    out.append(f"    a skipped instance writes nothing to {channels}, as it prints nothing")
                 if k < n and b.id in why_not:
                     out.append(f"    the others execute: not checkpointed at record: {why_not[b.id]}")
             if b.id in self.in_probes:

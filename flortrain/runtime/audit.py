@@ -22,7 +22,8 @@ object has its own image), plain objects by their attributes, tensors by memory 
 counter (by content where a kernel writes behind the counter, ``versions``), NumPy arrays by a
 hash of their bytes (up to :data:`ARRAY_LIMIT`), random generators by their state, files and
 iterators over a sequence by their position. Modules, optimizers and data loaders are the alias
-watch's; functions, classes and modules are not entered (the project's own modules' globals are
+watch's; output channels (a logger, a file open for writing, a SummaryWriter: ``channels``) are
+not state; functions, classes and modules are not entered (the project's own modules' globals are
 roots of their own, :func:`roots`). The walk stops after :data:`BUDGET` objects: what it did not reach
 is not audited. Instances after the audited ones are not audited either: a loop that starts
 changing such state later (at epoch 10) is not caught (``docs/limitations.md``).
@@ -46,6 +47,7 @@ from types import FrameType
 from typing import Any
 
 from flortrain.runtime import versions
+from flortrain.runtime.channels import is_channel
 
 #: Objects walked per image, at most (a dataset held as a Python list of samples is large).
 BUDGET = 200_000
@@ -266,6 +268,8 @@ def _shape(obj: Any, leaves: bool = True) -> tuple[Any, list[Any]]:
     leaf = _leaf(obj, torch)
     if leaf is not None:
         return (leaf(obj) if leaves else ("X",)), []
+    if is_channel(obj):
+        return ("X",), []  # where the script writes, not state (``channels``)
     attrs = _attributes(obj)
     if attrs is None:
         return ("X",), []
@@ -286,7 +290,8 @@ def _leaf(obj: Any, torch: Any) -> Callable[[Any], Any] | None:
     if isinstance(obj, _SEQUENCE_ITERATORS):
         return _iterator_position
     if isinstance(obj, io.IOBase):
-        return lambda f: ("F", _position(f))
+        # a file open for writing only is a channel: its position moves with the output
+        return (lambda f: ("X",)) if is_channel(obj) else (lambda f: ("F", _position(f)))
     return None
 
 

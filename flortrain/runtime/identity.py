@@ -46,6 +46,7 @@ import sys
 import types
 from typing import Any
 
+from flortrain.runtime.channels import is_channel
 from flortrain.runtime.state import _IMMUTABLE, _is_numpy_value, _is_rng, attr, is_stateful, item
 
 
@@ -109,7 +110,7 @@ def _inside(obj: Any, path: str, torch: Any) -> list[tuple[str, Any]]:
         return [(item(path, i), x) for i, x in enumerate(obj)]
     if isinstance(obj, dict):
         return [(item(path, k), x) for k, x in obj.items()]
-    if isinstance(obj, set | io.IOBase | types.ModuleType) or _is_rng(obj) or is_stateful(obj):
+    if isinstance(obj, set | io.IOBase | types.ModuleType) or _is_rng(obj) or is_channel(obj) or is_stateful(obj):
         return []  # a module (`import x` inside the loop) is bound by name, never restored
     if hasattr(obj, "__dict__") and not isinstance(obj, type):
         return [(attr(path, k), x) for k, x in vars(obj).items()]

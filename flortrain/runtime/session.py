@@ -386,7 +386,7 @@ class Session:
             return None
         except Exception as e:  # the iterations still run and record; only jumping is lost
             self._no_boundary.add(main_id)
-            self.warn(f"main loop {main_id}: iteration boundaries not checkpointed: {e}")
+            self.warn(f"main loop {main_id}: iteration boundaries not checkpointed: {b.failure(e, objects, names)}")
             return None
         if b.observed is not None:
             self.identity_tables[main_id] = b.observed.now

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from flortrain import knobs
 from flortrain.runtime import audit, identity, rng, versions
 from flortrain.runtime.blobformat import MissingObject
+from flortrain.runtime.channels import is_channel, type_name
 from flortrain.runtime.materializer import deserialize, digests
 from flortrain.runtime.state import (
     _IMMUTABLE,
@@ -35,13 +36,14 @@ from flortrain.runtime.state import (
     Unrestorable,
     assign_into,
     attr,
-    capture,
+    capture_named,
     carries_graph,
     clone_state,
     fingerprint,
     graph_of,
     item,
     snapshot_equal,
+    unpicklable,
     why_unrestorable,
 )
 
@@ -119,6 +121,31 @@ class Member:
             return None
         prefix, _, leaf = self.name.rpartition(".")
         return getattr(m.get_submodule(prefix), leaf)
+
+
+class Logger:
+    """A rebound name that held a logger of the logging registry (``log =
+    logging.getLogger("train")`` inside the loop): a channel, not state (``channels``), which a
+    restore gets back by its name, the very object the skipped statement would have bound."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:  # what the state digest of a checkpoint sees
+        return f"Logger({self.name!r})"
+
+
+def _rebound_channel(expr: str, v: Any) -> Logger:
+    """How a checkpoint holds a rebound name whose value is a channel: a registry logger by its
+    name; any other channel cannot be made again by a restore, so the instance is not
+    checkpointed, and the reason names it."""
+    logging = sys.modules.get("logging")
+    if logging is not None and isinstance(v, logging.Logger) and logging.getLogger(v.name) is v:
+        return Logger(v.name)
+    raise Unrestorable(
+        f"cannot capture `{expr}` ({type_name(v)}): an output channel the loop binds, which a skipped"
+        " instance cannot make again"
+    )
 
 
 class Imported:
@@ -205,10 +232,11 @@ class Checkpointable:
         memo: dict[int, str] = {}
         marks = self.marks(s)
         mark: Mark | None = marks
-        captured = {expr: capture(o, memo, expr, mark) for expr, o in objs.items()}
+        captured = {expr: capture_named(expr, o, memo, mark) for expr, o in objs.items()}
         augmented = self.augment(s, list(objs.values()))
         extra = {
-            f"{kind}#{i}": {**capture(o, memo, f"{kind}#{i}", mark), "type": type(o).__name__} for kind, i, o in augmented
+            f"{kind}#{i}": {**capture_named(f"{kind}#{i}", o, memo, mark), "type": type(o).__name__}
+            for kind, i, o in augmented
         }
         # a rebound name holding an object the state holds (`model = model.train()`, `last =
         # row` after `rows.append(row)`) gets that object back, not a copy of it; so does a
@@ -225,6 +253,9 @@ class Checkpointable:
             if isinstance(v, types.ModuleType) and sys.modules.get(v.__name__) is v:
                 rebound[expr] = Imported(v.__name__)
                 continue
+            if is_channel(v):
+                rebound[expr] = _rebound_channel(expr, v)
+                continue
             if torch is not None and isinstance(v, torch.Tensor):
                 members = _members(s) if members is None else members
                 if id(v) in members:  # a model's own tensor: the live one, after the model's restore
@@ -232,7 +263,7 @@ class Checkpointable:
                     continue
             _no_live_objects_inside(s, expr, v)
             if not isinstance(v, _VALUES) and identity.shares(v, memo):
-                rebound[expr] = Captured(capture(v, memo, identity.NAME + expr, mark))
+                rebound[expr] = Captured(capture_named(expr, v, memo, mark, identity.NAME + expr))
                 if marks is not None:
                     marks(identity.NAME + expr, v)
                 continue
@@ -257,6 +288,16 @@ class Checkpointable:
             if why is not None:
                 raise Unrestorable(why)
         return payload
+
+    def failure(self, error: Exception, objects: Getters, names: Getters) -> str:
+        """Why a checkpoint of this state failed, naming what holds an object pickle refused
+        (:func:`state.unpicklable`)."""
+        if isinstance(error, Unrestorable):
+            return str(error)
+        try:
+            return unpicklable(error, {**bound(names), **bound(objects)})
+        except Exception:
+            return str(error)
 
     def unusable(self, payload: dict[str, Any]) -> str | None:
         """Why a restore of ``payload`` would fail (at :attr:`at`), checked before it starts."""
@@ -328,6 +369,8 @@ class Checkpointable:
                 v = v.live(s)
             elif isinstance(v, Imported):
                 v = importlib.import_module(v.name)
+            elif isinstance(v, Logger):
+                v = sys.modules["logging"].getLogger(v.name)
             elif isinstance(v, Ref):
                 if v.where in r.placed:
                     v = r.placed[v.where]
@@ -579,8 +622,9 @@ class SkipBlock(Checkpointable):
         try:
             outcome = s.checkpoint(self.key, self.id, lambda: self._payload(s, objects, names))
         except Exception as e:  # any failure to checkpoint leaves the instance to re-execute
-            s.warn_once(self.id, f"block {self.id} not checkpointed: {e}")
-            s.block_done(self, "recorded", compute_s=compute, note=str(e))
+            why = self.failure(e, objects, names)
+            s.warn_once(self.id, f"block {self.id} not checkpointed: {why}")
+            s.block_done(self, "recorded", compute_s=compute, note=why)
             return
         m = s.adaptive.materialized(self.id, time.perf_counter() - t0, s.background)
         occ = int(self.key.rsplit("#", 1)[1])

@@ -15,12 +15,14 @@ import functools
 import io
 import pickle
 import random
+import re
 import sys
 import types
 from collections.abc import Callable
 from typing import Any
 
-from flortrain.runtime import versions
+from flortrain.runtime import channels, versions
+from flortrain.runtime.channels import is_channel, type_name
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range, frozenset)
 
@@ -45,6 +47,16 @@ def attr(path: str, name: str) -> str:
 
 class Unrestorable(Exception):
     """An object the checkpoint cannot hold faithfully: the block instance is not memoized."""
+
+
+class Uncapturable(Unrestorable):
+    """An object no kind of capture describes (a lock, a socket, a C extension's object):
+    raised with its path, and named whole by :func:`capture_named`."""
+
+    def __init__(self, path: str, obj: Any) -> None:
+        self.path = path
+        self.type = type_name(obj)
+        super().__init__(f"cannot capture `{path}` ({self.type}): flortrain has no way to capture a {self.type}")
 
 
 class CarriesGraph(Unrestorable):
@@ -194,6 +206,9 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: 
         return _typed({"kind": "dict", "items": {k: _child(v, memo, item(path, k), mark) for k, v in obj.items()}}, obj, dict)
     if isinstance(obj, set):
         return {"kind": "set", "value": obj}
+    if is_channel(obj):
+        # where the script writes (a logger, a log file, a SummaryWriter): not state (``channels``)
+        return {"kind": "channel", "type": type_name(obj), "level": channels.level(obj)}
     if isinstance(obj, io.IOBase):
         return {"kind": "file", "position": _file_position(obj, path)}
     if is_stateful(obj):
@@ -203,7 +218,67 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: 
         if _picklable_class(type(obj)):
             state["cls"] = type(obj)  # a replaced one is rebuilt as pickle would: new, then its dict
         return state
-    raise Unrestorable(f"cannot capture a {type(obj).__name__}")
+    raise Uncapturable(path, obj)
+
+
+def capture_named(
+    expr: str, obj: Any, memo: dict[int, str], mark: Mark | None = None, path: str | None = None
+) -> dict[str, Any]:
+    """:func:`capture` of a changeset element ``expr`` (under ``path``, ``expr`` unless told); a
+    failure names the element, its type, and what inside it could not be captured, where
+    (``cannot capture `writer` (mylib.Writer): holds a _thread.lock at `writer._lock```): the
+    user reading why a loop is not checkpointed learns which object to look at."""
+    path = expr if path is None else path
+    try:
+        return capture(obj, memo, path, mark)
+    except Uncapturable as e:
+        inner = expr + e.path[len(path):] if e.path.startswith(path) else e.path
+        if inner == expr:
+            raise Uncapturable(expr, obj) from None
+        raise Unrestorable(f"cannot capture `{expr}` ({type_name(obj)}): holds a {e.type} at `{inner}`") from None
+
+
+_UNPICKLABLE = re.compile(r"(?:cannot|Can't) pickle '?([\w.<>]+)'?")
+
+
+def unpicklable(error: Exception, roots: dict[str, Any], budget: int = 20_000) -> str:
+    """Why a checkpoint could not be stored, naming what holds the object pickle refused
+    (``cannot capture `guard` (_thread.lock): it cannot be pickled``) where pickle's message
+    names only its type: the state's objects are walked for one of that type, containers by
+    their items and plain objects by their attributes, up to ``budget`` objects. Called once a
+    checkpoint has failed, on the live state it was made of."""
+    found = _UNPICKLABLE.search(str(error))
+    if found is None:
+        return str(error)
+    wanted = found.group(1)
+    seen: set[int] = set()
+    for expr, obj in roots.items():
+        stack: list[tuple[str, Any]] = [(expr, obj)]
+        while stack and len(seen) < budget:
+            path, o = stack.pop()
+            if isinstance(o, _IMMUTABLE) or id(o) in seen:
+                continue
+            seen.add(id(o))
+            if wanted in (type(o).__name__, type_name(o)):
+                if path == expr:
+                    return f"cannot capture `{expr}` ({type_name(o)}): it cannot be pickled"
+                return f"cannot capture `{expr}` ({type_name(obj)}): holds a {type_name(o)} at `{path}`, which cannot be pickled"
+            stack.extend(reversed(_pickled_children(o, path)))
+    return str(error)
+
+
+def _pickled_children(obj: Any, path: str) -> list[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        return [(item(path, k), v) for k, v in obj.items()]
+    if isinstance(obj, list | tuple | collections.deque):
+        return [(item(path, i), v) for i, v in enumerate(obj)]
+    if isinstance(obj, set | frozenset | types.ModuleType | type):
+        return []
+    torch = _torch()
+    if torch is not None and isinstance(obj, torch.Tensor | torch.nn.Module | torch.optim.Optimizer):
+        return []
+    d = getattr(obj, "__dict__", None)
+    return [(attr(path, k), v) for k, v in d.items()] if isinstance(d, dict) else []
 
 
 def _file_position(f: Any, path: str) -> Any:
@@ -245,6 +320,11 @@ def library_module(obj: Any) -> str | None:
     path = getattr(obj, "__file__", None)
     if path is None:
         return name if name in sys.builtin_module_names else None
+    if isinstance(path, str) and not path.startswith("/") and "." in name:
+        # a module object a package makes itself (``torch.ops``, whose ``__file__`` is
+        # ``_ops.py``): its package's, as the package is
+        top = sys.modules.get(name.split(".", 1)[0])
+        return name if top is not None and library_module(top) is not None else None
     return name if isinstance(path, str) and path.startswith(_library()) else None
 
 
@@ -438,6 +518,12 @@ class Restorer:
                 live.grad = state["grad"]
                 return live
             return self.fresh(state, path)
+        if kind == "channel":
+            # not state: the live channel stays (``channels``), at the level it had
+            level = state.get("level")
+            if level is not None and channels.level(live) not in (None, level):
+                live.setLevel(level)
+            return live
         if kind == "file":
             if state["position"] is not None and isinstance(live, io.IOBase) and not live.closed:
                 live.seek(state["position"])

@@ -92,6 +92,7 @@ def _analyse(source: Source, prefix: str) -> Plan:
                     reaches=cs.reaches,
                     bound=cs.bound,
                     main=main.id,
+                    outputs=cs.outputs,
                     values=tuple(
                         c.expr
                         for c in cs.changes

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from flortrain.static import library
+from flortrain.static import library, sinks
 from flortrain.static.expressions import (
     VIEW_ATTRS,
     dotted,
@@ -67,6 +67,8 @@ class Effects:
     # loop variable -> the objects it takes in turn (`for m in (meter_a, meter_b):`)
     takes: dict[str, list[str]] = field(default_factory=dict)
     reaches: set[str] = field(default_factory=set)
+    #: channels written to (``log``, ``self.writer``) -> their kind: outputs, not changes
+    outputs: dict[str, str] = field(default_factory=dict)
 
 
 class _Walker:
@@ -405,6 +407,14 @@ class _Walker:
                 # a method of a local class: its body was analysed above and its effects on
                 # `self` mapped onto the receiver, so rule 1/4 would only add the whole receiver
                 return 2
+            kind = sinks.output_call(self.prog, self.scope, func)
+            if kind is not None:
+                # `log.info(..)`, `f.write(..)`, `writer.add_scalar(..)` on a channel: output, as
+                # `print` is, not a change of state (``static/sinks``)
+                channel = object_expr(func.value, self.module)
+                if channel is not None:
+                    self.fx.outputs.setdefault(channel, kind)
+                return 2
             owner = self.prog.type_of(func.value, self.scope)
             if owner is not None and self.prog.method(owner, func.attr.value) is None:
                 # `self.model(x)`: a callable held in an attribute, not a method of the local
@@ -523,6 +533,7 @@ class LoopChangeset:
     changes: tuple[Change, ...]
     bound: tuple[str, ...]
     reaches: tuple[str, ...]
+    outputs: tuple[tuple[str, str], ...] = ()  # the channels it writes to, and their kinds
 
 
 def loop_changeset(prog: Program, loop: Loop) -> LoopChangeset:
@@ -558,7 +569,8 @@ def loop_changeset(prog: Program, loop: Loop) -> LoopChangeset:
                 " a skipped loop cannot restore it"
             )
         kept.append(ch)
-    return LoopChangeset(tuple(kept), tuple(sorted(fx.bound)), tuple(sorted(fx.reaches)))
+    outputs = tuple((expr, kind) for expr, kind in fx.outputs.items() if root(expr) not in fx.bound)
+    return LoopChangeset(tuple(kept), tuple(sorted(fx.bound)), tuple(sorted(fx.reaches)), outputs)
 
 
 def _add_hook_effects(w: _Walker) -> None:

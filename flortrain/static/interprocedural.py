@@ -61,6 +61,13 @@ def map_callee(w: _Walker, call: cst.Call, qual: str, receiver: cst.BaseExpressi
     w.fx.reaches.update(fx.reaches)
     binding = bind_params(call, scope, receiver)
     module = w.prog.scopes[MODULE]
+    for expr, kind in fx.outputs.items():
+        # the channels it writes to, in the caller's terms (for the replay plan to name)
+        r = root(expr)
+        if r in binding and (obj := object_expr(binding[r], w.module)) is not None:
+            w.fx.outputs.setdefault(obj + expr[len(r):], kind)
+        elif r not in scope.params and w.prog.binding_scope(scope, r) is module:
+            w.fx.outputs.setdefault(expr, kind)
     for ch in fx.changes.values():
         r = root(ch.expr)
         rest = ch.expr[len(r):]

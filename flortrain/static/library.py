@@ -70,3 +70,49 @@ def mutating_library_arg(func_name: str) -> int | None:
     if last.endswith("_") and not last.endswith("__"):
         return 0
     return None
+
+
+#: Library constructors of output channels (``runtime/channels``), by their dotted import name,
+#: and the kind of channel each makes. ``open`` in a write-only mode makes a ``file``.
+SINK_CONSTRUCTORS = {
+    "logging.getLogger": "logger",
+    "csv.writer": "csv",
+    "csv.DictWriter": "csv",
+    "torch.utils.tensorboard.SummaryWriter": "summary",
+    "torch.utils.tensorboard.writer.SummaryWriter": "summary",
+    "tensorboardX.SummaryWriter": "summary",
+    "tqdm.tqdm": "tqdm",
+    "tqdm.trange": "tqdm",
+    "tqdm.auto.tqdm": "tqdm",
+    "tqdm.auto.trange": "tqdm",
+    "tqdm.notebook.tqdm": "tqdm",
+    "tqdm.std.tqdm": "tqdm",
+    "wandb.init": "run",
+}
+
+#: The methods through which a script writes to a channel of each kind: outputs, not changes of
+#: state, like ``print``. Any ``add_*`` of a SummaryWriter is one (``add_scalar``, ``add_image``).
+SINK_METHODS = {
+    "file": frozenset({"write", "writelines", "flush"}),
+    "logger": frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log"}),
+    "csv": frozenset({"writerow", "writerows", "writeheader"}),
+    "summary": frozenset({"flush"}),
+    "tqdm": frozenset(
+        {"update", "set_postfix", "set_postfix_str", "set_description", "set_description_str", "write", "refresh",
+         "clear", "display"}
+    ),
+    "run": frozenset({"log"}),
+}
+
+
+def is_sink_method(kind: str, method: str) -> bool:
+    """Whether calling ``method`` on a channel of ``kind`` only writes output."""
+    return method in SINK_METHODS.get(kind, frozenset()) or (kind == "summary" and method.startswith("add_"))
+
+
+_ALL_SINK_METHODS = frozenset().union(*SINK_METHODS.values())
+
+
+def is_any_sink_method(method: str) -> bool:
+    """Whether ``method`` writes output on a channel of some kind."""
+    return method in _ALL_SINK_METHODS or method.startswith("add_")

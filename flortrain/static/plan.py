@@ -64,6 +64,10 @@ class Block:
     #: rebound names read after the loop only as numbers (``loss.item()``): a graph-carrying
     #: tensor there may be stored detached (see :mod:`flortrain.static.values`)
     values: tuple[str, ...] = ()
+    #: the output channels it writes to, with their kinds (``("log", "logger")``;
+    #: ``static/sinks``): not state, and a skipped instance writes nothing to them, as it prints
+    #: nothing
+    outputs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,9 @@ class Plan:
                     out.append(
                         f"    changeset: {c.expr} [{c.restore.value}{scope}{value}] rule {c.rule} line {c.line}"
                     )
+                if b.outputs:
+                    channels = ", ".join(f"{expr} ({kind})" for expr, kind in b.outputs)
+                    out.append(f"    writes to (output channels, not state): {channels}")
             for r in (r for r in self.refused if r.main == m.id):
                 out.append(
                     f"  {self.path}:{r.span.line}:{r.span.col} refused loop in {r.function}: {r.reason}"

@@ -39,6 +39,9 @@ class Scope:
     names: list[tuple[str, int]] = field(default_factory=list)
     # name -> local class qualname, from `name = Class(...)`
     types: dict[str, str] = field(default_factory=dict)
+    # name -> the value of each binding of it here (None: bound otherwise than by `=` or `with ..
+    # as`), for ``static/sinks``
+    assigned: dict[str, list[cst.BaseExpression | None]] = field(default_factory=dict)
 
     @property
     def body(self) -> Sequence[cst.BaseStatement | cst.SimpleStatementSuite]:
@@ -64,6 +67,8 @@ class ClassInfo:
     bases: list[str]
     methods: dict[str, str] = field(default_factory=dict)  # name -> scope qualname
     attr_types: dict[str, str] = field(default_factory=dict)  # self.attr -> class qualname
+    # self.attr -> the method and the value of each assignment to it (None: `+=` and the like)
+    attr_assigned: dict[str, list[tuple[str, cst.BaseExpression | None]]] = field(default_factory=dict)
 
 
 def _target_names(node: cst.CSTNode) -> Iterator[str]:
@@ -85,6 +90,11 @@ class Program:
         self.scopes: dict[str, Scope] = {}
         self.classes: dict[str, ClassInfo] = {}
         self.imported: set[str] = set()  # names bound by import statements at module level
+        #: what each imported name stands for, by dotted import path, wherever it is imported
+        #: (``SummaryWriter`` -> ``torch.utils.tensorboard.SummaryWriter``); a name imported
+        #: from two places is left out
+        self.import_origins: dict[str, str] = {}
+        self._origin_clashes: set[str] = set()
         self.loop_scope: dict[Loop, Scope] = {}
         self.loop_parent: dict[Loop, Loop | None] = {}
         self.class_body_loops: set[Loop] = set()
@@ -92,6 +102,10 @@ class Program:
         # and every function a loop reaches, and libcst builds a node's ``children`` anew on
         # each access (a 2,400-line file took 5.2 s to instrument before, a third of it here)
         self._calls: dict[cst.CSTNode, tuple[cst.Call, ...]] = {}
+
+    def import_origin(self, name: str) -> str | None:
+        """The dotted path an imported name stands for (None: not imported, or from two places)."""
+        return None if name in self._origin_clashes else self.import_origins.get(name)
 
     # -- positions -------------------------------------------------------------------------
     def range(self, node: cst.CSTNode) -> CodeRange:
@@ -228,6 +242,7 @@ class _Indexer(cst.CSTVisitor):
         self.loop_stack: list[list[Loop]] = [[]]
         # whether the innermost enclosing definition is a class body (loops there are not memoized)
         self.in_class_body: list[bool] = [False]
+        self._with_names: set[int] = set()  # `with .. as` names, whose values WithItem noted
 
     @property
     def scope(self) -> Scope:
@@ -247,6 +262,7 @@ class _Indexer(cst.CSTVisitor):
         self.prog.classes[qual] = ClassInfo(qual, bases)
         self.class_stack.append(self.prog.classes[qual])
         self.scope.bound.add(node.name.value)
+        self._binds(node.name.value, None)
         self.in_class_body.append(True)
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
@@ -271,6 +287,8 @@ class _Indexer(cst.CSTVisitor):
         else:
             qual = node.name.value
             self.scope.bound.add(node.name.value)
+        if cls is None:
+            self._binds(node.name.value, None)
         params = [p.name.value for p in (*node.params.posonly_params, *node.params.params)]
         if isinstance(node.params.star_arg, cst.Param):
             params.append(node.params.star_arg.name.value)
@@ -279,6 +297,8 @@ class _Indexer(cst.CSTVisitor):
             params.append(node.params.star_kwarg.name.value)
         s = Scope(qual, node, cls.qualname if cls else None, params=params)
         s.bound.update(params)
+        for p in params:
+            s.assigned.setdefault(p, []).append(None)
         # Later definitions with the same name win, as at run time.
         self.prog.scopes[qual] = s
         self.scope_stack.append(s)
@@ -310,6 +330,7 @@ class _Indexer(cst.CSTVisitor):
     def visit_For(self, node: cst.For) -> None:
         self._visit_loop(node)
         self.scope.bound.update(_target_names(node.target))
+        self._bind_target(node.target, None)
 
     def leave_For(self, original_node: cst.For) -> None:
         self.loop_stack[-1].pop()
@@ -346,6 +367,7 @@ class _Indexer(cst.CSTVisitor):
             names = list(_target_names(t.target))
             self.scope.bound.update(names)
             self._note_type(t.target, node.value)
+            self._bind_target(t.target, node.value)
         return True
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
@@ -354,6 +376,7 @@ class _Indexer(cst.CSTVisitor):
         self.scope.bound.update(_target_names(node.target))
         if node.value is not None:
             self._note_type(node.target, node.value)
+            self._bind_target(node.target, node.value)
         return True
 
     def _class_attribute(self, *parts: cst.CSTNode | None) -> bool:
@@ -368,12 +391,50 @@ class _Indexer(cst.CSTVisitor):
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
         self.scope.bound.update(_target_names(node.target))
+        self._bind_target(node.target, None)
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
         self.scope.bound.update(_target_names(node.target))
+        self._bind_target(node.target, None)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._bind_target(node.asname.name, node.item)
+            self._with_names.add(id(node.asname))
 
     def visit_AsName(self, node: cst.AsName) -> None:
         self.scope.bound.update(_target_names(node.name))
+        if id(node) not in self._with_names:  # `except .. as e`, `import .. as m`
+            self._bind_target(node.name, None)
+
+    def _binds(self, name: str, value: cst.BaseExpression | None) -> None:
+        scope = self.scope
+        if name in scope.declared_global and name not in scope.declared_nonlocal:
+            scope = self.prog.scopes[MODULE]
+        scope.assigned.setdefault(name, []).append(value)
+
+    def _bind_target(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
+        """Note a binding's value by name (``static/sinks``); a name among several targets
+        (``a, b = ..``) gets no value of its own."""
+        if isinstance(target, cst.Name):
+            self._binds(target.value, value)
+        elif isinstance(target, cst.Tuple | cst.List | cst.StarredElement):
+            for n in _target_names(target):
+                self._binds(n, None)
+        elif (
+            isinstance(target, cst.Attribute)
+            and isinstance(target.value, cst.Name)
+            and self.scope.cls is not None
+            and self.scope.params
+            and target.value.value == self.scope.params[0]
+        ):
+            attrs = self.prog.classes[self.scope.cls].attr_assigned
+            attrs.setdefault(target.attr.value, []).append((self.scope.qualname, value))
+
+    def _origin(self, name: str, origin: str) -> None:
+        if self.prog.import_origins.get(name, origin) != origin:
+            self.prog._origin_clashes.add(name)
+        self.prog.import_origins[name] = origin
 
     def visit_CompFor(self, node: cst.CompFor) -> None:
         pass  # comprehension variables live in their own scope
@@ -387,6 +448,13 @@ class _Indexer(cst.CSTVisitor):
                 while isinstance(top, cst.Attribute):
                     top = top.value
                 names = [top.value] if isinstance(top, cst.Name) else []
+                for n in names:
+                    self._binds(n, None)
+                    self._origin(n, n)
+            full = _dotted(alias.name)
+            if alias.asname is not None and full is not None:
+                for n in names:
+                    self._origin(n, full)
             self.scope.bound.update(names)
             if self.scope.qualname == MODULE:
                 self.prog.imported.update(names)
@@ -397,6 +465,14 @@ class _Indexer(cst.CSTVisitor):
         for alias in node.names:
             target = alias.asname.name if alias.asname else alias.name
             names = list(_target_names(target))
+            if alias.asname is None:
+                for n in names:
+                    self._binds(n, None)
+            base = _dotted(node.module) if node.module is not None and not node.relative else None
+            name = _dotted(alias.name)
+            if base is not None and name is not None:
+                for n in names:
+                    self._origin(n, f"{base}.{name}")
             self.scope.bound.update(names)
             if self.scope.qualname == MODULE:
                 self.prog.imported.update(names)
@@ -417,6 +493,15 @@ class _Indexer(cst.CSTVisitor):
             and target.value.value == self.scope.params[0]
         ):
             self.prog.classes[self.scope.cls].attr_types[target.attr.value] = cls
+
+
+def _dotted(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        inner = _dotted(node.value)
+        return None if inner is None else f"{inner}.{node.attr.value}"
+    return None
 
 
 def _param_parts(params: cst.Parameters) -> Iterator[cst.CSTNode]:
