@@ -78,6 +78,8 @@ class Summary:
     instances: int
     held: float
     exit_wait: float
+    #: why flortrain stopped the script (:mod:`flortrain.distributed`): the last line
+    refusal: str | None = None
 
     def line(self, more: int = 0, after: float = 0.0) -> str:
         """``more``: checkpoints the launcher committed; ``after``: seconds it waited for the
@@ -93,7 +95,7 @@ class Summary:
             f"flortrain: record run {self.run_id} {self.outcome} in {self.elapsed:.2f}s:"
             f" {self.checkpointed + more} of {self.instances} block instances checkpointed;"
             f" flortrain held training up {self.held:.2f}s{share}{wait}{late}"
-        )
+        ) + (f"\n{self.refusal}" if self.refusal is not None else "")
 
 
 def tell(*msg: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from flortrain import knobs, launcher
 from flortrain.errors import FlortrainError, Located
 from flortrain.launcher import Summary
+from flortrain.runtime import runner
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
 from flortrain.runtime.launch import (
     execute,
@@ -173,7 +174,7 @@ def record(
         outcome = f"incomplete (the store failed: {store.failed}; the script's exit {status} is kept)"
     summary = Summary(
         run_id, outcome, elapsed, c.get("checkpointed", 0), c.get("checkpointed", 0) + c.get("recorded", 0),
-        session.held, session.exit_wait,
+        session.held, session.exit_wait, runner.refusal.one_line() if runner.refusal is not None else None,
     )
     # closed before the launcher hears the run is over: the launcher, which holds the store open
     # too, then closes it last and pays the write-ahead log's copy while this process exits; and

@@ -8,6 +8,7 @@ import importlib.abc
 import sys
 from types import CodeType
 
+from flortrain import distributed
 from flortrain.runtime import session as _session
 from flortrain.runtime.capture import Tee
 from flortrain.runtime.importhook import installed
@@ -80,7 +81,7 @@ def execute(
     _session.current = session
     status = 1
     try:
-        with installed(hook):
+        with installed(hook), distributed.guarded():
             status = run_as_main(code, script, args)
     finally:
         _session.current = None
