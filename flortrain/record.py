@@ -12,7 +12,7 @@ from typing import Any
 from flortrain import knobs, launcher
 from flortrain.errors import FlortrainError, Located
 from flortrain.launcher import Summary
-from flortrain.runtime import runner
+from flortrain.runtime import runner, stopping
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
 from flortrain.runtime.launch import (
     execute,
@@ -172,9 +172,12 @@ def record(
     def stopped(signum: int) -> None:  # a SIGTERM ended the script where it stood
         _finish(script, store, session, run_id, 128 + signum, time.perf_counter() - t0, signum)
 
-    status = execute(session, code, script, args, torch_script, hook, stopped)
-    stopped_by = signal.SIGINT if runner.interrupted else None
-    return _finish(script, store, session, run_id, status, time.perf_counter() - t0, stopped_by)
+    try:
+        status = execute(session, code, script, args, torch_script, hook, stopped)
+        stopped_by = signal.SIGINT if runner.interrupted else None
+        return _finish(script, store, session, run_id, status, time.perf_counter() - t0, stopped_by)
+    finally:
+        stopping.close()  # a SIGTERM that came while the run was being finished ends the process now
 
 
 def _finish(

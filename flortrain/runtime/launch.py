@@ -73,7 +73,8 @@ def execute(
     up front when the script uses it (and not at all for a script that never mentions it).
     ``hook`` (the project-module import hook) is on ``sys.meta_path`` while the script runs.
     ``stop`` (a record's): what ends the run when a SIGTERM stops the script, called once what
-    was captured is finalized, before the process dies of it (:mod:`~flortrain.runtime.stopping`)."""
+    was captured is finalized, before the process dies of it (:mod:`~flortrain.runtime.stopping`).
+    The handlers stay in place until the caller has finished the run (:func:`stopping.close`)."""
     if uses_torch and torch_available():
         session.registry.install()
     session.note_initial_streams()
@@ -102,6 +103,7 @@ def execute(
         stop(signum)
 
     stoppable = stopping.install(stopped) if stop is not None else None
+    stopping.current = stoppable
     sys.stdout = tee
     _session.current = session
     status = 1
@@ -109,7 +111,7 @@ def execute(
         with installed(hook), distributed.guarded():
             status = run_as_main(code, script, args)
     finally:
+        if stoppable is not None:
+            stoppable.script_over()
         finalize()
-    if stoppable is not None:
-        stoppable.close()
     return status

@@ -15,8 +15,8 @@ be resumed. So in a record's training process:
   rows and captured output are written), marks it ``interrupted``, and then dies of SIGTERM.
   Python runs the handler between two bytecodes of the main thread: one that falls inside
   flortrain's own code (a hook defers it to its end; outside one, the tee) is sent again 10 ms
-  later, until it falls in the script's. A main thread stuck in one long C call dies when the
-  call returns.
+  later, until it falls in the script's. One that comes once the script has ended waits until
+  the run is finished. A main thread stuck in one long C call dies when the call returns.
 
 Either way, the run's last committed boundary is the start of the iteration the signal
 interrupted, or an earlier one. A script that set a handler of its own keeps it, and its
@@ -63,11 +63,17 @@ class Terminate:
         self.stop = stop
         self.owner = os.getpid()
         self.stopping = False
+        #: the script has ended: a SIGTERM waits until the run is finished (:meth:`Stoppable.close`)
+        self.over = False
+        self.noted: int | None = None
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self.owner:
             die(signum)
         if self.stopping:  # the same SIGTERM, forwarded by the launcher as well
+            return
+        if self.over:
+            self.noted = signum
             return
         if not _in_script():
             retry = threading.Timer(RETRY, _send, (self.owner, signum))
@@ -112,14 +118,23 @@ class Stoppable:
 
     def __init__(self) -> None:
         self.saved: dict[int, object] = {}
+        self.terminate: Terminate | None = None
+
+    def script_over(self) -> None:
+        """The script has ended and the run is being finished: a SIGTERM is noted, not acted on."""
+        if self.terminate is not None:
+            self.terminate.over = True
 
     def close(self) -> None:
-        """Put back the handlers replaced, unless the script set its own since."""
+        """The run is finished: put back the handlers replaced (unless the script set its own
+        since), and die of a SIGTERM that came while it was being finished."""
         for signum, old in self.saved.items():
             current = signal.getsignal(signum)
             if isinstance(current, (Terminate, signals.Interrupt)):
                 _set(signum, old)
         self.saved.clear()
+        if self.terminate is not None and self.terminate.noted is not None:
+            die(self.terminate.noted)
 
 
 def install(stop: Callable[[int], None]) -> Stoppable:
@@ -133,5 +148,18 @@ def install(stop: Callable[[int], None]) -> Stoppable:
         signal.signal(signal.SIGINT, signals.Interrupt())
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         done.saved[signal.SIGTERM] = signal.SIG_DFL
-        signal.signal(signal.SIGTERM, Terminate(stop))
+        done.terminate = Terminate(stop)
+        signal.signal(signal.SIGTERM, done.terminate)
     return done
+
+
+#: the handlers of the record running in this process, until :func:`close`
+current: Stoppable | None = None
+
+
+def close() -> None:
+    """The run is finished (:meth:`Stoppable.close`)."""
+    global current
+    done, current = current, None
+    if done is not None:
+        done.close()
