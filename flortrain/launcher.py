@@ -21,7 +21,9 @@ This process:
 - forwards a signal another process sent it (``kill``, ``timeout``, a test's ``send_signal``) to
   the training process. One the terminal sends its foreground process group (Ctrl-C) reaches
   the training process directly and is not sent again: its ``si_code`` says so. Python would
-  otherwise see a second SIGINT while it unwinds from the first;
+  otherwise see a second SIGINT while it unwinds from the first. One ``kill(2)`` sent the whole
+  group cannot be told from one sent to this process alone, so it is forwarded, and the training
+  process takes the two for one (:mod:`flortrain.runtime.stopping`);
 - ends with the training process's status: its exit code, or the signal that killed it, raised
   again on itself. A training process killed before it finished (the OOM killer, ``kill -9``)
   gets a line saying which run it leaves incomplete and how to resume it;
