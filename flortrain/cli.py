@@ -98,10 +98,12 @@ def record(ctx: click.Context, script: str, args: tuple[str, ...], epsilon: floa
     """Run SCRIPT instrumented, checkpointing its memoized loops. Its stdout is unchanged.
     Options go before SCRIPT; everything after it is the script's."""
     from flortrain import knobs
+    from flortrain.distributed import check_environment
     from flortrain.launcher import launch
     from flortrain.static.overlap import begin
 
     knobs.validate()
+    check_environment(script, "record")
     launch()  # the launcher waits here for the training process, which goes on
     static = begin(script)  # forked off now, before the runtime's and torch's imports
     try:
@@ -132,6 +134,9 @@ def replay(
     jobs: int, backend: str, blobs: str | None,
 ) -> None:
     """Replay SCRIPT (with added probes) against its record. New script arguments go after `--`."""
+    from flortrain.distributed import check_environment
+
+    check_environment(script, "replay")
     from flortrain.replay.replayer import replay as do_replay
 
     sys.exit(do_replay(

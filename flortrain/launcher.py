@@ -21,7 +21,9 @@ This process:
 - forwards a signal another process sent it (``kill``, ``timeout``, a test's ``send_signal``) to
   the training process. One the terminal sends its foreground process group (Ctrl-C) reaches
   the training process directly and is not sent again: its ``si_code`` says so. Python would
-  otherwise see a second SIGINT while it unwinds from the first;
+  otherwise see a second SIGINT while it unwinds from the first. One ``kill(2)`` sent the whole
+  group cannot be told from one sent to this process alone, so it is forwarded, and the training
+  process takes the two for one (:mod:`flortrain.runtime.stopping`);
 - ends with the training process's status: its exit code, or the signal that killed it, raised
   again on itself. A training process killed before it finished (the OOM killer, ``kill -9``)
   gets a line saying which run it leaves incomplete and how to resume it;
@@ -78,6 +80,8 @@ class Summary:
     instances: int
     held: float
     exit_wait: float
+    #: why flortrain stopped the script (:mod:`flortrain.distributed`): the last line
+    refusal: str | None = None
 
     def line(self, more: int = 0, after: float = 0.0) -> str:
         """``more``: checkpoints the launcher committed; ``after``: seconds it waited for the
@@ -93,7 +97,7 @@ class Summary:
             f"flortrain: record run {self.run_id} {self.outcome} in {self.elapsed:.2f}s:"
             f" {self.checkpointed + more} of {self.instances} block instances checkpointed;"
             f" flortrain held training up {self.held:.2f}s{share}{wait}{late}"
-        )
+        ) + (f"\n{self.refusal}" if self.refusal is not None else "")
 
 
 def tell(*msg: Any) -> None:

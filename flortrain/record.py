@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import signal
 import sys
 import time
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from flortrain import knobs, launcher
 from flortrain.errors import FlortrainError, Located
 from flortrain.launcher import Summary
+from flortrain.runtime import runner, stopping
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
 from flortrain.runtime.launch import (
     execute,
@@ -84,8 +86,10 @@ def _resumable(store: Store, run_id: int, script: str, text: str, args: list[str
     run = store.run(run_id)
     if run.kind != "record" or run.script != os.path.abspath(script):
         raise FlortrainError(f"run {run_id} is not a record of this script", where, "FT040")
-    if run.effective_status != "incomplete":
-        raise FlortrainError(f"run {run_id} is {run.effective_status}; only a killed record can be resumed", where, "FT040")
+    if run.effective_status not in ("incomplete", "interrupted"):
+        raise FlortrainError(
+            f"run {run_id} is {run.effective_status}; only a killed or interrupted record can be resumed", where, "FT040"
+        )
     if store.source(run.source_sha) != text:
         raise FlortrainError(f"{script} changed since run {run_id}; a resumed record must run the recorded source", where, "FT040")
     if args:
@@ -173,17 +177,38 @@ def record(
     t0 = time.perf_counter()
     hook = _module_recorder(script, store, run_id, meta, session, done.modules)
     session.project = hook.files  # the side-effect audit walks the project modules' globals too
-    status = execute(session, code, script, args, torch_script, hook)
-    elapsed = time.perf_counter() - t0
+
+    def stopped(signum: int) -> None:  # a SIGTERM ended the script where it stood
+        _finish(script, store, session, run_id, 128 + signum, time.perf_counter() - t0, signum)
+
+    try:
+        status = execute(session, code, script, args, torch_script, hook, stopped)
+        stopped_by = signal.SIGINT if runner.interrupted else None
+        return _finish(script, store, session, run_id, status, time.perf_counter() - t0, stopped_by)
+    finally:
+        stopping.close()  # a SIGTERM that came while the run was being finished ends the process now
+
+
+def _finish(
+    script: str, store: Store, session: Session, run_id: int, status: int, elapsed: float, stopped_by: int | None
+) -> int:
+    """Finish the run: ``complete``, ``failed``, or ``interrupted`` when ``stopped_by`` (SIGINT,
+    SIGTERM) stopped it, which ``record --resume`` continues. The record's last line is printed
+    here, or by the launcher once it has committed what was handed over."""
     _note_load(store, run_id, session)
-    store.finish_run(run_id, "complete" if status == 0 else "failed", status)
+    store.finish_run(run_id, "complete" if status == 0 else "failed" if stopped_by is None else "interrupted", status)
     c = session.counts
     outcome = "complete" if status == 0 else f"failed (exit {status})"
+    if stopped_by is not None and status != 0:
+        outcome = (
+            f"interrupted by {signal.Signals(stopped_by).name} (`flortrain record --resume {run_id} {script}`"
+            " continues it from its last main-loop boundary checkpoint)"
+        )
     if store.failed:
         outcome = f"incomplete (the store failed: {store.failed}; the script's exit {status} is kept)"
     summary = Summary(
         run_id, outcome, elapsed, c.get("checkpointed", 0), c.get("checkpointed", 0) + c.get("recorded", 0),
-        session.held, session.exit_wait,
+        session.held, session.exit_wait, runner.refusal.one_line() if runner.refusal is not None else None,
     )
     # closed before the launcher hears the run is over: the launcher, which holds the store open
     # too, then closes it last and pays the write-ahead log's copy while this process exits; and

@@ -157,4 +157,4 @@ def test_ctrl_c_ends_flortrain_the_way_it_ends_python(tmp_path: Path) -> None:
         codes.append(p.returncode)
     assert codes == [-signal.SIGINT, -signal.SIGINT]
     run = latest_run(tmp_path)
-    assert run["status"] == "failed" and run["exit_code"] == 130
+    assert run["status"] == "interrupted" and run["exit_code"] == 130  # which record --resume continues

@@ -15,7 +15,7 @@ from flortrain.replay.backends import LocalBackend
 from flortrain.replay.diff import diff_runs
 from flortrain.replay.replayplan import ReplayPlan
 from flortrain.replay.sharing import cannot_pay
-from flortrain.runtime import allocator
+from flortrain.runtime import allocator, runner
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
 from flortrain.runtime.launch import execute, import_torch, pin_threads, set_aside_static_objects
 from flortrain.runtime.session import ReplaySource, Session
@@ -281,6 +281,9 @@ def conclude(p: Prepared, run: int, status: int, elapsed: float, counts: dict[st
     same, and the run row keeps the script's own status (the run did complete)."""
     store = p.store
     store.finish_run(run, "complete" if status == 0 else "failed", status)
+    if runner.refusal is not None:  # the script went on where flortrain cannot follow
+        store.close()
+        raise runner.refusal
     if store.failed:
         store.close()
         raise FlortrainError(

@@ -6,9 +6,12 @@ import contextlib
 import gc
 import importlib.abc
 import sys
+from collections.abc import Callable
 from types import CodeType
 
+from flortrain import distributed
 from flortrain.runtime import session as _session
+from flortrain.runtime import stopping
 from flortrain.runtime.capture import Tee
 from flortrain.runtime.importhook import installed
 from flortrain.runtime.runner import run_as_main
@@ -62,12 +65,16 @@ def execute(
     args: list[str],
     uses_torch: bool = True,
     hook: importlib.abc.MetaPathFinder | None = None,
+    stop: Callable[[int], None] | None = None,
 ) -> int:
     """Run the script under ``session``; always finalize what was captured.
 
     The registry must be in place before the script builds its first module, so torch is imported
     up front when the script uses it (and not at all for a script that never mentions it).
-    ``hook`` (the project-module import hook) is on ``sys.meta_path`` while the script runs."""
+    ``hook`` (the project-module import hook) is on ``sys.meta_path`` while the script runs.
+    ``stop`` (a record's): what ends the run when a SIGTERM stops the script, called once what
+    was captured is finalized, before the process dies of it (:mod:`~flortrain.runtime.stopping`).
+    The handlers stay in place until the caller has finished the run (:func:`stopping.close`)."""
     if uses_torch and torch_available():
         session.registry.install()
     session.note_initial_streams()
@@ -76,17 +83,35 @@ def execute(
     if session.resume is not None:  # the killed run's log is kept up to the resumed iteration
         tee.seq, tee.muted = session.resume_seq, True
     saved_stdout = sys.stdout
-    sys.stdout = tee
-    _session.current = session
-    status = 1
-    try:
-        with installed(hook):
-            status = run_as_main(code, script, args)
-    finally:
+    finalized = False
+
+    def finalize() -> None:
+        nonlocal finalized
+        if finalized:
+            return
+        finalized = True
         _session.current = None
         sys.stdout = saved_stdout
         with contextlib.suppress(Exception):
             saved_stdout.flush()
         session.flush()
         session.registry.uninstall()
+
+    def stopped(signum: int) -> None:
+        finalize()
+        assert stop is not None
+        stop(signum)
+
+    stoppable = stopping.install(stopped) if stop is not None else None
+    stopping.current = stoppable
+    sys.stdout = tee
+    _session.current = session
+    status = 1
+    try:
+        with installed(hook), distributed.guarded():
+            status = run_as_main(code, script, args)
+    finally:
+        if stoppable is not None:
+            stoppable.script_over()
+        finalize()
     return status

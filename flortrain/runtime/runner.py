@@ -18,6 +18,8 @@ import types
 from pathlib import Path
 from types import CodeType, TracebackType
 
+from flortrain.distributed import Refused
+from flortrain.errors import FlortrainError
 from flortrain.runtime.spans import SegmentEnd
 
 _PKG = str(Path(__file__).resolve().parent.parent)
@@ -25,6 +27,9 @@ _PKG = str(Path(__file__).resolve().parent.parent)
 #: Set when the script ended on Ctrl-C: the command then dies by SIGINT, as python does, once
 #: the run is finalized (``flortrain.cli.main``).
 interrupted = False
+#: Set when flortrain refused to go on with the script (a distributed run): the command ends the
+#: run as failed and prints it as its one-line error.
+refusal: FlortrainError | None = None
 
 
 def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
@@ -64,7 +69,9 @@ def _script_done() -> None:
 
 
 def run_as_main(code: CodeType, script: str, args: list[str]) -> int:
-    """Execute; return the exit status Python would have exited with."""
+    """Execute; return the exit status Python would have exited with (2 for a refusal)."""
+    global interrupted, refusal
+    refusal = None
     module = types.ModuleType("__main__")
     # the globals CPython (3.11) gives `python SCRIPT`: __file__ and frames absolute, argv[0] as
     # given, the builtins module itself, a source loader, no spec and no cached bytecode
@@ -93,8 +100,10 @@ def run_as_main(code: CodeType, script: str, args: list[str]) -> int:
         return exit_code(e)
     except SegmentEnd:  # a parallel-replay worker past its segment: its part of the run is done
         return 0
+    except Refused as e:
+        refusal = e.error
+        return 2
     except KeyboardInterrupt as e:
-        global interrupted
         interrupted = True
         traceback.print_exception(type(e), e, _user_traceback(e.__traceback__))
         return 130

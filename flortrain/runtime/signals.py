@@ -17,7 +17,8 @@ hook has finished what it started. Blocking the signals (``pthread_sigmask``) wo
 mask is per thread, and a signal delivered to any other thread (torch's OpenMP workers) still
 has its Python handler run in the main thread at the next bytecode.
 
-Python's own SIGINT handler is left in place: the ``KeyboardInterrupt`` it raises is not an
+Python's own SIGINT handler (or a record's :class:`Interrupt`, which raises the same exception)
+is left in place: the ``KeyboardInterrupt`` it raises is not an
 ``Exception``, no guard of flortrain's catches it, and a Ctrl-C must still interrupt a hook
 that waits (for a writer that has not freed the staging buffer).
 
@@ -40,6 +41,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -51,6 +53,28 @@ _raw: Any = importlib.import_module("_signal")
 _getsignal: Callable[[int], Any] = _raw.getsignal
 _setsignal: Callable[[int, Any], Any] = _raw.signal
 _INT = signal.default_int_handler
+
+
+class Interrupt:
+    """A record's SIGINT handler in place of Python's own (:mod:`flortrain.runtime.stopping`):
+    ``KeyboardInterrupt`` as Python raises it, once per Ctrl-C. The launcher forwards a SIGINT
+    that ``kill`` sent it, and a signal sent to the whole process group reaches the training
+    process as well: a second one within :attr:`WINDOW` seconds of the first is that same
+    Ctrl-C, which Python would not have seen twice. Not deferred in hooks, as Python's is not."""
+
+    WINDOW = 1.0
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self.last is not None and now - self.last < self.WINDOW:
+            return
+        self.last = now
+        raise KeyboardInterrupt
 
 
 class Note:
@@ -86,7 +110,7 @@ def defer(owner: int) -> Note | None:
     try:
         for s in _SIGNALS:
             h = _getsignal(s)
-            if not callable(h) or h is _INT:
+            if not callable(h) or h is _INT or type(h) is Interrupt:
                 continue
             if type(h) is Note:  # left by an interrupted put-back: the script's is behind it
                 h = h.saved.get(s)

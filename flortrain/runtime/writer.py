@@ -401,7 +401,10 @@ def serve(
     ``warm`` bytes of the arena the parent warms (``runtime/arena.py``): a page read for the
     first time costs the writer a fault per 4 KB too, and it is idle until the script has built a
     model to checkpoint; it stops as soon as the parent sends something."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it flushes
+    # Ctrl-C, and a SIGTERM sent to the whole process group, are the parent's to handle: it
+    # flushes, and this process ends when the parent says stop or is gone
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with contextlib.suppress(OSError):
         os.nice(NICE)  # the busy thread inherits it; the idle lane's threads leave for SCHED_IDLE
     with contextlib.suppress(OSError):

@@ -51,7 +51,7 @@ CREATE TABLE IF NOT EXISTS runs (
     parent INTEGER REFERENCES runs(id),   -- for a replay: the record it replays
     started REAL NOT NULL,
     finished REAL,
-    status TEXT NOT NULL,             -- running | complete | failed
+    status TEXT NOT NULL,             -- running | complete | failed | interrupted (SIGINT, SIGTERM)
     exit_code INTEGER,
     threads INTEGER,
     pid INTEGER NOT NULL,
