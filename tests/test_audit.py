@@ -319,3 +319,40 @@ def test_iterators_made_by_the_header_from_containers_stay_memoized(tmp_path: Pa
     no name holds them, so nothing outside the loop is advanced and every instance is skipped."""
     rep = replay_matches_plain(tmp_path, LOADER_AND_LISTS, 'print("PROBE", epoch, model.weight.sum().item())', EVERY)
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+def test_a_module_the_registry_does_not_know_is_audited_one_it_knows_is_the_watchs() -> None:
+    """A module built with ``__new__`` and given its attributes by hand passes neither
+    ``__init__`` nor ``__setstate__``, so the alias watch does not have it: the audit images it
+    as a plain object, and a change to its weights is named. A module the registry knows stays
+    the watch's (it would be compared twice, and a change the watch learns is no reason to stop
+    the loop's checkpoints)."""
+    import copy
+
+    import torch
+
+    from flortrain.runtime import audit
+    from flortrain.runtime.registry import Registry
+
+    reg = Registry()
+    reg.install()
+    try:
+        net = torch.nn.Linear(3, 1)
+        twin = torch.nn.Linear.__new__(torch.nn.Linear)
+        twin.__dict__.update(copy.deepcopy(net.__dict__))
+        known = copy.deepcopy(net)
+        assert reg.id_of(twin) is None and reg.id_of(known) is not None
+        roots = {"net": net, "twin": twin, "known": known}
+
+        def watched(o: object) -> bool:
+            return reg.id_of(o) is not None
+
+        before = audit.Image(roots, watched=watched)
+        with torch.no_grad():
+            twin.weight.add_(1.0)
+            known.weight.add_(1.0)
+        after = audit.Image(roots, watched=watched)
+        trained = audit.trained_addresses([m for _, m in reg.root_modules()], [], torch)
+        assert audit.changed(before, after, set(), trained) == ["twin"]
+    finally:
+        reg.uninstall()

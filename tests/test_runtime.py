@@ -470,3 +470,51 @@ def test_the_scripts_objects_are_collected_and_finalized_as_in_a_plain_run(tmp_p
         r = flortrain(tmp_path, *cmd)
         assert r.code == 0 and r.out == "True\n", (cmd, r.out, r.err)
     assert plain(script).out == "False\n"
+
+
+def test_the_registry_knows_copies_and_unpickled_objects() -> None:
+    """deepcopy, ``copy.copy``, pickle and ``torch.load`` make a module, an optimizer or a data
+    loader without ``__init__``: the registry learns each through ``__setstate__``. A norm
+    module's copy is watched once (its running statistics), and the watch's hook is not part
+    of what pickles: ``torch.save(model, f)`` under record wrote a local function and failed."""
+    import copy
+    import io
+    import pickle
+
+    import torch
+
+    from flortrain.runtime import versions
+    from flortrain.runtime.registry import Registry
+
+    reg = Registry()
+    reg.install()
+    try:
+        net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        dataset = torch.utils.data.TensorDataset(torch.zeros(4, 2))
+        loader = torch.utils.data.DataLoader(dataset, batch_size=2)
+        buf = io.BytesIO()
+        torch.save(net, buf)
+        buf.seek(0)
+        copies = [
+            copy.deepcopy(net),
+            copy.copy(net),
+            pickle.loads(pickle.dumps(net)),
+            torch.load(buf, weights_only=False),
+            copy.deepcopy(opt),
+            copy.deepcopy(loader),
+        ]
+        assert all(reg.id_of(c) is not None for c in copies)
+        assert all(reg.id_of(m) is not None for c in copies[:4] for m in c.modules())
+        deep = copies[0]
+        assert list(deep[1]._forward_hooks.values()) == [versions._after_norm_forward]
+        assert versions._after_norm_forward not in net.__getstate__()["_forward_hooks"].values()
+        deep.train()(torch.randn(4, 2))
+        assert versions.untrusted(deep[1].running_mean)
+        reg.paused += 1
+        assert reg.id_of(copy.deepcopy(net)) is None  # a probe's copy takes no id
+        reg.paused -= 1
+    finally:
+        reg.uninstall()
+    assert "__setstate__" not in vars(torch.utils.data.DataLoader)
+    assert torch.nn.Module.__setstate__.__module__ == "torch.nn.modules.module"

@@ -21,12 +21,15 @@ What an image holds: containers by their items (an item that is an object, by id
 object has its own image), plain objects by their attributes, tensors by memory and version
 counter (by content where a kernel writes behind the counter, ``versions``), NumPy arrays by a
 hash of their bytes (up to :data:`ARRAY_LIMIT`), random generators by their state, files and
-iterators over a sequence by their position. Modules, optimizers and data loaders are the alias
-watch's; output channels (a logger, a file open for writing, a SummaryWriter: ``channels``) are
-not state; functions, classes and modules are not entered (the project's own modules' globals are
-roots of their own, :func:`roots`). The walk stops after :data:`BUDGET` objects: what it did not reach
-is not audited. Instances after the audited ones are not audited either: a loop that starts
-changing such state later (at epoch 10) is not caught (``docs/limitations.md``).
+iterators over a sequence by their position. Modules, optimizers and data loaders the registry
+knows are the alias watch's; one it does not (made some way that neither ``__init__`` nor
+``__setstate__`` saw) is imaged as a plain object, so a change to it stops the loop's
+checkpoints instead of going unseen. Output channels (a logger, a file open for writing, a
+SummaryWriter: ``channels``) are not state. Functions, classes and modules are not entered (the
+project's own modules' globals are roots of their own, :func:`roots`). The walk stops after
+:data:`BUDGET` objects: what it did not reach is not audited. Instances after the audited ones
+are not audited either: a loop that starts changing such state later (at epoch 10) is not
+caught (``docs/limitations.md``).
 
 A generator cannot be imaged (its position is in its frame), so an iterator the loop's own
 header advances is looked for by name at each instance's entry instead
@@ -131,7 +134,12 @@ class Image:
     name each was first reached through. The objects are held until the audit ends, so that an
     identity cannot pass to a new object meanwhile."""
 
-    def __init__(self, named: dict[str, Any], leaves: bool = True) -> None:
+    def __init__(
+        self,
+        named: dict[str, Any],
+        leaves: bool = True,
+        watched: Callable[[Any], bool] | None = None,
+    ) -> None:
         self.shapes: dict[int, Any] = {}
         self.via: dict[int, str] = {}
         self.held: dict[int, Any] = {}
@@ -142,7 +150,7 @@ class Image:
             if oid in self.shapes or _leaf_atom(obj):
                 continue
             try:
-                shape, children = _shape(obj, leaves)
+                shape, children = _shape(obj, leaves, watched)
             except Exception:  # an object that will not say (a sparse tensor, a closed handle)
                 shape, children = ("X",), []
             self.shapes[oid] = shape
@@ -246,10 +254,14 @@ def _token(x: Any) -> Any:
     return ("@", id(x))
 
 
-def _shape(obj: Any, leaves: bool = True) -> tuple[Any, list[Any]]:
+def _shape(
+    obj: Any, leaves: bool = True, watched: Callable[[Any], bool] | None = None
+) -> tuple[Any, list[Any]]:
     """An object's shallow image, and the objects it refers to (walked in turn). ``leaves``:
     whether to image objects that refer to nothing walked (tensors, arrays, generators, files);
-    without, only what refers onwards is read, for :func:`reachable`."""
+    without, only what refers onwards is read, for :func:`reachable`. ``watched``: whether the
+    alias watch has a module, optimizer or data loader (the registry knows it); one it does not
+    is imaged as a plain object, by its attributes (None: all are the watch's)."""
     if isinstance(obj, dict):
         items = list(obj.items())
         return ("D", type(obj), tuple((_token(k), _token(v)) for k, v in items)), [v for _, v in items]
@@ -263,7 +275,11 @@ def _shape(obj: Any, leaves: bool = True) -> tuple[Any, list[Any]]:
     if isinstance(obj, _NOT_ENTERED):
         return ("X",), []
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.nn.Module | torch.optim.Optimizer | torch.utils.data.DataLoader):
+    if (
+        torch is not None
+        and isinstance(obj, torch.nn.Module | torch.optim.Optimizer | torch.utils.data.DataLoader)
+        and (watched is None or watched(obj))
+    ):
         return ("X",), []  # the alias watch's
     leaf = _leaf(obj, torch)
     if leaf is not None:
@@ -280,7 +296,7 @@ def _leaf(obj: Any, torch: Any) -> Callable[[Any], Any] | None:
     """How to image an object that refers to nothing the walk enters; None for any other."""
     if torch is not None:
         if isinstance(obj, torch.Tensor):
-            return lambda t: _tensor(t, torch)
+            return lambda t: tensor_image(t, torch)
         if isinstance(obj, torch.Generator):
             return lambda g: ("G", bytes(g.get_state().numpy().tobytes()))
     if type(obj).__module__.split(".", 1)[0] == "numpy":
@@ -324,7 +340,9 @@ def _slots(cls: type) -> Iterator[str]:
     yield from ((s,) if isinstance(s, str) else s)
 
 
-def _tensor(t: Any, torch: Any) -> Any:
+def tensor_image(t: Any, torch: Any) -> Any:
+    """A tensor by memory and version counter, or by a digest of its bytes where the counter
+    cannot be trusted (``versions``) or there is none (an inference tensor)."""
     try:
         version = t._version
     except RuntimeError:  # an inference tensor

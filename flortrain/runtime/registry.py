@@ -2,8 +2,8 @@
 
 The changeset rules see names; training state is also reachable through aliases they cannot
 see (``for p in params: p.data.add_(..)`` with ``params`` built elsewhere, an optimizer held by a
-callback). The registry numbers every ``nn.Module`` and ``Optimizer`` in creation order (stable
-across record and replay of a deterministic script) so that:
+callback). The registry numbers every ``nn.Module``, ``Optimizer`` and ``DataLoader`` in creation
+order (stable across record and replay of a deterministic script) so that:
 
 - an optimizer in a changeset brings the modules whose parameters it updates (Flor's library
   augmentation), and a scheduler brings its optimizer;
@@ -13,6 +13,13 @@ across record and replay of a deterministic script) so that:
 - a data loader iterated during a block brings the random generators its iteration advances
   (``DataLoader(.., generator=g)``, a sampler's or a dataset's own generator), which no rule can
   see: ``for x, y in loader`` reads ``loader`` as far as the source says.
+
+It learns an object where it is made: in ``__init__``, and in ``__setstate__`` for one made
+without it (``copy.deepcopy``, ``copy.copy``, ``pickle``, ``torch.load`` of a whole module). An
+EMA made by ``copy.deepcopy(model)``, or a fold's copy of a template model, is as watched as the
+model itself. Only copying and unpickling pay for it, never a training step. A module built by
+``__new__`` with its attributes set by hand passes neither; the side-effect audit images such
+a module as a plain object (``audit``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,18 @@ from flortrain.runtime import versions
 
 class _Dead:
     """Stands for an object that exists on record only (its weak reference is dead at once)."""
+
+
+def _default_setstate(obj: Any, state: Any) -> None:
+    """What unpickling and ``copy`` do with the state of an object whose class has no
+    ``__setstate__``: a dict of attributes, or one and a dict of slots."""
+    slots = None
+    if isinstance(state, tuple) and len(state) == 2:
+        state, slots = state
+    if state:
+        obj.__dict__.update(state)
+    for k, v in (slots or {}).items():
+        setattr(obj, k, v)
 
 
 class Registry:
@@ -50,8 +69,9 @@ class Registry:
         self.iterated.clear()
 
     def install(self) -> None:
-        """Patch ``Module``, ``Optimizer`` and ``DataLoader`` construction, hook optimizer steps
-        and loader iteration."""
+        """Patch ``Module``, ``Optimizer`` and ``DataLoader`` construction (``__init__``, and
+        ``__setstate__`` for copies and unpickled objects), hook optimizer steps and loader
+        iteration."""
         import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -68,6 +88,27 @@ class Registry:
 
             cls.__init__ = __init__
             self._undo.append(lambda: setattr(cls, "__init__", original))
+            made_without_init(cls, also)
+
+        def made_without_init(cls: Any, also: Callable[[Any], None] | None) -> None:
+            # copy.deepcopy, copy.copy, pickle and torch.load build the object with __new__ and
+            # give it its state through __setstate__ (the default one where the class has none)
+            original = cls.__dict__.get("__setstate__")
+
+            def __setstate__(self: Any, state: Any) -> None:
+                if original is not None:
+                    original(self, state)
+                else:
+                    _default_setstate(self, state)
+                reg.add(self)
+                if also is not None:
+                    also(self)
+
+            cls.__setstate__ = __setstate__
+            if original is None:
+                self._undo.append(lambda: delattr(cls, "__setstate__"))
+            else:
+                self._undo.append(lambda: setattr(cls, "__setstate__", original))
 
         def module_made(m: Any) -> None:
             if versions.has_running_stats(m, torch):  # its kernel writes behind the counters
@@ -76,6 +117,14 @@ class Registry:
         wrap(torch.nn.Module, module_made)
         wrap(torch.optim.Optimizer)
         wrap(torch.utils.data.DataLoader)
+
+        module_getstate: Callable[[Any], Any] = torch.nn.Module.__getstate__
+
+        def __getstate__(self: Any) -> Any:
+            return versions.without_watch(module_getstate(self))
+
+        torch.nn.Module.__getstate__ = __getstate__  # type: ignore[method-assign]
+        self._undo.append(lambda: setattr(torch.nn.Module, "__getstate__", module_getstate))
 
         loader_iter = torch.utils.data.DataLoader.__iter__
 

@@ -244,11 +244,16 @@ class Session:
             if before is not None:
                 self._main_audit = (main_id, before, frame)
 
+    def _watched(self, obj: Any) -> bool:
+        """Whether the alias watch has this module, optimizer or data loader (the audit images
+        one the registry does not know)."""
+        return self.registry.id_of(obj) is not None
+
     def audit_image(self, loop_id: str, frame: FrameType) -> audit.Image | None:
         """The side-effect audit's before-image of what a loop's frame can reach (``audit``);
         None, with a warning, where taking it fails: the loop then goes unaudited."""
         try:
-            return audit.Image(audit.roots(frame, self.project))
+            return audit.Image(audit.roots(frame, self.project), watched=self._watched)
         except Exception as e:
             self.warn_once(f"{loop_id}.audit", f"loop {loop_id}: side-effect audit unavailable: {e}")
             return None
@@ -262,7 +267,7 @@ class Session:
         torch = sys.modules.get("torch")
         state = {**resolve(objects), **resolve(names)}
         try:
-            after = audit.Image(audit.roots(frame, self.project))
+            after = audit.Image(audit.roots(frame, self.project), watched=self._watched)
             optimizers = [o for _, o in self.registry.optimizers()]
             # an optimizer's groups are the alias watch's, however the script reaches them
             # (nanoGPT's `for param_group in optimizer.param_groups` leaves a name on the last)

@@ -648,23 +648,19 @@ class SkipBlock(Checkpointable):
                 s.learn(self.id, i, type(obj).__name__)
 
 
-class _Changing:
-    """A token equal to nothing: a tensor whose version counter cannot be trusted."""
-
-    def __eq__(self, other: object) -> bool:
-        return False
-
-    __hash__ = object.__hash__
-
-
 def _light_token(m: Any) -> Any:
-    """A module's parameters and buffers by memory and version counter, and its train flag."""
+    """A module's parameters and buffers by memory and version counter, and its train flag. A
+    tensor whose counter cannot be trusted (batch norm's running statistics, an inference
+    tensor) is taken by a digest of its bytes: a token equal to nothing made every live norm
+    module that had trained once look changed at every instance, so a previous fold's model,
+    still alive on record only, was learned and its checkpoints refused on replay."""
+    torch = sys.modules["torch"]
     out: list[Any] = [m.training]
     for t in (*m.parameters(), *m.buffers()):
         try:
-            out.append(_Changing() if versions.untrusted(t) else (t.data_ptr(), t._version))
+            out.append(audit.tensor_image(t, torch) if versions.untrusted(t) else (t.data_ptr(), t._version))
         except RuntimeError:  # an inference tensor: no counter
-            out.append(_Changing())
+            out.append(audit.tensor_image(t, torch))
     return out
 
 

@@ -73,16 +73,30 @@ def has_running_stats(module: Any, torch: Any) -> bool:
     return norm is not None and isinstance(module, norm)
 
 
+def _after_norm_forward(m: Any, args: Any, output: Any) -> None:
+    if m.training:
+        for b in (m.running_mean, m.running_var):
+            if b is not None and b.data_ptr() not in _unversioned:
+                note([b])
+
+
 def watch_running_stats(module: Any, torch: Any) -> None:
     """Note ``running_mean`` and ``running_var`` after each training-mode forward of
     ``module``: a forward hook, about a microsecond per call, on norm modules only. It is
     registered when the module is constructed, before its statistics exist, and looks for them
-    at each call (``track_running_stats=False`` leaves them None)."""
+    at each call (``track_running_stats=False`` leaves them None). A copy whose class pickles
+    its own way may arrive with the hook in its state: it is not registered twice."""
+    if _after_norm_forward not in module._forward_hooks.values():
+        module.register_forward_hook(_after_norm_forward)
 
-    def after_forward(m: Any, args: Any, output: Any) -> None:
-        if m.training:
-            for b in (m.running_mean, m.running_var):
-                if isinstance(b, torch.Tensor) and b.data_ptr() not in _unversioned:
-                    note([b])
 
-    module.register_forward_hook(after_forward)
+def without_watch(state: dict[str, Any]) -> dict[str, Any]:
+    """A module's pickled state (``__getstate__``) without the running-statistics hook: the
+    hook is flortrain's, not the module's. ``torch.save(model, ..)`` must write a file that loads
+    without flortrain (a local hook cannot be pickled at all), and a copy is watched anew when
+    the registry learns it."""
+    hooks = state.get("_forward_hooks")
+    if hooks and _after_norm_forward in hooks.values():
+        kept = type(hooks)((k, h) for k, h in hooks.items() if h is not _after_norm_forward)
+        state = {**state, "_forward_hooks": kept}
+    return state
