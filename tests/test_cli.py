@@ -323,8 +323,12 @@ def test_bad_knobs_fail_before_running(work: Path, monkeypatch: pytest.MonkeyPat
     assert runs_json() == []
 
 
-def test_parallel_replay_with_nothing_to_divide_runs_serially(work: Path) -> None:
+def test_parallel_replay_with_nothing_to_divide_runs_serially(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert invoke("record", "train.py").exit_code == 0
+    rep = invoke("replay", "train.py", "--jobs", "2")  # too small a loop to pay for workers
+    assert rep.exit_code == 0, rep.stderr
+    assert "replaying serially: dividing main loop" in rep.stderr and "cannot pay" in rep.stderr
+    monkeypatch.setenv("FLORTRAIN_SEGMENTS", "even")  # divide whatever the costs: the planner decides
     rep = invoke("replay", "train.py", "--jobs", "2")  # no probe: nothing worth dividing
     assert rep.exit_code == 0, rep.stderr
     assert "replaying serially: no probes" in rep.stderr
