@@ -1154,6 +1154,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
             v = r["probes"][kind][tag]
             if v["verdict"] != "exact":
                 bad.append((x, rt, v["verdict"]))
+            elif v.get("diff", {}).get("code", 0) != 0:
+                bad.append((x, rt, "false-alarm"))
         ax.bar(
             xs,
             ys,
@@ -1162,13 +1164,10 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
             color=colors[f"{kind}-{tag}"],
         )
         for x, y, verdict in bad:
-            ax.plot(
-                [x],
-                [y + 0.05],
-                marker="x" if verdict == "wrong" else "o",
-                color="red" if verdict == "wrong" else "black",
-                ms=8,
+            marker, color = {"wrong": ("x", "red"), "false-alarm": ("^", "darkorange")}.get(
+                verdict, ("o", "black")
             )
+            ax.plot([x], [y + 0.05], marker=marker, color=color, ms=8)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.set_xticks(range(len(ran)))
     ax.set_xticklabels(
@@ -1179,7 +1178,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     )
     ax.set_ylabel("replay wall time / python S' wall time")
     ax.set_title(
-        "corpus: replay against a plain run of the probed script (x red: wrong answer; o: refused or traceback)"
+        "replay / plain run of the probed script (x: wrong answer; o: refused or traceback; ^: diff exits 1 on a right answer)"
     )
     ax.legend(fontsize=8)
     fig.tight_layout()
