@@ -11,6 +11,7 @@ from typing import Any
 from flortrain import knobs, launcher
 from flortrain.errors import FlortrainError, Located
 from flortrain.launcher import Summary
+from flortrain.runtime.files import Watch, skip_roots, watching
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
 from flortrain.runtime.launch import (
     execute,
@@ -164,7 +165,9 @@ def record(
     t0 = time.perf_counter()
     hook = _module_recorder(script, store, run_id, meta, session, done.modules)
     session.project = hook.files  # the side-effect audit walks the project modules' globals too
-    status = execute(session, code, script, args, torch_script, hook)
+    session.files = Watch(skip_roots(store.root))
+    with watching(session.files):
+        status = execute(session, code, script, args, torch_script, hook)
     elapsed = time.perf_counter() - t0
     store.finish_run(run_id, "complete" if status == 0 else "failed", status)
     c = session.counts

@@ -14,6 +14,7 @@ from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
 from flortrain.replay.backends import LocalBackend
 from flortrain.replay.diff import diff_runs
+from flortrain.replay.inputs import check_inputs
 from flortrain.replay.replayplan import ReplayPlan
 from flortrain.runtime import allocator
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
@@ -210,7 +211,7 @@ def static_replay(
 
 def prepare(
     script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
-    trust: bool = False, overlap: bool = False,
+    trust: bool = False, overlap: bool = False, allow_changed_inputs: bool = False,
 ) -> Prepared:
     """Find the record, read the probes, plan the replay and print the plan. With ``overlap``
     (this process runs the replay next, so it will import torch), the static pass runs in a
@@ -218,6 +219,7 @@ def prepare(
     knobs.validate()
     store = open_store(store_dir, create=False, trust=trust)  # a typo in --store must not create one
     record = find_record(store, script, run_id)
+    check_inputs(store, record, allow_changed_inputs)
     if record.effective_status != "complete":
         print(f"flortrain: record run {record.id} is {record.effective_status}; {_stopped(store, record)}", file=sys.stderr)
     recorded_text = store.source(record.source_sha)
@@ -311,11 +313,12 @@ def _warm_workers(script: str, jobs: int, backend: str) -> LocalBackend | None:
 def replay(
     script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
     jobs: int = 1, backend: str = "local", blobs: str | None = None, trust: bool = False,
+    allow_changed_inputs: bool = False,
 ) -> int:
     warm = _warm_workers(script, jobs, backend)
     try:
         # a replay that runs here imports torch next: its static pass can overlap that
-        p = prepare(script, run_id, cli_probes, new_args, store_dir, trust, overlap=jobs == 1)
+        p = prepare(script, run_id, cli_probes, new_args, store_dir, trust, jobs == 1, allow_changed_inputs)
         set_aside_static_objects()
         if jobs == 1 and backend != "local":
             print("flortrain: --jobs 1: replaying serially, in this process", file=sys.stderr)

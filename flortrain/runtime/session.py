@@ -24,6 +24,7 @@ from flortrain.runtime import materializer as _materializer
 from flortrain.runtime.adaptive import AdaptivePeriod
 from flortrain.runtime.blobformat import object_refs, tensor_bytes, tensor_name
 from flortrain.runtime.capture import Tee
+from flortrain.runtime.files import Watch
 from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
 from flortrain.runtime.registry import Registry
 from flortrain.runtime.skipblock import Getters, SkipBlock, State, bound, resolve
@@ -103,6 +104,8 @@ class Session:
     _pid: int = field(default_factory=os.getpid)  # the training process's (``signals.defer``)
     #: the writer's pid and the keys it still held when the script ended, handed to the launcher
     handed: tuple[int, list[str]] | None = None
+    #: record: the files the script reads and writes (``runtime/files.py``)
+    files: Watch | None = None
 
     def __post_init__(self) -> None:
         if self.replay is not None and self.replay.spans is not None:
@@ -297,6 +300,8 @@ class Session:
         self.store.put_iterations(self.run_id, self._iterations)
         self._blocks, self._iterations = [], []
         if isinstance(self.store, Store):
+            if self.files is not None and self.files.dirty:
+                self.store.put_files(self.run_id, self.files.rows())
             self.store.write_held()  # the checkpoints' rows and claims (`Store.hold_claims`)
 
     def _resume_jump(self, main_id: str, i: int, objects: Getters, names: Getters) -> Boundary | None:

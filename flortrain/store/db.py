@@ -36,8 +36,9 @@ from flortrain.store.trust import (
 #: Bumped whenever a table changes, or what its rows name does. ``CREATE TABLE IF NOT EXISTS``
 #: never migrates, so a store written by another version must be refused when it is opened, not
 #: fail in the middle of a run. 8: tensor objects and the part digests are named by XXH3-128
-#: instead of sha256 (``store/content.py``).
-SCHEMA_VERSION = 8
+#: instead of sha256 (``store/content.py``). 9: the ``files`` a record's script read and wrote
+#: (a store of 8 gains the table when it is opened: :data:`MIGRATIONS`).
+SCHEMA_VERSION = 9
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (sha TEXT PRIMARY KEY, text TEXT NOT NULL);
@@ -106,6 +107,16 @@ CREATE TABLE IF NOT EXISTS jumps (    -- replay: main-loop iterations skipped as
     resumed INTEGER NOT NULL,         -- the iteration whose boundary checkpoint was restored
     PRIMARY KEY (run_id, main_id, main_inst, first)
 );
+CREATE TABLE IF NOT EXISTS files (   -- record: a file its script opened, as it first found it
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    path TEXT NOT NULL,               -- absolute, symbolic links resolved
+    first TEXT NOT NULL,              -- read | write: what the script did to it first
+    size INTEGER,                     -- NULL: it did not exist
+    fingerprint TEXT,                 -- runtime/files.py: fingerprint()
+    written INTEGER NOT NULL,         -- the script wrote, renamed or removed it
+    reread INTEGER NOT NULL,          -- the script read it after writing it
+    PRIMARY KEY (run_id, path)
+);
 CREATE TABLE IF NOT EXISTS logs (
     run_id INTEGER NOT NULL REFERENCES runs(id),
     seq INTEGER NOT NULL,
@@ -119,6 +130,13 @@ CREATE TABLE IF NOT EXISTS logs (
     PRIMARY KEY (run_id, seq)
 );
 """
+
+
+#: Additive changes a store of an older version takes when it is opened: version -> the statements
+#: that bring it to the next one. Runs recorded before a migration simply have no rows there.
+MIGRATIONS: dict[int, str] = {
+    8: SCHEMA[SCHEMA.index("CREATE TABLE IF NOT EXISTS files"):SCHEMA.index("CREATE TABLE IF NOT EXISTS logs")],
+}
 
 
 def store_path(explicit: str | None = None) -> Path:
@@ -296,6 +314,9 @@ class Store:
         another version is refused."""
         (version,) = self.db.execute("PRAGMA user_version").fetchone()
         (tables,) = self.db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()
+        if tables and version in MIGRATIONS:
+            self._migrate()
+            return True
         if tables and version != SCHEMA_VERSION:
             raise FlortrainError(
                 f"store was written by another version of flortrain (schema {version}, this one"
@@ -304,6 +325,23 @@ class Store:
                 "FT014",
             )
         return bool(tables)
+
+    def _migrate(self) -> None:
+        """Bring an older store to this schema, in one write transaction (two processes opening
+        it at once: the second finds it migrated)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            (version,) = self.db.execute("PRAGMA user_version").fetchone()
+            while version in MIGRATIONS:
+                for statement in MIGRATIONS[version].split(";"):
+                    if statement.strip():
+                        self.db.execute(statement)
+                version += 1
+            self.db.execute(f"PRAGMA user_version={version}")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
 
     def fail(self, why: str) -> None:
         """Stop writing, and say so once: what was committed stays, nothing later is claimed."""
@@ -531,6 +569,28 @@ class Store:
     def read_ahead(self, order: list[Checkpoint], refs: Callable[[bytes], list[str]]) -> None:
         """Read ``order``'s checkpoints ahead of a replay (:class:`~flortrain.store.blobs.ReadAhead`)."""
         self.reader.read_ahead(order, refs)
+
+    # -- files ---------------------------------------------------------------------------------
+    @_writer
+    def put_files(self, run_id: int, rows: Iterable[tuple[str, str, int | None, str | None, bool, bool]]) -> None:
+        """A record's files as its script first found them (``runtime/files.py``). A resumed
+        record sees them again: what the killed part found first is kept."""
+        self._transaction([(
+            "INSERT INTO files VALUES (?,?,?,?,?,?,?) ON CONFLICT (run_id, path) DO UPDATE SET"
+            " written = max(written, excluded.written), reread = max(reread, excluded.reread)",
+            [(run_id, *r) for r in rows],
+        )])
+
+    def files(self, run_id: int) -> list[tuple[str, str, int | None, str | None, bool, bool]]:
+        """(path, first, size, fingerprint, written, reread) of each file the record's script
+        opened, in the order it first did."""
+        return [
+            (p, f, n, d, bool(w), bool(r))
+            for p, f, n, d, w, r in self.db.execute(
+                "SELECT path, first, size, fingerprint, written, reread FROM files WHERE run_id=? ORDER BY rowid",
+                (run_id,),
+            )
+        ]
 
     # -- iterations ------------------------------------------------------------------------------
     @_writer
