@@ -165,7 +165,7 @@ def record(
     t0 = time.perf_counter()
     hook = _module_recorder(script, store, run_id, meta, session, done.modules)
     session.project = hook.files  # the side-effect audit walks the project modules' globals too
-    session.files = Watch(skip_roots(store.root))
+    session.files = Watch(skip_roots(store.root), store.blobs)
     with watching(session.files):
         status = execute(session, code, script, args, torch_script, hook)
     elapsed = time.perf_counter() - t0

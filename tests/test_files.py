@@ -133,11 +133,58 @@ def test_a_best_checkpoint_saved_in_jumped_iterations_is_there_after_the_loop(
     assert flortrain(tmp_path, "diff").code == 0
 
 
-# -- outputs: a script that resumes from its own last checkpoint -----------------------------------
-RESUMING = """\
+# -- outputs: a log the memoized loop appends to, read back after the loop ------------------------
+LOGGED = """\
 import os
 import torch
 
+if os.path.exists("log.csv"):
+    os.remove("log.csv")
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(64, 4)
+y = torch.randint(0, 2, (64,))
+for epoch in range(4):
+    for step in range(8):
+        xb, yb = x[step * 8:(step + 1) * 8], y[step * 8:(step + 1) * 8]
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        with open("log.csv", "a") as f:
+            f.write(f"{epoch},{step},{loss.item():.6f}\\n")
+    #PROBE
+rows = open("log.csv").read().splitlines()
+print(len(rows), rows[-1], sum(float(r.split(",")[2]) for r in rows))
+"""
+
+
+def test_a_log_a_skipped_instance_appended_to_is_as_the_record_left_it(tmp_path: Path) -> None:
+    """The skipped inner loop's lines reach the file: restoring an instance puts back the
+    files it wrote, as it left them."""
+    script = tmp_path / "train.py"
+    script.write_text(LOGGED)
+    truth = plain(script)
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert rec.code == 0 and rec.out == truth.out, rec.err
+    script.write_text(
+        LOGGED.replace("#PROBE", 'print("PROBE", epoch, len(open("log.csv").readlines()))')
+    )
+    want = plain(script)
+    rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
+    assert rep.code == 0 and rep.out == want.out, rep.err
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+# -- outputs: a script that resumes from its own last checkpoint -----------------------------------
+RESUMING = """\
+import os
+import time
+import torch
+
+with open(f"events-{time.time_ns()}.log", "w") as events:  # a TensorBoard-like log, named by the run
+    events.write("start\\n")
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -158,7 +205,8 @@ for epoch in range(start, 5):
         opt.step()
     #PROBE
     print(f"epoch {epoch} {loss.item():.6f}")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch}, "last.pt")
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch}, "last.pt.tmp")
+    os.replace("last.pt.tmp", "last.pt")
 print("done", round(model.weight.sum().item(), 6))
 """
 
@@ -181,9 +229,13 @@ def test_a_script_that_resumes_from_its_own_checkpoint_replays_from_where_its_re
     last.unlink()
     want = plain(script, cached=False)
     shutil.copy(kept, last)
+    logs = set(tmp_path.glob("events-*.log"))
     rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
     assert rep.code == 0, rep.err
     assert rep.out == want.out, rep.err
+    # set aside for the replay, the record's own log is back where it was; its last.pt too
+    assert logs < set(tmp_path.glob("events-*.log")), rep.err
+    assert "set aside" in rep.err and "kept in" not in rep.err, rep.err
     assert "5 block instances skipped, 0 executed" in rep.err, rep.err
     assert flortrain(tmp_path, "diff").code == 0
 
@@ -205,3 +257,37 @@ def test_a_store_of_the_previous_schema_gains_the_files_table_when_opened(tmp_pa
     assert store.files(1) == []
     assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     store.close()
+
+
+OUTSIDE = """\
+import sys
+
+out = sys.argv[1]
+total = 0
+for epoch in range(3):
+    for step in range(4):
+        total += step
+    with open(out, "w") as f:
+        f.write(str(total))
+    #PROBE
+print(open(out).read())
+"""
+
+
+def test_a_file_written_outside_the_working_directory_and_read_back_is_refused_by_name(
+    tmp_path: Path,
+) -> None:
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    script = work / "train.py"
+    script.write_text(OUTSIDE)
+    rec = flortrain(work, "record", "train.py", str(elsewhere / "out.txt"))
+    assert rec.code == 0 and rec.out == "18\n", rec.err
+    script.write_text(OUTSIDE.replace("#PROBE", 'print("PROBE", epoch, total)'))
+    rep = flortrain(work, "replay", "train.py")
+    assert rep.code == 2, rep.err
+    (line,) = rep.err.strip().splitlines()
+    assert (
+        line.startswith("../elsewhere/out.txt: FT034 ") and "outside the working directory" in line
+    ), line

@@ -23,7 +23,7 @@ def _size(n: int | None) -> str:
 def changed_inputs(store: Store, record: Run) -> list[tuple[str, str]]:
     """(path, how) of each file the record's script read before writing it that differs now."""
     out: list[tuple[str, str]] = []
-    for path, first, size, digest, written, _ in store.files(record.id):
+    for path, first, size, digest, _, written, _ in store.files(record.id):
         if first != "read" or written:
             continue  # a file the script wrote is its output, put back by the replay (files.py)
         now = fingerprint(path)

@@ -102,6 +102,9 @@ def plan_segments(p: Prepared, jobs: int) -> tuple[SegmentPlan | None, str]:
         return None, "no probes: the replay only re-runs what has no checkpoint"
     if not p.compares:
         return None, "new script arguments: the record's iterations are not this run's to divide"
+    if p.files is not None and p.files.written:
+        shown = ", ".join(p.files.shown(f) for f in p.files.written[:3])
+        return None, f"the script writes files ({shown}): workers in one directory would overwrite each other's"
     loops = []
     for loop in loop_costs(p):
         if p.rplan.spans.get(loop.main_id) == []:

@@ -14,6 +14,7 @@ from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
 from flortrain.replay.backends import LocalBackend
 from flortrain.replay.diff import diff_runs
+from flortrain.replay.files import Prologue, begin_files, end_files, plan_files
 from flortrain.replay.inputs import check_inputs
 from flortrain.replay.replayplan import ReplayPlan
 from flortrain.runtime import allocator
@@ -148,6 +149,8 @@ class Prepared:
     #: the plan's estimates and parallel segments price restores with the c a record's period
     #: judged them by (``AdaptivePeriod.futile``, Eq. 4)
     restore_ratio: float = knobs.DEFAULT_RESTORE_RATIO
+    #: the files the record wrote, as the replay's start and its restores put them back
+    files: Prologue | None = None
 
 
 def _stopped(store: Store, record: Run) -> str:
@@ -220,6 +223,7 @@ def prepare(
     store = open_store(store_dir, create=False, trust=trust)  # a typo in --store must not create one
     record = find_record(store, script, run_id)
     check_inputs(store, record, allow_changed_inputs)
+    files = plan_files(store, record)
     if record.effective_status != "complete":
         print(f"flortrain: record run {record.id} is {record.effective_status}; {_stopped(store, record)}", file=sys.stderr)
     recorded_text = store.source(record.source_sha)
@@ -258,7 +262,7 @@ def prepare(
         store, record, script, record.argv if new_args is None else new_args, s.current_text, disk_text,
         s.code_text, modules, s.rplan, checkpoints, torch_script,
         [code for _, code in s.probes], new_args is None, blocks, _boundaries(blocks, checkpoints), s.modules,
-        restore_ratio,
+        restore_ratio, files,
     )
 
 
@@ -334,11 +338,19 @@ def replay(
     allocator.steady()
     pin_threads(p.record.threads)
     run = begin(p)
+    if p.files is not None:
+        begin_files(p.files, p.store, run)
     p.store.guarded = True
-    source = ReplaySource(p.record.id, frozenset(p.rplan.execute), p.checkpoints, span_replay(p))
+    source = ReplaySource(
+        p.record.id, frozenset(p.rplan.execute), p.checkpoints, span_replay(p), p.files.states if p.files else {}
+    )
     session = Session("replay", p.store, run, replay=source)
     code = compile_for(os.path.abspath(script), p.code_text, p.disk_text)
     t0 = time.perf_counter()
     hook = ProjectHook(ProjectFiles(project_roots(script), script), recorded=p.modules, prepared=p.module_passes)
-    status = execute(session, code, script, p.args, p.uses_torch, hook)
+    try:
+        status = execute(session, code, script, p.args, p.uses_torch, hook)
+    finally:
+        if p.files is not None:
+            end_files(p.files)
     return conclude(p, run, status, time.perf_counter() - t0, session.counts)
