@@ -131,6 +131,14 @@ def test_a_best_checkpoint_saved_in_jumped_iterations_is_there_after_the_loop(
     assert rep.out == want.out, rep.err
     assert "main-loop iterations jumped over" in rep.err, rep.err
     assert flortrain(tmp_path, "diff").code == 0
+    # divided, one worker's save would reach another's load: such a replay stays serial
+    par = flortrain(
+        tmp_path, "replay", "train.py", "--jobs", "2", env={**EVERY, "FLORTRAIN_SEGMENTS": "even"}
+    )
+    assert par.code == 0 and par.out == want.out, par.err
+    assert "replaying serially: the script reads back files it writes (ckpt/best.pt)" in par.err, (
+        par.err
+    )
 
 
 # -- outputs: a log the memoized loop appends to, read back after the loop ------------------------

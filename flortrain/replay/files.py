@@ -39,6 +39,8 @@ class Prologue:
     )  # (path, object): overwritten by it
     states: dict[str, list[FileState]] = field(default_factory=dict)  # per checkpoint key
     written: list[str] = field(default_factory=list)  # every file the record wrote there
+    #: the files it wrote that its script also read (a parallel replay's workers would race on them)
+    read_back: list[str] = field(default_factory=list)
     aside_dir: Path | None = None
     moved: list[str] = field(default_factory=list)  # set aside by begin_files
 
@@ -76,6 +78,8 @@ def plan_files(store: Store, record: Run) -> Prologue:
                 )
             continue
         p.written.append(path)
+        if reads:
+            p.read_back.append(path)
         if reads and path in unkept:
             raise _refuse(
                 path,

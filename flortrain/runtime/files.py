@@ -60,10 +60,10 @@ def fingerprint(path: str) -> tuple[int, str] | None:
     the modification time and the first and last MB, so a large file touched since is seen as
     changed even when those blocks are not."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None  # a directory, a FIFO (opening one would block), a device
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                return None
             h = xxhash.xxh3_128()
             if st.st_size <= HASH_WHOLE_BYTES:
                 while chunk := f.read(_BLOCK):
@@ -74,7 +74,7 @@ def fingerprint(path: str) -> tuple[int, str] | None:
             f.seek(st.st_size - _BLOCK)
             h.update(f.read(_BLOCK))
             return st.st_size, "s:" + h.hexdigest()
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+    except OSError:  # absent, or unreadable: not the file the record read
         return None
 
 
