@@ -127,11 +127,14 @@ def record(ctx: click.Context, script: str, args: tuple[str, ...], epsilon: floa
 @click.option("--blobs", default=None, metavar="URL",
               help="Where workers read checkpoint blobs: a directory or an fsspec URL holding a copy of "
               "the store's blobs/ (default: the store's own).")
+@click.option("--allow-changed-inputs", is_flag=True,
+              help="Replay even though files the record read have changed since (refused by default, "
+              "FT033: the record's state would be restored under other inputs).")
 @click.pass_context
 @_one_line_errors
 def replay(
     ctx: click.Context, script: str, args: tuple[str, ...], probes: tuple[str, ...], run_id: int | None,
-    jobs: int, backend: str, blobs: str | None,
+    jobs: int, backend: str, blobs: str | None, allow_changed_inputs: bool,
 ) -> None:
     """Replay SCRIPT (with added probes) against its record. New script arguments go after `--`."""
     from flortrain.distributed import check_environment
@@ -141,7 +144,7 @@ def replay(
 
     sys.exit(do_replay(
         script, run_id, list(probes), list(args) if args else None, ctx.obj["store"], jobs, backend, blobs,
-        ctx.obj["trust"],
+        ctx.obj["trust"], allow_changed_inputs,
     ))
 
 

@@ -13,6 +13,7 @@ from flortrain import knobs, launcher
 from flortrain.errors import FlortrainError, Located
 from flortrain.launcher import Summary
 from flortrain.runtime import runner, stopping
+from flortrain.runtime.files import Watch, skip_roots, watching
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
 from flortrain.runtime.launch import (
     execute,
@@ -177,12 +178,14 @@ def record(
     t0 = time.perf_counter()
     hook = _module_recorder(script, store, run_id, meta, session, done.modules)
     session.project = hook.files  # the side-effect audit walks the project modules' globals too
+    session.files = Watch(skip_roots(store.root), store.blobs)
 
     def stopped(signum: int) -> None:  # a SIGTERM ended the script where it stood
         _finish(script, store, session, run_id, 128 + signum, time.perf_counter() - t0, signum)
 
     try:
-        status = execute(session, code, script, args, torch_script, hook, stopped)
+        with watching(session.files):
+            status = execute(session, code, script, args, torch_script, hook, stopped)
         stopped_by = signal.SIGINT if runner.interrupted else None
         return _finish(script, store, session, run_id, status, time.perf_counter() - t0, stopped_by)
     finally:

@@ -87,6 +87,7 @@ def _setup(tmp_path: Path, text: str, probe: str, env: dict[str, str]) -> tuple[
     script = tmp_path / "train.py"
     script.write_text(text.replace("#PROBE", "#"))
     truth = plain(script)
+    (tmp_path / "after.log").unlink(missing_ok=True)  # the record starts without the plain run's
     rec = flortrain(tmp_path, "record", "train.py", env=env)
     assert rec.code == truth.code and rec.out == truth.out, rec.err
     script.write_text(text.replace("#PROBE", probe))

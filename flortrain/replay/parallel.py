@@ -31,6 +31,7 @@ from flortrain import knobs
 from flortrain.errors import FlortrainError
 from flortrain.replay import backends
 from flortrain.replay.backends import Outcome
+from flortrain.replay.files import begin_files, end_files
 from flortrain.replay.replayer import Prepared, begin, conclude
 from flortrain.replay.segments import LoopCosts, SegmentPlan, divide, even
 from flortrain.replay.sharing import WORKER_STARTUP_S, WORTHWHILE, slowdown
@@ -99,6 +100,9 @@ def plan_segments(p: Prepared, jobs: int, backend: str = "local") -> tuple[Segme
         return None, "no probes: the replay only re-runs what has no checkpoint"
     if not p.compares:
         return None, "new script arguments: the record's iterations are not this run's to divide"
+    if p.files is not None and p.files.read_back:
+        shown = ", ".join(p.files.shown(f) for f in p.files.read_back[:3])
+        return None, f"the script reads back files it writes ({shown}): workers in one directory would overwrite each other's"
     loops = []
     carried = []
     for loop in loop_costs(p):
@@ -317,11 +321,16 @@ def replay_parallel(
     run = begin(p, {"jobs": jobs, "backend": backend_name, "segments": [w.describe() for w in plan.workers]})
     tasks = _tasks(p, plan, location)
     t0 = time.perf_counter()
+    if p.files is not None:  # every worker's prologue starts from the files the record started from
+        begin_files(p.files, p.store, run)
     try:
         outcomes, failed, printer = _run_workers(plan, tasks, backend_name, warm)
     except FlortrainError:
         p.store.finish_run(run, "failed", 2)
         raise
+    finally:
+        if p.files is not None:
+            end_files(p.files)
     counts = _merge(p, run, plan, outcomes, printer)
     status = 0 if failed is None else max(outcomes[failed].status, 1)  # killed by a signal: 1
     return conclude(p, run, status, time.perf_counter() - t0, counts, f" on {n} workers")

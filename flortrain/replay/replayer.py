@@ -13,6 +13,8 @@ from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
 from flortrain.replay.backends import LocalBackend
 from flortrain.replay.diff import diff_runs
+from flortrain.replay.files import Prologue, begin_files, end_files, plan_files
+from flortrain.replay.inputs import check_inputs
 from flortrain.replay.replayplan import ReplayPlan
 from flortrain.replay.sharing import cannot_pay
 from flortrain.runtime import allocator, runner
@@ -147,6 +149,8 @@ class Prepared:
     #: the plan's estimates and parallel segments price restores with the c a record's period
     #: judged them by (``AdaptivePeriod.futile``, Eq. 4)
     restore_ratio: float = knobs.DEFAULT_RESTORE_RATIO
+    #: the files the record wrote, as the replay's start and its restores put them back
+    files: Prologue | None = None
 
 
 def _stopped(store: Store, record: Run) -> str:
@@ -217,12 +221,16 @@ def locate(script: str, run_id: int | None, store_dir: str | None, trust: bool =
 
 def prepare(
     script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
-    trust: bool = False, overlap: bool = False, located: tuple[Store, Run] | None = None,
+    trust: bool = False, overlap: bool = False, allow_changed_inputs: bool = False,
+    located: tuple[Store, Run] | None = None,
 ) -> Prepared:
-    """Find the record (unless ``located`` already), read the probes, plan the replay and print
-    the plan. With ``overlap`` (this process runs the replay next, so it will import torch), the
-    static pass runs in a forked child while torch is imported here, where that saves time."""
+    """Find the record (unless ``located`` already), check its inputs, read the probes, plan the
+    replay and print the plan. With ``overlap`` (this process runs the replay next, so it will
+    import torch), the static pass runs in a forked child while torch is imported here, where
+    that saves time."""
     store, record = located or locate(script, run_id, store_dir, trust)
+    check_inputs(store, record, allow_changed_inputs)
+    files = plan_files(store, record)
     if record.effective_status != "complete":
         print(f"flortrain: record run {record.id} is {record.effective_status}; {_stopped(store, record)}", file=sys.stderr)
     recorded_text = store.source(record.source_sha)
@@ -261,7 +269,7 @@ def prepare(
         store, record, script, record.argv if new_args is None else new_args, s.current_text, disk_text,
         s.code_text, modules, s.rplan, checkpoints, torch_script,
         [code for _, code in s.probes], new_args is None, blocks, _boundaries(blocks, checkpoints), s.modules,
-        restore_ratio,
+        restore_ratio, files,
     )
 
 
@@ -323,6 +331,7 @@ def _warm_workers(script: str, jobs: int) -> LocalBackend | None:
 def replay(
     script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
     jobs: int = 1, backend: str = "local", blobs: str | None = None, trust: bool = False,
+    allow_changed_inputs: bool = False,
 ) -> int:
     located = locate(script, run_id, store_dir, trust)
     serially = None
@@ -333,7 +342,9 @@ def replay(
     warm = _warm_workers(script, jobs) if divides and backend == "local" else None
     try:
         # a replay that runs here imports torch next: its static pass can overlap that
-        p = prepare(script, run_id, cli_probes, new_args, store_dir, trust, overlap=not divides, located=located)
+        p = prepare(
+            script, run_id, cli_probes, new_args, store_dir, trust, not divides, allow_changed_inputs, located
+        )
         set_aside_static_objects()
         if jobs == 1 and backend != "local":
             print("flortrain: --jobs 1: replaying serially, in this process", file=sys.stderr)
@@ -351,11 +362,19 @@ def replay(
     allocator.steady()
     pin_threads(p.record.threads)
     run = begin(p)
+    if p.files is not None:
+        begin_files(p.files, p.store, run)
     p.store.guarded = True
-    source = ReplaySource(p.record.id, frozenset(p.rplan.execute), p.checkpoints, span_replay(p))
+    source = ReplaySource(
+        p.record.id, frozenset(p.rplan.execute), p.checkpoints, span_replay(p), p.files.states if p.files else {}
+    )
     session = Session("replay", p.store, run, replay=source)
     code = compile_for(os.path.abspath(script), p.code_text, p.disk_text)
     t0 = time.perf_counter()
     hook = ProjectHook(ProjectFiles(project_roots(script), script), recorded=p.modules, prepared=p.module_passes)
-    status = execute(session, code, script, p.args, p.uses_torch, hook)
+    try:
+        status = execute(session, code, script, p.args, p.uses_torch, hook)
+    finally:
+        if p.files is not None:
+            end_files(p.files)
     return conclude(p, run, status, time.perf_counter() - t0, session.counts)

@@ -24,11 +24,12 @@ from flortrain.runtime import materializer as _materializer
 from flortrain.runtime.adaptive import AdaptivePeriod
 from flortrain.runtime.blobformat import object_refs, tensor_bytes, tensor_name
 from flortrain.runtime.capture import Tee
+from flortrain.runtime.files import Watch, put_back
 from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
 from flortrain.runtime.registry import Registry
 from flortrain.runtime.skipblock import Getters, SkipBlock, State, bound, resolve
 from flortrain.runtime.spans import Boundary, Segment, SegmentEnd, SpanReplay, scalars_json
-from flortrain.store.db import BlockRow, IterationRow, Store
+from flortrain.store.db import BlockRow, FileState, IterationRow, Store
 from flortrain.store.rows import RunSink
 
 
@@ -40,6 +41,8 @@ class ReplaySource:
     execute: frozenset[str]  # block ids that must run (probed)
     checkpoints: dict[str, tuple[str, str, int]]
     spans: SpanReplay | None = None  # jumping over main-loop iterations no probe needs
+    #: per checkpoint key, the files the record had written as it found them (``file_states``)
+    files: dict[str, list[FileState]] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,6 +109,8 @@ class Session:
     _pid: int = field(default_factory=os.getpid)  # the training process's (``signals.defer``)
     #: the writer's pid and the keys it still held when the script ended, handed to the launcher
     handed: tuple[int, list[str]] | None = None
+    #: record: the files the script reads and writes (``runtime/files.py``)
+    files: Watch | None = None
 
     def __post_init__(self) -> None:
         if self.replay is not None and self.replay.spans is not None:
@@ -305,6 +310,10 @@ class Session:
         self.store.put_iterations(self.run_id, self._iterations)
         self._blocks, self._iterations = [], []
         if isinstance(self.store, Store):
+            if self.files is not None and self.files.dirty:
+                self.store.put_files(self.run_id, self.files.rows())
+            if self.files is not None and self.files.pending:
+                self.store.put_file_states(self.run_id, self.files.take_states())
             self.store.write_held()  # the checkpoints' rows and claims (`Store.hold_claims`)
 
     def _resume_jump(self, main_id: str, i: int, objects: Getters, names: Getters) -> Boundary | None:
@@ -393,6 +402,8 @@ class Session:
             self._no_boundary.add(main_id)
             self.warn(f"main loop {main_id}: iteration boundaries not checkpointed: {b.failure(e, objects, names)}")
             return None
+        if self.files is not None:  # every file the run has written, as the iteration finds it
+            self.files.checkpoint(b.key, 0)
         if b.observed is not None:
             self.identity_tables[main_id] = b.observed.now
         m = self.adaptive.materialized(main_id, time.perf_counter() - now, self.background)
@@ -530,11 +541,21 @@ class Session:
                 return None
             b = found
         b.restore(self, objects, names)
+        self.restore_files(f"{main_id}@{main_id}.{entry}.{j}#0")
         b.jumped_to = j
         self.main[2] = j
         self.store.put_jump(self.run_id, main_id, entry, i, j)
         self.counts["jumped"] = self.counts.get("jumped", 0) + j - i
         return b
+
+    def restore_files(self, key: str) -> None:
+        """A replay restored checkpoint ``key``: the files the record had written are put back as
+        that checkpoint found them (``runtime/files.py``)."""
+        if self.replay is not None and self.replay.files:
+            try:
+                put_back(self.replay.files.get(key, ()), self.store.read_object)
+            except OSError as e:
+                self.warn_once(f"files:{key}", f"files not put back as checkpoint {key} found them: {e}")
 
     def _load_boundary(self, main_id: str, entry: int, j: int, i: int) -> Boundary | None:
         """Boundary ``j`` of the main loop, loaded for a jump from iteration ``i``."""

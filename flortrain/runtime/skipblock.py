@@ -412,6 +412,7 @@ class SkipBlock(Checkpointable):
         self.pyframe: FrameType | None = sys._getframe(2) if session is not None and span[0] else None
         self.thread = threading.get_ident()
         self.aborted = False
+        self.files_seq = 0  # record: the write events before the instance began (``runtime/files.py``)
         if session is not None:
             session.close_left_frames()
         self.watch: dict[int, Any] | None = None
@@ -435,6 +436,7 @@ class SkipBlock(Checkpointable):
             if self.state is State.RECORD:
                 session.registry.reset_block()
                 self.futile = session.adaptive.futile(block_id)
+                self.files_seq = session.files.seq if session.files is not None else 0
             if self.state is State.RECORD and not self.futile:
                 roots = self._entry_roots(session, objects)
                 self.entry = self._identities(session, roots, names)
@@ -572,6 +574,7 @@ class SkipBlock(Checkpointable):
         if self.state is State.SKIP:
             t0 = time.perf_counter()
             self.restore(s, objects, names)
+            s.restore_files(self.key)
             s.block_done(self, "skipped", restore_s=time.perf_counter() - t0)
             return True
         if self.state is State.EXECUTE:
@@ -626,6 +629,8 @@ class SkipBlock(Checkpointable):
             s.warn_once(self.id, f"block {self.id} not checkpointed: {why}")
             s.block_done(self, "recorded", compute_s=compute, note=why)
             return
+        if s.files is not None:  # the files the instance wrote, as it leaves them
+            s.files.checkpoint(self.key, self.files_seq)
         m = s.adaptive.materialized(self.id, time.perf_counter() - t0, s.background)
         occ = int(self.key.rsplit("#", 1)[1])
         assert s.main is not None

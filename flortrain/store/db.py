@@ -36,8 +36,10 @@ from flortrain.store.trust import (
 #: Bumped whenever a table changes, or what its rows name does. ``CREATE TABLE IF NOT EXISTS``
 #: never migrates, so a store written by another version must be refused when it is opened, not
 #: fail in the middle of a run. 8: tensor objects and the part digests are named by XXH3-128
-#: instead of sha256 (``store/content.py``).
-SCHEMA_VERSION = 8
+#: instead of sha256 (``store/content.py``). 9: the ``files`` a record's script read and wrote
+#: and their states at each checkpoint (a store of 8 gains the tables when it is opened:
+#: :data:`MIGRATIONS`).
+SCHEMA_VERSION = 9
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (sha TEXT PRIMARY KEY, text TEXT NOT NULL);
@@ -106,6 +108,27 @@ CREATE TABLE IF NOT EXISTS jumps (    -- replay: main-loop iterations skipped as
     resumed INTEGER NOT NULL,         -- the iteration whose boundary checkpoint was restored
     PRIMARY KEY (run_id, main_id, main_inst, first)
 );
+CREATE TABLE IF NOT EXISTS files (   -- record: a file its script opened, as it first found it
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    path TEXT NOT NULL,               -- absolute, symbolic links resolved
+    first TEXT NOT NULL,              -- read | write: what the script did to it first
+    size INTEGER,                     -- NULL: it did not exist
+    fingerprint TEXT,                 -- runtime/files.py: fingerprint()
+    object TEXT,                      -- its content when the script first wrote it, a blob-store
+                                      -- object (NULL: absent, not kept, or never written)
+    written INTEGER NOT NULL,         -- the script wrote, renamed or removed it
+    reread INTEGER NOT NULL,          -- the script read it after writing it
+    PRIMARY KEY (run_id, path)
+);
+CREATE TABLE IF NOT EXISTS file_states ( -- record: files it wrote, as a checkpoint found them
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    key TEXT NOT NULL,                -- the checkpoint's
+    path TEXT NOT NULL,
+    size INTEGER,                     -- NULL: absent
+    fingerprint TEXT,
+    object TEXT,                      -- its content (NULL: absent or not kept)
+    PRIMARY KEY (run_id, key, path)
+);
 CREATE TABLE IF NOT EXISTS logs (
     run_id INTEGER NOT NULL REFERENCES runs(id),
     seq INTEGER NOT NULL,
@@ -119,6 +142,13 @@ CREATE TABLE IF NOT EXISTS logs (
     PRIMARY KEY (run_id, seq)
 );
 """
+
+
+#: Additive changes a store of an older version takes when it is opened: version -> the statements
+#: that bring it to the next one. Runs recorded before a migration simply have no rows there.
+MIGRATIONS: dict[int, str] = {
+    8: SCHEMA[SCHEMA.index("CREATE TABLE IF NOT EXISTS files") : SCHEMA.index("CREATE TABLE IF NOT EXISTS logs")],
+}
 
 
 def store_path(explicit: str | None = None) -> Path:
@@ -162,6 +192,11 @@ class Run:
 #: no longer written), carried scalars (JSON), start time in seconds since the session began,
 #: captured lines before it.
 IterationRow = tuple[str, int, int, str, bytes | None, str | None, float | None, int | None]
+#: a file a record's script opened: path, first (read | write), size, fingerprint, kept content
+#: object, written, read back after writing
+FileRow = tuple[str, str, int | None, str | None, str | None, bool, bool]
+#: a file as a checkpoint found it: path, size (None: absent), fingerprint, content object
+FileState = tuple[str, int | None, str | None, str | None]
 #: a block row as :meth:`Store.put_block` takes it, after the run id: key, block id, main id,
 #: entry, iteration, occurrence, state, and the keyword costs (compute_s, restore_s, note...)
 BlockRow = tuple[str, str, str, int, int, int, str, dict[str, Any]]
@@ -296,6 +331,9 @@ class Store:
         another version is refused."""
         (version,) = self.db.execute("PRAGMA user_version").fetchone()
         (tables,) = self.db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()
+        if tables and version in MIGRATIONS:
+            self._migrate()
+            return True
         if tables and version != SCHEMA_VERSION:
             raise FlortrainError(
                 f"store was written by another version of flortrain (schema {version}, this one"
@@ -304,6 +342,23 @@ class Store:
                 "FT014",
             )
         return bool(tables)
+
+    def _migrate(self) -> None:
+        """Bring an older store to this schema, in one write transaction (two processes opening
+        it at once: the second finds it migrated)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            (version,) = self.db.execute("PRAGMA user_version").fetchone()
+            while version in MIGRATIONS:
+                for statement in MIGRATIONS[version].split(";"):
+                    if statement.strip():
+                        self.db.execute(statement)
+                version += 1
+            self.db.execute(f"PRAGMA user_version={version}")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
 
     def fail(self, why: str) -> None:
         """Stop writing, and say so once: what was committed stays, nothing later is claimed."""
@@ -531,6 +586,46 @@ class Store:
     def read_ahead(self, order: list[Checkpoint], refs: Callable[[bytes], list[str]]) -> None:
         """Read ``order``'s checkpoints ahead of a replay (:class:`~flortrain.store.blobs.ReadAhead`)."""
         self.reader.read_ahead(order, refs)
+
+    # -- files ---------------------------------------------------------------------------------
+    @_writer
+    def put_files(self, run_id: int, rows: Iterable[FileRow]) -> None:
+        """A record's files as its script first found them (``runtime/files.py``). A resumed
+        record sees them again: what the killed part found first is kept."""
+        self._transaction([(
+            "INSERT INTO files VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (run_id, path) DO UPDATE SET"
+            " written = max(written, excluded.written), reread = max(reread, excluded.reread),"
+            " object = coalesce(object, excluded.object)",
+            [(run_id, *r) for r in rows],
+        )])
+
+    def files(self, run_id: int) -> list[FileRow]:
+        """(path, first, size, fingerprint, object, written, reread) of each file the record's
+        script opened, in the order it first did."""
+        return [
+            (p, f, n, d, o, bool(w), bool(r))
+            for p, f, n, d, o, w, r in self.db.execute(
+                "SELECT path, first, size, fingerprint, object, written, reread FROM files WHERE run_id=?"
+                " ORDER BY rowid",
+                (run_id,),
+            )
+        ]
+
+    @_writer
+    def put_file_states(self, run_id: int, rows: Iterable[tuple[str, FileState]]) -> None:
+        """The files checkpoints found (key, (path, size, fingerprint, object))."""
+        self._transaction([
+            ("INSERT OR REPLACE INTO file_states VALUES (?,?,?,?,?,?)", [(run_id, k, *st) for k, st in rows])
+        ])
+
+    def file_states(self, run_id: int) -> dict[str, list[FileState]]:
+        """Per checkpoint key, the files a replay that restores it puts back."""
+        out: dict[str, list[FileState]] = {}
+        for k, p, n, d, o in self.db.execute(
+            "SELECT key, path, size, fingerprint, object FROM file_states WHERE run_id=? ORDER BY rowid", (run_id,)
+        ):
+            out.setdefault(k, []).append((p, n, d, o))
+        return out
 
     # -- iterations ------------------------------------------------------------------------------
     @_writer
