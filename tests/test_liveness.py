@@ -225,3 +225,19 @@ def test_explain_gives_every_loop_not_memoized_a_reason_in_the_scripts_lines() -
             assert any(
                 r.startswith(f"train.py:{line}:") and ": " in r for r in plan.explain().splitlines()
             ), line
+
+
+HELPER = TUTORIAL.replace(
+    "for epoch in range(3):\n",
+    "def report():\n    pass\n\n\nfor epoch in range(3):\n",
+).replace("    #PROBE\n", "    report()\n")
+
+
+def test_a_probe_in_a_function_reading_a_dropped_global_executes_the_loop(tmp_path: Path) -> None:
+    """``outputs`` is not in the batch loop's changeset (the test loop rebinds it first); a probe
+    added to a function the main loop calls reads the training value as a global, so the loop's
+    instances execute instead of leaving the value from before the loop."""
+    text = HELPER.replace("def report():\n    pass\n", "def report():\n    #PROBE\n    pass\n")
+    probe = 'print("PROBE", f"{outputs.sum().item():.6f}")'
+    rep = replay_matches_plain(tmp_path, text, probe, env={"FLORTRAIN_PERIOD": "every"})
+    assert "may read `outputs`" in rep.err, rep.err
