@@ -104,6 +104,17 @@ def test_the_next_instance_of_the_loop_reading_it_first_keeps_it() -> None:
     assert kept("", train=train)
 
 
+def test_a_name_only_the_loop_mentions_is_kept_when_its_next_instance_reads_it_first() -> None:
+    """Mentioned nowhere outside the loop's lines, ``h`` is still read by the next epoch's
+    instance before it is rebound: a skipped instance must leave it as the record did."""
+    train = TRAIN.replace(
+        "        out = model(x)\n",
+        "        if epoch == 0:\n            h = 0\n        h = h + 1\n        out = model(x)\n",
+    )
+    b = block_of(HEAD + train)
+    assert "h" in {c.expr for c in b.changeset}, b
+
+
 def test_the_rest_of_the_main_loop_body_reading_it_keeps_it() -> None:
     assert kept("", train=TRAIN + "    print(out.sum().item())\n")
 
