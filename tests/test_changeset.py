@@ -226,9 +226,15 @@ FILTER_AND_TARGETS = [
                 last = model(b)
             print(last)
     """, {("last", R)}),
-    case("use-before-the-loop-counts-as-outside", """
+    case("rebound-before-the-next-instance-reads-it-is-dropped", """
         for epoch in range(3):
             seen = 0
+            for b in loader:
+                seen = seen + 1
+    """, set()),
+    case("read-by-the-next-instance-is-kept", """
+        seen = 0
+        for epoch in range(3):
             for b in loader:
                 seen = seen + 1
     """, {("seen", R)}),

@@ -584,8 +584,10 @@ def test_a_loop_variable_left_on_a_model_parameter_is_memoized_as_that_parameter
     """``for e, p in zip(ema, model.parameters())`` leaves ``p`` on the model's last parameter:
     the loop was refused ("`p` shares memory with a model parameter"), and so was every loop
     keeping an EMA this way. A rebound name holding a live module's own tensor is restored as
-    that tensor, after the module's restore."""
-    rep = replay_matches_plain(tmp_path, _restore_case(*EMA), EMA_PROBE, EVERY)
+    that tensor, after the module's restore. (The script reads ``p`` after the loop: a name
+    nothing reads there is not in the changeset, and a probe reading it executes the loop.)"""
+    text = _restore_case(*EMA, after='print("last", p is model.bias, p.requires_grad)\n')
+    rep = replay_matches_plain(tmp_path, text, EMA_PROBE, EVERY)
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
 
 

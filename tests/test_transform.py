@@ -51,10 +51,10 @@ def test_main_loop_for_block_while_block_and_rebound_names() -> None:
         total = 0
         __flortrain__.main_enter("M5")
         for epoch in __flortrain__.main_iter("M5", range(2)):
-            _flortrain_M5 = __flortrain__.main_iteration("M5", {}, {"total": lambda: total, "epoch": lambda: epoch}, ())
+            _flortrain_M5 = __flortrain__.main_iteration("M5", {}, {"epoch": lambda: epoch, "total": lambda: total}, ())
             if _flortrain_M5.jumped():
-                if _flortrain_M5.has("total"): total = _flortrain_M5.value("total")
                 if _flortrain_M5.has("epoch"): epoch = _flortrain_M5.value("epoch")
+                if _flortrain_M5.has("total"): total = _flortrain_M5.value("total")
             _flortrain_L6 = __flortrain__.block("L6", 6, 7, names={"total": lambda: total})
             for b in _flortrain_L6.iterate([1, 2, 3]):
                 total += b

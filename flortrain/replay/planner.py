@@ -112,6 +112,15 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
             if function != MODULE and function in b.reaches:
                 execute[b.id] = f"probe at line {p.line} is in {function}(), which it calls"
                 continue
+            if function != MODULE and b.function == MODULE:
+                # a function may read the module's names as globals, whenever it is called
+                held = {c.expr.split(".")[0] for c in b.changeset}
+                read = sorted((reads & set(b.bound)) - held)
+                if read:
+                    execute[b.id] = (
+                        f"probe at line {p.line} in {function}() may read `{read[0]}`, which only this loop binds"
+                    )
+                continue
             if b.function == function:
                 tensors = sorted(v for v in b.values if v in reads and not reads_only_values(p.node, v))
                 if tensors:

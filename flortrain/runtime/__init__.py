@@ -28,17 +28,21 @@ def block(
     values: tuple[str, ...] = (),
     objects: Getters | None = None,
     names: Getters | None = None,
+    unchecked: tuple[str, ...] = (),
 ) -> SkipBlock:
     """Open the SkipBlock of one memoized loop instance, whose loop spans these lines of the
     script (how the runtime notices an exception carrying control out of the loop). ``values``
     are rebound names read after the loop only as numbers: stored detached if they carry a graph.
     ``objects`` are the changeset's objects restored in place and ``names`` its rebound names,
-    read as the instance starts (which objects the loop replaces, ``identity``)."""
+    read as the instance starts (which objects the loop replaces, ``identity``). ``unchecked``
+    are rebound names restored but not compared with the record's checkpoint (clock readings)."""
     s = _session.current
     if s is None:
         return SkipBlock(None, block_id, (first_line, last_line), values)
     with s.holding():
-        return SkipBlock(s, block_id, (first_line, last_line), values, objects if objects is not None else {}, names)
+        return SkipBlock(
+            s, block_id, (first_line, last_line), values, objects if objects is not None else {}, names, unchecked
+        )
 
 
 def main_enter(main_id: str) -> None:

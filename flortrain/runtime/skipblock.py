@@ -403,9 +403,12 @@ class SkipBlock(Checkpointable):
         detach_ok: tuple[str, ...] = (),
         objects: Getters | None = None,
         names: Getters | None = None,
+        unchecked: tuple[str, ...] = (),
     ) -> None:
         super().__init__(block_id, detach_ok, session.registry.count() if session is not None else 0)
         self.session = session
+        #: rebound names restored but not compared with the record's checkpoint (clock readings)
+        self.unchecked = unchecked
         # The user's frame running the loop, and the loop's lines in it: an exception that leaves
         # the loop never reaches `end()`, and the session tells by the frame having moved on.
         self.span = span
@@ -584,13 +587,15 @@ class SkipBlock(Checkpointable):
 
     def _replay_digests(self, s: Session, objects: Getters, names: Getters) -> dict[str, str] | None:
         """Digests of the state this executed instance produced, where the record checkpointed the
-        same instance: ``diff`` compares them part by part."""
+        same instance: ``diff`` compares them part by part. A clock reading (``unchecked``) is left
+        out: the replay read the clock anew, and ``diff`` compares only parts both runs have."""
         if s.replay is None or self.key not in s.replay.checkpoints:
             return None
         try:
-            return digests(self._payload(s, objects, names))
+            parts = digests(self._payload(s, objects, names))
         except Exception:  # what cannot be captured cannot be compared; the record had it
             return None
+        return {k: v for k, v in parts.items() if not (k.startswith("names:") and k[6:] in self.unchecked)}
 
     # -- record ----------------------------------------------------------------------------------
     def _record(self, s: Session, objects: Getters, names: Getters) -> None:

@@ -7,8 +7,18 @@ import libcst as cst
 
 from flortrain.errors import FlortrainError, Located
 from flortrain.static.changeset import NoEstimate, loop_changeset
+from flortrain.static.clocks import clock_names
 from flortrain.static.loops import LoopForest
-from flortrain.static.plan import Block, FunctionSpan, MainLoop, Plan, Refusal, Restore, Span
+from flortrain.static.plan import (
+    Block,
+    Change,
+    FunctionSpan,
+    MainLoop,
+    Plan,
+    Refusal,
+    Restore,
+    Span,
+)
 from flortrain.static.program import MODULE, Loop, Program, index
 from flortrain.static.source import Source
 from flortrain.static.spans import boundary_state
@@ -23,6 +33,11 @@ def _span(prog: Program, node: cst.CSTNode) -> Span:
 
 def _kind(loop: Loop) -> str:
     return "for" if isinstance(loop, cst.For) else "while"
+
+
+def rebound_names(changes: tuple[Change, ...]) -> set[str]:
+    """The changeset's rebound plain names (not ``a.b``)."""
+    return {c.expr for c in changes if c.restore is Restore.REBOUND and "." not in c.expr}
 
 
 def loop_id(prefix: str, line: int) -> str:
@@ -50,7 +65,7 @@ def analyse(source: Source, prefix: str = "") -> Plan:
 
 
 def _analyse(source: Source, prefix: str) -> Plan:
-    prog = index(source)
+    prog = index(source, exports=bool(prefix))
     forest = LoopForest(prog)
     mains: list[MainLoop] = []
     blocks: list[Block] = []
@@ -93,6 +108,8 @@ def _analyse(source: Source, prefix: str) -> Plan:
                     bound=cs.bound,
                     main=main.id,
                     outputs=cs.outputs,
+                    read_after=cs.read_after,
+                    unchecked=tuple(sorted(rebound_names(cs.changes) & clock_names(prog, cand.scope, set(cs.bound)))),
                     values=tuple(
                         c.expr
                         for c in cs.changes

@@ -534,6 +534,9 @@ class LoopChangeset:
     bound: tuple[str, ...]
     reaches: tuple[str, ...]
     outputs: tuple[tuple[str, str], ...] = ()  # the channels it writes to, and their kinds
+    #: names the loop binds that stay because a path from its exit reads them: (name, line of
+    #: such a read; 0 for a project module's importers)
+    read_after: tuple[tuple[str, int], ...] = ()
 
 
 def loop_changeset(prog: Program, loop: Loop) -> LoopChangeset:
@@ -552,12 +555,17 @@ def loop_changeset(prog: Program, loop: Loop) -> LoopChangeset:
     fx = w.fx
     rng = prog.range(loop)
     start, end = rng.start.line, rng.end.line
-    used_outside = _names_used_outside(prog, scope, start, end)
+    live = prog.liveness.after(loop)
+    if live is None:  # the scope reads its names behind the analysis' back: all of them, by lines
+        live = _names_used_outside(prog, scope, start, end)
     kept: list[Change] = []
+    read_after: dict[str, int] = {}
     for ch in fx.changes.values():
         r = root(ch.expr)
-        if r in fx.bound and r not in used_outside and not ch.is_global and r not in scope.declared_global:
-            continue  # loop-scoped: local to the loop body, not read after it (not global/nonlocal)
+        if r in fx.bound and r not in live and not ch.is_global and r not in scope.declared_global:
+            continue  # loop-scoped: no path from the loop's exit reads it before rebinding it
+        if r in fx.bound and r in live:
+            read_after.setdefault(r, live[r])
         if r in prog.imported and not ch.is_global:
             continue
         if ch.expr in w.defined:
@@ -570,7 +578,9 @@ def loop_changeset(prog: Program, loop: Loop) -> LoopChangeset:
             )
         kept.append(ch)
     outputs = tuple((expr, kind) for expr, kind in fx.outputs.items() if root(expr) not in fx.bound)
-    return LoopChangeset(tuple(kept), tuple(sorted(fx.bound)), tuple(sorted(fx.reaches)), outputs)
+    return LoopChangeset(
+        tuple(kept), tuple(sorted(fx.bound)), tuple(sorted(fx.reaches)), outputs, tuple(sorted(read_after.items()))
+    )
 
 
 def _add_hook_effects(w: _Walker) -> None:
@@ -598,14 +608,18 @@ def _add_hook_effects(w: _Walker) -> None:
         w.add(e.expr, e.restore, RULE_CALLEE, e.line, is_global=is_global)
 
 
-def _names_used_outside(prog: Program, scope: Scope, start: int, end: int) -> set[str]:
-    used = {n for n, line in scope.names if not start <= line <= end}
+def _names_used_outside(prog: Program, scope: Scope, start: int, end: int) -> dict[str, int]:
+    """Every name mentioned outside the loop's lines, or by another scope that sees it (the
+    fallback where liveness cannot answer)."""
+    used = {n: line for n, line in scope.names if not start <= line <= end}
     prefix = scope.qualname + "."
     for other in prog.scopes.values():
         if other is scope:
             continue
         if scope.qualname == MODULE or other.qualname.startswith(prefix):
-            used.update(n for n, _ in other.names if not other.is_local(n) or n in other.declared_global)
+            for n, line in other.names:
+                if not other.is_local(n) or n in other.declared_global:
+                    used.setdefault(n, line)
     return used
 
 

@@ -122,7 +122,10 @@ class LoopForest:
         list of layers, a final evaluation), only the training ones are: a nest whose training
         step hides behind a call the pass cannot resolve (``layer.train(x)`` on an element of a
         list) must not make the inference nest the main loop. And when the only training loop's
-        body is itself the step (``while True:`` over iterations, no inner loop), it is chosen."""
+        body is itself the step (``while True:`` over iterations, no inner loop), it is chosen.
+
+        Only the script falls back on a nest that does not visibly train (its step may sit in a
+        module it imports): in an imported module, a loop that does not train is not a main loop."""
         nests = self._outermost(self.qualifying)
         trains = {lp: self.training_line(lp) for lp in nests}
         self.why: dict[Loop, str] = {}
@@ -137,6 +140,12 @@ class LoopForest:
             training = [lp for lp in steps if trains[lp] is not None and not self._under_any(lp, nests)]
             for lp in training:
                 self.why[lp] = f"its body is the training step (line {trains[lp]}); it contains no other loop"
+        if not training and self.prog.exports:
+            # an imported module where nothing trains (a tokenizer, a data loader's setup): its
+            # loops are plain code, run from the script's own main loop or before it
+            why = "not a main loop: nothing in this module trains (no backward() or step()); it runs as plain code"
+            self.passed_over.extend((lp, why) for lp in nests)
+            return []
         for lp in nests:
             if not training:
                 self.why[lp] = "the outermost loop that contains another loop (no backward() or step() found)"

@@ -68,6 +68,12 @@ class Block:
     #: ``static/sinks``): not state, and a skipped instance writes nothing to them, as it prints
     #: nothing
     outputs: tuple[tuple[str, str], ...] = ()
+    #: names the loop binds that its changeset keeps because a path from the loop's exit reads
+    #: them before rebinding them, with the line of such a read (0: the module's importers)
+    read_after: tuple[tuple[str, int], ...] = ()
+    #: rebound names left out of the comparison with the record's checkpoint (still restored):
+    #: clock readings and values made from them (:mod:`flortrain.static.clocks`)
+    unchecked: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,8 @@ class Plan:
         """The plan as a person reads it (``flortrain instrument --explain``)."""
         out: list[str] = []
         if not self.main_loops:
-            out.append(f"{self.path}: no main loop (no loop contains another loop); nothing is memoized")
+            why = "no loop trains" if self.others else "no loop contains another loop"
+            out.append(f"{self.path}: no main loop ({why}); nothing is memoized")
         for m in self.main_loops:
             out.append(
                 f"{self.path}:{m.span.line}:{m.span.col} main loop {m.id} ({m.kind}) in {m.function}"
@@ -142,11 +149,19 @@ class Plan:
                 )
                 if not b.changeset:
                     out.append("    changeset: (empty)")
+                read_after = dict(b.read_after)
                 for c in b.changeset:
                     scope = " global" if c.is_global else ""
                     value = ", read only as a number" if c.expr in b.values else ""
+                    value += ", a clock reading: restored, not compared" if c.expr in b.unchecked else ""
+                    at = read_after.get(c.expr)
+                    live = (
+                        "" if at is None
+                        else f", read after the loop at line {at}" if at
+                        else ", read after the loop by the module's importers"
+                    )
                     out.append(
-                        f"    changeset: {c.expr} [{c.restore.value}{scope}{value}] rule {c.rule} line {c.line}"
+                        f"    changeset: {c.expr} [{c.restore.value}{scope}{value}] rule {c.rule} line {c.line}{live}"
                     )
                 if b.outputs:
                     channels = ", ".join(f"{expr} ({kind})" for expr, kind in b.outputs)

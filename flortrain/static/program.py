@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst.metadata import CodeRange, PositionProvider
 
 from flortrain.static.source import Source
+
+if TYPE_CHECKING:
+    from flortrain.static.liveness import Liveness
 
 MODULE = "<module>"
 
@@ -102,6 +106,19 @@ class Program:
         # and every function a loop reaches, and libcst builds a node's ``children`` anew on
         # each access (a 2,400-line file took 5.2 s to instrument before, a third of it here)
         self._calls: dict[cst.CSTNode, tuple[cst.Call, ...]] = {}
+        #: an imported project module (its importers read its names after its body ran), not
+        #: the script run as ``__main__``
+        self.exports = False
+        self._liveness: Liveness | None = None
+
+    @property
+    def liveness(self) -> Liveness:
+        """Which names are live at each loop's exit (:mod:`flortrain.static.liveness`)."""
+        if self._liveness is None:
+            from flortrain.static.liveness import Liveness
+
+            self._liveness = Liveness(self, self.exports)
+        return self._liveness
 
     def import_origin(self, name: str) -> str | None:
         """The dotted path an imported name stands for (None: not imported, or from two places)."""
@@ -523,7 +540,8 @@ def _names(node: cst.CSTNode) -> Iterator[cst.Name]:
         yield from _names(c)
 
 
-def index(source: Source) -> Program:
+def index(source: Source, exports: bool = False) -> Program:
     prog = Program(source)
+    prog.exports = exports
     source.wrapper.visit(_Indexer(prog))
     return prog

@@ -149,6 +149,8 @@ class _Transformer(cst.CSTTransformer):
             end_line = self.get_metadata(PositionProvider, original).end.line
             values = ", ".join(f'"{v}"' for v in block.values)
             extra = f", values=({values},)" if values else ""
+            if block.unchecked:
+                extra += ", unchecked=(" + "".join(f'"{v}", ' for v in block.unchecked) + ")"
             # read as the instance starts too: which objects the loop replaces (``identity``)
             for kw, kind in (("objects", Restore.IN_PLACE), ("names", Restore.REBOUND)):
                 getters = _getters(block.changeset, kind)
