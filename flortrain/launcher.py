@@ -1,17 +1,16 @@
 """The launcher: ``flortrain record`` forks the training process first thing and waits for it, so
 that the checkpoint writer's last work overlaps the training process's exit instead of preceding it.
 
-Why: a plain run of a torch script spends 0.6 s between its loop's last line and its exit, most of
-it CPython's collector tearing down the heap on one thread while the other cores idle
-(docs/benchmarks.md, stop 37). A record used to wait for the writer's backlog *before* that
-teardown, because the training process committed what the writer wrote: 0.12 to 0.2 s on the
-benchmark's shapes, about one point of overhead. Now the training process hands what is still in
-flight over (:meth:`~flortrain.runtime.session.Session.flush`) and goes on to exit at once; the
-writer drains on the idle core meanwhile and sends its results here; this process commits them to
-the store as soon as the writer is done (during the training process's teardown, where it can),
-prints the record's last line once the training process has exited, and exits with its status.
-It holds the store open from the run's start (:meth:`Launcher._open`), so that the training
-process's close is not the last one, which copies SQLite's write-ahead log back.
+Why: a plain run of a torch script spends a noticeable time between its loop's last line and its
+exit, most of it CPython's collector tearing down the heap on one thread while the other cores idle
+(docs/benchmarks.md). Were the training process to commit what the writer wrote, the record would
+wait for the writer's backlog *before* that teardown. Instead the training process hands what is
+still in flight over (:meth:`~flortrain.runtime.session.Session.flush`) and goes on to exit at once;
+the writer drains on the idle core meanwhile and sends its results here; this process commits them
+to the store as soon as the writer is done (during the training process's teardown, where it can),
+prints the record's last line once the training process has exited, and exits with its status. It
+holds the store open from the run's start (:meth:`Launcher._open`), so that the training process's
+close is not the last one, which copies SQLite's write-ahead log back.
 
 This process:
 
@@ -27,12 +26,12 @@ This process:
 - ends with the training process's status: its exit code, or the signal that killed it, raised
   again on itself. A training process killed before it finished (the OOM killer, ``kill -9``)
   gets a line saying which run it leaves incomplete and how to resume it;
-- killed itself with SIGKILL, takes the training process with it (``PR_SET_PDEATHSIG``), as
-  killing ``flortrain record`` always did. The writer is not the launcher's child: it outlives the
-  training process only when it was handed work.
+- killed itself with SIGKILL, takes the training process with it (``PR_SET_PDEATHSIG``), so that
+  killing ``flortrain record`` kills the training. The writer is not the launcher's child: it
+  outlives the training process only when it was handed work.
 
 ``FLORTRAIN_LAUNCHER=off`` runs the script in the CLI's own process, which then waits for the
-writer before its exit, as before."""
+writer before its exit."""
 
 from __future__ import annotations
 
@@ -243,11 +242,11 @@ class Launcher:
     def _open(self, root: str) -> None:
         """Open the store as the run begins, and hold it open until the training process has
         closed its own. SQLite's last connection to close copies the write-ahead log into the
-        database and syncs it: 4-7 ms in the training process, between the script's end and its
-        exit, where nothing else overlaps it. Held here, that falls to this process, which closes
-        the store (:meth:`_close`) while the training process's interpreter tears down its heap
-        (half a second for a torch script), on the other core (stop 46). A store that will not
-        open here is opened again to commit (:meth:`_commit`); nothing depends on this one."""
+        database and syncs it: in the training process, that would fall between the script's end
+        and its exit, where nothing else overlaps it. Held here, that falls to this process, which
+        closes the store (:meth:`_close`) while the training process's interpreter tears down its
+        heap on the other core. A store that will not open here is opened again to commit
+        (:meth:`_commit`); nothing depends on this one."""
         from flortrain.store.db import Store
 
         try:

@@ -78,7 +78,7 @@ def plain(script: Path, args: list[str] | None = None, cached: bool = True) -> R
     ``cached=False`` runs the script whatever the cache holds, and keeps nothing: for a script
     whose output is not a function of its inputs (a race inside torch), where a test retries
     the ground truth until it takes one path. Reused, the first run's path would be every
-    retry's (the DataLoader crash test failed so at stop 48)."""
+    retry's."""
     cmd = [sys.executable, script.name, *(args or [])]
     cache = os.environ.get(PLAIN_RUNS) if cached else None
     if not cache:

@@ -141,10 +141,8 @@ def test_a_boundary_after_a_checkpointed_block_is_worth_only_what_the_block_leav
 
 def test_compute_that_paid_for_boundaries_once_does_not_pay_for_a_burst_of_them_later() -> None:
     """A boundary spares a replay the compute since the latest one, so that is its Eq. 4 C. The
-    run's average had let 20 uncovered iterations pay for a boundary after each of the next
-    ~80, once the block in them was checkpointed every time (each sparing a replay nothing):
-    in the fine-tuning shape, up to 21 boundaries of 60 epochs, 17 in a row, at about 1 ms
-    each (stop 44)."""
+    run's average would let 20 uncovered iterations pay for a boundary after each of the next
+    ~80, once the block in them was checkpointed every time (each sparing a replay nothing)."""
     period = AdaptivePeriod(epsilon=1 / 15, every=False, boundary_interval=1000.0)
     taken = []
     for i in range(120):
@@ -193,7 +191,7 @@ NANOGPT = {"block_c": 0.9, "block_m": 0.12, "boundary_m": 0.15}
 
 def test_bookkeeping_under_half_of_epsilon_is_left_room_so_all_flortrain_holds_stays_within_it() -> None:
     """Where flortrain's hooks hold less than ε/2, checkpoints get ε less what they held: the
-    two together stay within ε of training, where checkpoints alone used to take all of ε."""
+    two together stay within ε of training, rather than checkpoints alone taking all of ε."""
     eps, n = 1 / 15, 400
     period = AdaptivePeriod(epsilon=eps, every=False, boundary_interval=1000.0)
     _iterations(period, n, hooks=0.02, **NANOGPT)

@@ -114,7 +114,7 @@ def test_idle_cores_are_read_from_proc_stat_and_a_stale_look_says_look_again(tmp
     assert cpu.idle(window=60) == pytest.approx(cpu.cores, abs=0.1)
     _stat(stat, 1000 + 4 * tick, 1000 + 2 * tick)
     assert cpu.idle(window=0) == 0.0, "an average reaching back past the window is not trusted"
-    assert IdleCores(str(tmp_path / "absent")).idle(window=60) == cpu.cores, "unknown: idle, as before"
+    assert IdleCores(str(tmp_path / "absent")).idle(window=60) == cpu.cores, "unknown: idle"
 
 
 def test_a_large_item_waits_for_an_idle_core_and_a_small_one_does_not(tmp_path: Path) -> None:
@@ -136,7 +136,7 @@ def test_staging_lands_on_pages_the_materializer_warmed_before_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warm_mb: int
 ) -> None:
     """Every checkpoint byte staged into the warm part of the arena costs no page fault; with
-    warming off (``FLORTRAIN_ARENA_WARM_MB=0``) each page of it faults, as before."""
+    warming off (``FLORTRAIN_ARENA_WARM_MB=0``) each page of it faults."""
     if warm_mb and not _populate_supported():
         pytest.skip("this kernel cannot populate page tables (MADV_POPULATE_WRITE, Linux 5.14)")
     import torch

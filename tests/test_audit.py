@@ -1,7 +1,7 @@
 """The side-effect audit (runtime/audit.py): state a loop changes in place that its static
-changeset does not name. Each shape below replayed wrong before, with ``diff`` passing (found in
-review at stop 33). Now record sees the change in the loop's first instance and stops
-checkpointing that loop, so the replay runs it and prints what ``python`` prints. Shapes whose
+changeset does not name. Each shape below would replay wrong with ``diff`` passing if it were
+checkpointed. Record sees the change in the loop's first instance and stops checkpointing that
+loop, so the replay runs it and prints what ``python`` prints. Shapes whose
 changes the changeset does hold must stay memoized."""
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ for epoch in range(4):
 def test_a_helper_module_counting_in_its_own_globals_is_not_skipped_over(tmp_path: Path) -> None:
     """``step_fn`` in the project's ``helpers.py`` changes that module's ``COUNTS`` and rebinds
     its ``calls``: no name of the loop's frame reaches them (``from helpers import step_fn``),
-    so the audit walks the project modules' globals too (found in review at stop 33)."""
+    so the audit walks the project modules' globals too."""
     (tmp_path / "helpers.py").write_text(HELPERS)
     _replayed_and_said(
         tmp_path, PROJECT_MODULE, 'print(f"PROBE {epoch} {helpers.calls} {helpers.COUNTS}")',
@@ -219,8 +219,8 @@ for epoch in range(6):
 
 def test_a_module_a_loop_starts_changing_late_is_learned_then(tmp_path: Path) -> None:
     """A target network synced from epoch 3 on through ``vector_to_parameters``: the alias watch
-    only watched the first two instances, so later checkpoints left ``target`` out and a skipped
-    instance restored without it (found in review at stop 33). A light watch (memory and version
+    watches only the first two instances, so later checkpoints would leave ``target`` out and a
+    skipped instance would restore without it. A light watch (memory and version
     counter of the modules no checkpoint holds) learns it at the instance that changes it, and
     the loop stays memoized."""
     probe = 'print("PROBE", epoch, [round(v, 5) for v in target.weight.detach().flatten().tolist()])'
@@ -249,8 +249,8 @@ for epoch in range(4):
 
 def test_an_iterator_a_loop_consumes_through_islice_is_not_skipped_over(tmp_path: Path) -> None:
     """``itertools.islice(stream, 6)`` advances ``stream``, which no rule sees: a skipped
-    instance left it where the prologue did, so the next executed one trained on the first
-    batches again (found in review at stop 33). The audit images a sequence iterator by its
+    instance would leave it where the prologue did, so the next executed one would train on the
+    first batches again. The audit images a sequence iterator by its
     position."""
     _replayed_and_said(
         tmp_path, ISLICE, 'print("PROBE", epoch, held_out.tolist())',
@@ -287,8 +287,8 @@ print("after", next(gen).tolist())
 )
 def test_a_generator_the_loop_header_advances_is_not_skipped_over(tmp_path: Path, header: str) -> None:
     """``for idx in itertools.islice(gen, 3)`` advances ``gen``. Checkpointed without it, a
-    skipped instance left ``gen`` where it was, and the line after the main loop printed another
-    batch (``diff`` exit 1; found at stop 37). Record now sees, at the loop's entry, that the
+    skipped instance would leave ``gen`` where it was, and the line after the main loop would
+    print another batch (``diff`` exit 1). Record sees, at the loop's entry, that the
     iterator it advances is held by a name, and stops checkpointing the loop."""
     text = GENERATOR.replace("HEADER", header)
     if "break" in header:  # the step goes after the break, inside the loop

@@ -104,8 +104,8 @@ def test_tensors_the_format_does_not_take_fall_back_to_torch_save() -> None:
 
 
 def test_library_modules_in_containers_come_back_as_the_modules_themselves() -> None:
-    """Found in review (stop 36): ``cfg = {"lib": math}`` could not be pickled, so its loop was
-    never checkpointed. A library module is stored by name in flortrain's format, in the
+    """A module object cannot be pickled, so ``cfg = {"lib": math}`` would keep its loop from
+    ever being checkpointed. A library module is stored by name in flortrain's format, in the
     ``torch.save`` fallback (a sparse tensor beside it) and in plain pickle (no torch)."""
     from flortrain.runtime import materializer
 
@@ -139,7 +139,7 @@ def test_a_project_module_is_not_stored_by_name(tmp_path: Path, monkeypatch: pyt
 
 def test_a_set_of_modules_digests_the_same_in_any_process() -> None:
     """A set is stored sorted by ``repr``; a module's placeholder must not repr by its address
-    (found in review at stop 36: four import orders gave four digests)."""
+    (or different import orders would give different digests)."""
     code = (
         "import {order}, torch\n"
         "from flortrain.runtime import blobformat\n"
@@ -154,8 +154,8 @@ def test_a_set_of_modules_digests_the_same_in_any_process() -> None:
 
 
 def test_views_of_one_storage_come_back_views_of_one_storage_with_their_strides() -> None:
-    """Copied one by one, ``head = flat[:3]`` came back a tensor ``flat.mul_(2)`` no longer
-    reached, and a transposed tensor came back contiguous (found in review at stop 33)."""
+    """Copied one by one, ``head = flat[:3]`` would come back a tensor ``flat.mul_(2)`` no longer
+    reached, and a transposed tensor would come back contiguous."""
     flat = torch.arange(10.0)
     wt = torch.arange(12.0).reshape(3, 4).t()
     payload = {"names": {"flat": flat, "head": flat[:3], "tail": flat[5:], "wt": wt}}

@@ -149,9 +149,9 @@ class _Loader:
 
 
 def test_the_walk_survives_objects_whose_attributes_raise_other_errors() -> None:
-    """A module imported inside the loop (``import sys as _s``) led the walk to ``ctypes.cdll``,
-    whose ``hasattr(.., "state_dict")`` raised ``OSError``, and every boundary of the loop failed
-    (found at stop 35). Modules are not walked, and such an object is a plain object."""
+    """A module imported inside the loop (``import sys as _s``) could lead the walk to
+    ``ctypes.cdll``, whose ``hasattr(.., "state_dict")`` raises ``OSError``, and every boundary
+    of the loop would fail. Modules are not walked, and such an object is a plain object."""
     import sys
 
     holder = Holder()

@@ -260,8 +260,8 @@ def test_installed_code_reached_through_a_symlink_is_passed_over_by_its_prefix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A virtualenv reached through a symlink: modules' ``__file__`` carry the unresolved path.
-    The side-effect audit must pass them over by prefix, not resolve each (torch's ~1,500 cost
-    0.06 s of held in every recorded run of the fine-tuning benchmark, stop 38)."""
+    The side-effect audit must pass them over by prefix, not resolve each of torch's ~1,500
+    modules in the first audited iteration."""
     import sysconfig
     import types
 

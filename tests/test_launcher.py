@@ -123,7 +123,7 @@ def test_the_launcher_commits_what_was_handed_over_while_the_training_process_is
     """A torch script's interpreter takes half a second to tear down after its last line. The
     launcher commits the writer's last checkpoints as soon as they are written, during that
     teardown, not after it: a script whose exit takes 6 s (its atexit sleeps) finds every
-    checkpoint of its run committed before it ends, and the record ends as before."""
+    checkpoint of its run committed before it ends, and the record ends as usual."""
     script = _write(tmp_path)
     truth = plain(script)
     rec = flortrain(tmp_path, "record", "train.py",

@@ -384,10 +384,10 @@ def test_a_failed_write_loses_that_checkpoint_only(tmp_path: Path) -> None:
     with a warning naming it and a note on its row; the run completes, and no checkpoint is
     claimed whose bytes cannot be read back.
 
-    Who warns depends on timing: the training process when the writer reports during training
-    ("...; training goes on"), or the launcher when the writer's backlog was handed over at exit
-    (a loaded machine leaves the idle-priority writer no CPU until training ends; CI saw that
-    at stop 49). Either way the line is ``checkpoint KEY not written: REASON``."""
+    Who warns depends on timing: the training process when the writer reports during training ("...;
+    training goes on"), or the launcher when the writer's backlog was handed over at exit (a loaded
+    machine can leave the idle-priority writer no CPU until training ends). Either way the line is
+    ``checkpoint KEY not written: REASON``."""
     objects = tmp_path / ".flortrain" / "blobs" / "objects"
     objects.parent.mkdir(parents=True)
     objects.write_text("in the way")
@@ -445,12 +445,12 @@ HANDLER, FALLBACK = "killed by signal", "exited unexpectedly"
 
 def _worker_crash(attempt: Callable[[], Result], tries: int = 3) -> Result:
     """Run until the dead worker is reported by DataLoader's SIGCHLD handler, at most ``tries``
-    times. torch's detection races on its own: a plain ``python`` run of WORKER_CRASH, under the
-    load of a parallel test run, reported the death through the fallback instead in 1 run of 45
-    (and a record in 1 of 45). A flortrain that replaces the handler after DataLoader set it
-    reports the death through the fallback every time, and still fails here (planted and
-    checked at stop 43). Each try must be a fresh run: the plain runs bypass the test session's
-    cache of ground truths, which would hand every retry the first run's path."""
+    times. torch's detection races on its own: under the load of a parallel test run, a plain
+    ``python`` run of WORKER_CRASH (or a record) occasionally reports the death through the fallback
+    instead. A flortrain that replaced the handler after DataLoader set it would report the death
+    through the fallback every time, and so still fail here. Each try must be a fresh run: the plain
+    runs bypass the test session's cache of ground truths, which would hand every retry the first
+    run's path."""
     for _ in range(tries):
         result = attempt()
         assert result.code == 1 and "DataLoader worker (pid" in result.err, result.err
@@ -533,8 +533,8 @@ def test_writer_speed_is_timed_on_scratch_objects_it_removes(tmp_path: Path) -> 
 
 def test_writer_speed_keeps_the_fastest_of_its_tries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One slow try (here the first hash, held up 50 ms: 25 ns a byte of its 2 MB) is the
-    machine's moment, not what a byte costs: the fastest try is kept. Two tries let one
-    outlier in nine records of the CNN benchmark halve its checkpoints (stop 46)."""
+    machine's moment, not what a byte costs: the fastest try is kept, so that one outlier does
+    not price checkpoints too high and halve them."""
     from flortrain.runtime import materializer
     from flortrain.store import content
 
@@ -865,7 +865,7 @@ for epoch in range(10):
 
 def test_a_small_staging_buffer_and_a_slow_writer_keep_every_checkpoint_its_own(tmp_path: Path) -> None:
     """The ring wraps and fills while the writer lags 0.3 s per checkpoint: each checkpoint
-    still holds its own epoch's state (before the fix, epoch 1 restored epoch 6's)."""
+    still holds its own epoch's state (epoch 1 must not restore epoch 6's)."""
     env = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_BUFFER_MB": "1", "FLORTRAIN_INJECT": "writer-delay=0.3"}
     rep = replay_matches_plain(tmp_path, SMALL_RING, 'print(f"PROBE {epoch} {w.sum().item():.1f}")', env)
     assert "10 block instances skipped, 0 executed" in rep.err, rep.err

@@ -262,9 +262,9 @@ print("same storage", all(s.data_ptr() == model.weight.data_ptr() for s in snaps
 
 
 def test_a_container_of_views_of_a_parameter_is_not_restored_as_copies(tmp_path: Path) -> None:
-    """Found in review (stop 33): ``snaps.append(model.weight.detach())`` inside the loop. A
-    checkpoint held ``snaps`` by value, so a skipped instance left copies that no longer followed
-    training (the last line read False). Such an instance is now not memoized, and says why."""
+    """``snaps.append(model.weight.detach())`` inside the loop. A checkpoint holding ``snaps``
+    by value would leave, in a skipped instance, copies that no longer follow training (the last
+    line would read False). Such an instance is not memoized, and record says why."""
     rec, rep = record_and_replay_match_plain(tmp_path, ALIASING_LIST, 'print(f"PROBE {epoch} {snaps[-1].sum().item():.6f}")', EVERY)
     assert "same storage True" in rep.out, rep.out
     assert "`snaps[0]` shares memory with a model parameter" in rec.err, rec.err
@@ -290,9 +290,9 @@ for epoch in range(2):
 
 
 def test_a_loader_whose_workers_outlive_an_epoch_is_named_at_record(tmp_path: Path) -> None:
-    """Found in review (stop 33): persistent workers carry their random streams across epochs,
-    where no checkpoint reaches; a replay that runs an epoch after restoring one drew different
-    data (``diff`` caught it). Record now says so, once, and only for such a loader."""
+    """Persistent workers carry their random streams across epochs, where no checkpoint
+    reaches; a replay that runs an epoch after restoring one draws different data (``diff``
+    catches it). Record says so, once, and only for such a loader."""
     (tmp_path / "train.py").write_text(PERSISTENT_WORKERS.replace("PERSISTENT", "True"))
     rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert rec.code == 0, rec.err
@@ -342,8 +342,8 @@ def _restore_case(setup: str, body: str, *, epochs: int = 4, jump: bool = False,
 
 
 def test_a_slot_that_held_none_before_the_loop_is_restored_with_the_loops_dict(tmp_path: Path) -> None:
-    """Found in review (stop 33): restoring a dict into a slot that held None crashed the
-    replay with a TypeError in the user's line."""
+    """Restoring a dict into a slot that held None must not crash the replay with a TypeError
+    in the user's line."""
     text = _restore_case(
         'log = {"best": None, "n": 0}\n',
         '        log["n"] += 1\n'
@@ -355,8 +355,8 @@ def test_a_slot_that_held_none_before_the_loop_is_restored_with_the_loops_dict(t
 
 
 def test_a_dicts_key_order_and_an_arrays_dtype_are_restored_as_recorded(tmp_path: Path) -> None:
-    """Found in review (stop 33): the restore kept the live key order (``move_to_end`` inside
-    the loop was lost) and cast a float result into the int array the slot held before."""
+    """The restore must not keep the live key order (losing ``move_to_end`` inside the loop)
+    nor cast a float result into the int array the slot held before."""
     text = _restore_case(
         'recent = collections.OrderedDict((k, 0.0) for k in range(3))\narrs = {"m": np.zeros(3, dtype=np.int64)}\n',
         "        k = int(yb.sum()) % 3\n"
@@ -370,8 +370,8 @@ def test_a_dicts_key_order_and_an_arrays_dtype_are_restored_as_recorded(tmp_path
 
 
 def test_namedtuples_and_counters_come_back_with_their_types(tmp_path: Path) -> None:
-    """Found in review (stop 33): restored from a list the loop appends to, a namedtuple came
-    back as a plain tuple, and a ``Counter`` rebound in the loop as a dict."""
+    """Restored from a list the loop appends to, a namedtuple comes back a namedtuple, not a
+    plain tuple, and a ``Counter`` rebound in the loop a ``Counter``, not a dict."""
     text = _restore_case(
         'Rec = collections.namedtuple("Rec", "epoch loss")\nhist = []\ncounts = collections.Counter()\n',
         "        hist.append(Rec(epoch, round(loss.item(), 6)))\n"
@@ -382,12 +382,12 @@ def test_namedtuples_and_counters_come_back_with_their_types(tmp_path: Path) -> 
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
 
 
-# -- identity: objects the loop replaced, and objects held in two places (review, stop 33) -----------
+# -- identity: objects the loop replaced, and objects held in two places ---------------------------
 def test_an_object_the_loop_replaced_is_made_anew_and_its_other_names_keep_the_old_one(tmp_path: Path) -> None:
     """``tracker["best"] = Best(..)`` puts a new object in the dict; ``initial`` still names the
-    old one. The restore wrote the new state into the old object, so ``initial`` changed on
-    replay, and ``diff`` passed (found in review at stop 33). Likewise a list slot holding a view
-    of ``base``: writing into it changed ``base``."""
+    old one. Writing the new state into the old object would change ``initial`` on replay, with
+    ``diff`` passing. Likewise a list slot holding a view of ``base``: writing into it would
+    change ``base``."""
     text = _restore_case(
         "import dataclasses\n"
         "@dataclasses.dataclass(frozen=True)\n"
@@ -409,9 +409,9 @@ def test_an_object_the_loop_replaced_is_made_anew_and_its_other_names_keep_the_o
 
 
 def test_one_object_in_two_containers_and_a_name_is_one_object_after_a_restore(tmp_path: Path) -> None:
-    """``rows.append(row); by_step[k] = row; last = row``: the restore crashed on ``by_step``
-    ("cannot rebuild a ref"), and gave ``last`` a copy, so ``last["end"] = True`` after the loop
-    did not reach ``rows[-1]`` (found in review at stop 33)."""
+    """``rows.append(row); by_step[k] = row; last = row``: the restore must rebuild ``by_step``
+    (not fail with "cannot rebuild a ref") and give ``last`` the same row, not a copy, so that
+    ``last["end"] = True`` after the loop reaches ``rows[-1]``."""
     text = _restore_case(
         "rows = []\nby_step = {}\nlast = None\n",
         '        row = {"step": step, "loss": round(loss.item(), 6)}\n'
@@ -426,8 +426,8 @@ def test_one_object_in_two_containers_and_a_name_is_one_object_after_a_restore(t
 
 
 def test_a_rebound_trained_leaf_still_requires_grad_after_a_restore(tmp_path: Path) -> None:
-    """``w = (w - lr * w.grad).detach().requires_grad_()`` came back a tensor that did not require
-    grad (found in review at stop 33); a rebound ``nn.Parameter`` came back a plain tensor."""
+    """``w = (w - lr * w.grad).detach().requires_grad_()`` comes back a tensor that requires
+    grad, and a rebound ``nn.Parameter`` a Parameter, not a plain tensor."""
     text = _restore_case(
         "w = torch.zeros(4, 2, requires_grad=True)\np = torch.nn.Parameter(torch.zeros(2))\n",
         "        l2 = torch.nn.functional.cross_entropy(xb @ w + p, yb)\n"
@@ -441,8 +441,8 @@ def test_a_rebound_trained_leaf_still_requires_grad_after_a_restore(tmp_path: Pa
 
 
 def test_a_jump_over_iterations_makes_anew_what_they_replaced(tmp_path: Path) -> None:
-    """A replay that jumps from iteration 0 to a later boundary restored the replaced
-    ``tracker["best"]`` into the object ``initial`` names (found in review at stop 33)."""
+    """A replay that jumps from iteration 0 to a later boundary must not restore the replaced
+    ``tracker["best"]`` into the object ``initial`` names."""
     text = _restore_case(
         "class Box:\n"
         "    def __init__(self, v):\n"
@@ -459,9 +459,9 @@ def test_a_jump_over_iterations_makes_anew_what_they_replaced(tmp_path: Path) ->
 
 
 def test_rebound_views_of_one_tensor_stay_views_and_keep_their_strides(tmp_path: Path) -> None:
-    """``flat = torch.cat(..)`` and ``head = flat[:3]`` rebound in the loop came back separate
-    copies, so ``flat.mul_(2)`` after the loop did not reach ``head``; ``wt = (..).t()`` came
-    back contiguous (found in review at stop 33)."""
+    """``flat = torch.cat(..)`` and ``head = flat[:3]`` rebound in the loop come back views of
+    one tensor, not separate copies, so ``flat.mul_(2)`` after the loop reaches ``head``;
+    ``wt = (..).t()`` keeps its strides."""
     text = _restore_case(
         "flat = torch.zeros(10)\nhead = flat[:3]\nwt = torch.zeros(4, 8).t()\n",
         "        flat = torch.cat([p.detach().flatten() for p in model.parameters()])\n"
@@ -476,9 +476,9 @@ def test_rebound_views_of_one_tensor_stay_views_and_keep_their_strides(tmp_path:
 
 
 def test_a_file_read_line_by_line_in_the_loop_continues_where_the_record_left_it(tmp_path: Path) -> None:
-    """``f.readline()`` inside the loop: a skipped instance left the file at the prologue's
-    position, so the next executed instance read the first lines again (found in review at stop
-    33). The checkpoint holds the position of a file open for reading."""
+    """``f.readline()`` inside the loop: a skipped instance that left the file at the prologue's
+    position would make the next executed instance read the first lines again. The checkpoint
+    holds the position of a file open for reading."""
     (tmp_path / "data.csv").write_text("".join(f"{i % 7 * 0.1:.1f},{i % 3 * 0.5:.1f},1.0,2.0\n" for i in range(64)))
     text = _restore_case(
         'f = open("data.csv")\n',
@@ -491,8 +491,8 @@ def test_a_file_read_line_by_line_in_the_loop_continues_where_the_record_left_it
 
 def test_a_name_for_an_optimizer_group_still_drives_the_optimizer_after_a_restore(tmp_path: Path) -> None:
     """``group = opt.param_groups[0]`` before the loop, ``group["lr"] *= 0.5`` after each epoch:
-    ``load_state_dict`` made new group dicts, so after a restore the decay changed a dict the
-    optimizer no longer read (found in review at stop 33)."""
+    ``load_state_dict`` makes new group dicts, so after a plain restore the decay would change a
+    dict the optimizer no longer reads."""
     text = _restore_case(
         "group = opt.param_groups[0]\ngroups = opt.param_groups\n",
         '    group["lr"] *= 0.5',
@@ -504,8 +504,8 @@ def test_a_name_for_an_optimizer_group_still_drives_the_optimizer_after_a_restor
 
 def test_a_name_updated_in_place_still_shares_its_object_after_a_restore_or_a_jump(tmp_path: Path) -> None:
     """``gsum = buffers["gsum"]`` before the loop, ``gsum += g`` in it: ``+=`` on an array or a
-    list keeps the object, which ``buffers`` shares. Stored by value and rebound, the name left
-    ``buffers["gsum"]`` behind after a restore (found in review at stop 33). Probed every fourth
+    list keeps the object, which ``buffers`` shares. Stored by value and rebound, the name would
+    leave ``buffers["gsum"]`` behind after a restore. Probed every fourth
     epoch, the replay both jumps over iterations and skips the probed epochs' inner loops."""
     text = _restore_case(
         'buffers = {"gsum": np.zeros(4), "log": [], "t": torch.zeros(2)}\n'
@@ -525,8 +525,8 @@ def test_a_name_updated_in_place_still_shares_its_object_after_a_restore_or_a_ju
 
 def test_a_rebound_name_holding_rows_the_state_holds_gives_back_those_rows(tmp_path: Path) -> None:
     """``top = sorted(top + [row])[:3]`` and ``last = (epoch, row)`` over rows ``history`` holds:
-    stored by value, the names came back holding copies, and ``r["in_top"] += 1`` after the loop
-    did not reach ``history`` (found in review at stop 34). Jumps and skipped instances both."""
+    stored by value, the names would come back holding copies, and ``r["in_top"] += 1`` after
+    the loop would not reach ``history``. Jumps and skipped instances both."""
     text = _restore_case(
         "history = []\ntop = []\nlast = None\n",
         '        row = {"e": epoch, "s": step, "loss": round(loss.item(), 4)}\n'
@@ -545,9 +545,9 @@ def test_a_rebound_name_holding_rows_the_state_holds_gives_back_those_rows(tmp_p
 
 
 def test_a_view_the_loop_replaces_is_not_written_into_when_its_address_is_reused(tmp_path: Path) -> None:
-    """``bufs = [table[epoch], ...]`` each epoch, replaced out of place in the loop: CPython put
-    the new tensor at the freed view's address, so the slot read as kept and the restore wrote
-    into the view, and so into ``table`` (found in review at stop 34)."""
+    """``bufs = [table[epoch], ...]`` each epoch, replaced out of place in the loop: CPython can
+    put the new tensor at the freed view's address, and a slot judged by address would read as
+    kept, so the restore would write into the view, and so into ``table``."""
     text = (
         "import torch\n"
         "torch.manual_seed(0)\n"
@@ -582,7 +582,7 @@ EMA_PROBE = 'print("PROBE", epoch, round(sum(e.sum().item() for e in ema), 6), p
 
 def test_a_loop_variable_left_on_a_model_parameter_is_memoized_as_that_parameter(tmp_path: Path) -> None:
     """``for e, p in zip(ema, model.parameters())`` leaves ``p`` on the model's last parameter:
-    the loop was refused ("`p` shares memory with a model parameter"), and so was every loop
+    refusing the loop ("`p` shares memory with a model parameter") would refuse every loop
     keeping an EMA this way. A rebound name holding a live module's own tensor is restored as
     that tensor, after the module's restore. (The script reads ``p`` after the loop: a name
     nothing reads there is not in the changeset, and a probe reading it executes the loop.)"""
@@ -599,9 +599,9 @@ def test_a_loop_variable_left_on_a_model_parameter_survives_a_jump(tmp_path: Pat
 
 def test_modules_imported_inside_the_loop_keep_its_checkpoints(tmp_path: Path) -> None:
     """``import sys as _s`` in the epoch body and ``import math`` in the step loop rebind names to
-    modules: stored by value they could not be pickled, and walking ``sys`` reached
-    ``ctypes.cdll``, whose ``hasattr`` raises ``OSError``; either way every boundary failed
-    (found at stop 35). A module is bound again by name on restore."""
+    modules: stored by value they cannot be pickled, and walking ``sys`` reaches
+    ``ctypes.cdll``, whose ``hasattr`` raises ``OSError``; either way every boundary would fail.
+    A module is bound again by name on restore."""
     text = _restore_case(
         "",
         "        import math\n"
@@ -618,10 +618,9 @@ def test_modules_imported_inside_the_loop_keep_its_checkpoints(tmp_path: Path) -
 
 def test_a_module_inside_a_container_the_loop_rebinds_is_kept_by_name(tmp_path: Path) -> None:
     """``cfg = {"lib": math, ...}`` rebound in the step loop, and ``log`` (changed in place)
-    holding ``math`` too: the dict could not be pickled with a module in it, and the list's
-    capture walked the module, so no instance was checkpointed and the replay executed them all
-    (found in review at stop 36). A library module is stored by name; the replay gives back the
-    very module."""
+    holding ``math`` too: a dict with a module in it cannot be pickled, and a capture walking the
+    module would leave no instance checkpointed. A library module is stored by name; the replay
+    gives back the very module."""
     text = _restore_case(
         'import math\ncfg = {"lib": math, "scale": 1.0}\nlog = []\n',
         '        loss = loss * cfg["lib"].sqrt(cfg["scale"])\n'

@@ -163,8 +163,8 @@ def test_a_loop_its_blocks_cover_still_gets_boundaries_to_resume_from(tmp_path: 
     prints the rest of python's output. The rule itself is tested in test_adaptive.py. The
     writer is the synchronous one, so that a boundary is committed before training goes on (a
     background writer at idle priority under a loaded machine may not have reported any when
-    the kill comes). ε is 0.2: at the default, a faster machine (stop 38's) afforded 2 or 3
-    boundaries alone and once 1 under CI's load; at 0.2, 5 each time alone."""
+    the kill comes). ε is 0.2: at the default, how many boundaries the budget affords depends
+    too much on the machine's speed and load."""
     env = {"FLORTRAIN_COMMIT_INTERVAL": "0", "FLORTRAIN_MATERIALIZER": "sync", "FLORTRAIN_EPSILON": "0.2"}
     script = tmp_path / "train.py"
     script.write_text(COVERED)

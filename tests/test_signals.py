@@ -83,7 +83,7 @@ def test_a_handler_that_runs_inside_defer_raises_from_it_and_leaves_no_note(
 ) -> None:
     """Setting a handler runs pending ones first: a signal can reach the script's handler while
     :func:`defer` swaps them. A ``TimeoutError`` (an ``OSError``) from it must propagate, and no
-    handler stay swapped (found in review at stop 41: it was caught as a failure to swap)."""
+    handler stay swapped; it must not be caught as a failure to swap."""
 
     def timeout(signum: int, frame: object) -> None:
         raise TimeoutError
@@ -199,8 +199,8 @@ def test_a_signal_during_a_checkpoint_stops_the_script_as_under_python(tmp_path:
     """The time-limit pattern (a handler that raises, caught around training): a signal that
     arrives while the first checkpoint is staged stops the script right after that block, as it
     would have stopped under ``python`` had it arrived as the block ended, and the checkpoint is
-    complete. Before stop 41 the checkpoint's guard took the exception for a failure of the
-    checkpoint, warned, and training ran all four epochs."""
+    complete. The checkpoint's guard must not take the exception for a failure of the
+    checkpoint, warn, and let training run all four epochs."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     truth = plain(script, ["send"])

@@ -141,11 +141,9 @@ def test_a_missing_boundary_checkpoint_means_running_on_not_a_wrong_answer(tmp_p
 def test_nanogpt_shape_with_a_guarded_outer_probe(tmp_path: Path) -> None:
     """nanoGPT's `while True` with micro-steps, `loss` carried into the log line (stored
     detached: read only through `.item()`), ddp-guarded attribute absent, at the adaptive period.
-    ε is 0.3, not the default: this run lasts 3 seconds, and at ε = 1/15 how many boundaries its
-    budget affords swung from 10 to 41 jumped iterations with the machine's load (two other
-    trainings beside it); the test is about jumping at the adaptive period, not about that. At
-    0.2 a faster machine (stop 38's) jumped 16 to 46 alone and 11 once under CI's load; at 0.3,
-    37 to 47 alone."""
+    ε is 0.3, not the default: this run lasts 3 seconds, and at a smaller ε how many boundaries
+    its budget affords swings widely with the machine's speed and load; the test is about
+    jumping at the adaptive period, not about that."""
     src = (REALCODE / "nanogpt.py").read_text()
     marker = next(ln for ln in src.splitlines() if "# flortrain-probe outer:" in ln)
     text = src.replace(marker, "    #PROBE")
@@ -200,8 +198,8 @@ def test_a_carried_tensor_used_for_autograd_is_not_stored_detached() -> None:
 
 def test_a_class_field_named_like_the_loss_is_not_a_read_of_the_loss() -> None:
     """``loss: float`` in a dataclass binds a class attribute: counted as a use of the module's
-    ``loss`` after the loop, it put the graph-carrying ``loss`` into the boundary state, and
-    every boundary was refused (found in review at stop 34)."""
+    ``loss`` after the loop, it would put the graph-carrying ``loss`` into the boundary state,
+    and every boundary would be refused."""
     changes, values = _boundary("""
         @dataclass
         class Best:
@@ -257,7 +255,7 @@ def test_a_guard_may_read_an_argparse_namespace(tmp_path: Path) -> None:
     assert _jumped(rep.err) == 5 * 4 + 3, rep.err
 
 
-# -- found by adversarial review: each replayed wrongly (silently) before its fix ------------------
+# -- shapes that would replay wrongly (silently) if checkpointed naively ---------------------------
 
 
 

@@ -4,120 +4,39 @@ Materialize instance n of block i only if ``M_i / C_i < n_i / (k_i + 1) * min(1 
 where M_i is the (mean) time to materialize, C_i the (mean) time to compute, n_i the executions so
 far, k_i the checkpoints so far. It bounds record overhead by eps and keeps restore + replay
 cheaper than re-running (c = R/M). The first instance of a block is always materialized: M_i is
-unknown until measured once. Where eps appears below, the period uses eps less a headroom for
-what its estimate misses (the section on aiming below ε).
+unknown until measured once.
 
 M_i is the time the training thread was blocked, plus the background writer's time for the
-checkpoint *to the extent training leaves no core idle for it* (:func:`contention`). On a GPU
-machine the CPUs are mostly idle and the writer is free; on a CPU-only machine whose cores
-training saturates (this project's 2-core CI), the low-priority writer gets nothing until
-training ends, and its whole backlog is then time the run waits; a bound that ignored it would
-not bound the overhead.
+checkpoint *to the extent training leaves no core idle for it* (:func:`contention`): on a machine
+whose cores training saturates, the writer's backlog is time the run waits.
 
-**One budget for the run.** Eq. 4 bounds each block's M_i / C_i by ε on its own. A block nested
-in a main loop and the loop's iteration boundary share the same seconds of training (the
-iteration's compute contains the block's), so two blocks each within ε could together cost 2ε:
-measured on an LSTM, the batch loop's checkpoint took 6.3% of an epoch and the boundary's 1.8%.
-So a checkpoint Eq. 4 allows is also held to the run's budget: what flortrain has cost
-training so far, plus this block's mean M, must stay within ε of the training time so far.
-Checkpoints of a block and of the boundary after it then share the budget in the order training
-reaches them. A boundary is also priced before it is staged (:meth:`AdaptivePeriod.affords`):
-its size varies the most of any checkpoint.
+Beyond Eq. 4 the period keeps these rules (measurements in docs/benchmarks.md):
 
-**The budget is charged what checkpoints cost, and gives way to bookkeeping down to half.**
-The budget is ε of the training time, and spent on checkpoints: their blocked time (declined
-captures included) and the writer's estimated share. Training time, and a boundary's C in Eq. 4,
-are the compute of the main-loop iterations net of everything flortrain held during them
-(``Session.holding``), so flortrain's own bookkeeping never counts as compute a checkpoint
-spares. That bookkeeping (block entries and ends, the RNG digests at every boundary, the alias
-watch's first looks) is what flortrain held outside checkpoints: :attr:`AdaptivePeriod.held`
-less :attr:`AdaptivePeriod.charged`. The period cannot make it cheaper, but it can leave room
-for it: checkpoints may spend ε of the training time less the bookkeeping, and never less than
-half of ε (:meth:`AdaptivePeriod.allowance`). So where bookkeeping stays under ε/2, all that
-flortrain holds stays under ε. On nanoGPT's shape at 64 dimensions (25 ms steps) bookkeeping
-held about 2% and checkpoints the whole 6.7%: 8% in all (stop 31). Where bookkeeping alone
-exceeds ε, half of ε still goes to checkpoints: charging it in full was built and dropped at
-stop 22, when a nanoGPT-shaped script whose bookkeeping exceeded ε took no boundary at all.
-
-**A boundary waiting for the budget shares it with nested blocks.** A boundary lets a replay jump
-over iterations; a nested block's checkpoint spares only that block. But blocks come in small
-bites, each as soon as the budget has room, and a boundary (the whole model and optimizer) is
-priced higher than any of them: on nanoGPT's shape, once the budget was tight, the micro-step
-loop took every bite and the main loop no boundary at all, and a guarded probe's replay went
-from 0.40 of a plain run to 0.78. So a boundary that Eq. 4 wanted and the budget turned down
-is reserved for, once nested blocks have spent as much as its price since the latest boundary:
-a nested block's checkpoint must then leave room for it (:meth:`AdaptivePeriod.reserved`).
-Where the two compete, they share the budget about equally: the boundaries serve a probe that
-runs in some iterations (a replay jumps over the others), the blocks' checkpoints one that runs
-in every iteration (a replay skips the block in each). Reserving from the first refusal was
-measured first: the boundaries then took nearly all of it (80 to 98 boundaries of 401 iterations,
-16 to 18 micro-step checkpoints). A boundary that Eq. 4 itself turned down (its blocks cover its
-iterations: the fine-tuning shape's) reserves nothing.
-
-**A declined checkpoint is not free.** Pricing a boundary needs its state captured first, and
-the capture held training up. A boundary turned down for its price charges the capture to the
-run's budget (:meth:`AdaptivePeriod.declined`), and is not captured again until the budget could
-take that capture and the checkpoint it priced. Before this, a loop whose boundaries never fit
-(no boundary yet, so Eq. 4 said yes every time) paid a capture per iteration for nothing: 1.4 ms
-of a 0.1 s epoch in the fine-tuning benchmark, outside every bound.
-
-**A boundary is worth the compute its blocks' checkpoints leave.** Eq. 4 weighs a checkpoint's
-cost against the compute it spares a replay. A main-loop boundary spares the iterations before
-it, but where a nested block was checkpointed in an iteration, a replay restores that block
-instead of computing it, and the boundary spares only the rest: the iteration's compute outside
-the checkpointed blocks, plus the estimated time to restore them (c · M). So the boundary's C_i
-is that uncovered compute (:meth:`AdaptivePeriod.materialized` accumulates what each nested
-checkpoint covers, :meth:`AdaptivePeriod.executed` takes it off the iteration), while the run's
-training time still counts the whole iteration. In the fine-tuning benchmark the batch loop is
-the whole epoch and is checkpointed every epoch: the boundary after it would spare a replay
-about 3 ms per epoch and cost 1.8 ms (its first, 70 ms: hashing the frozen table), and it was
-taken whenever the run's budget had room, half the epochs. With its own C_i it is not taken, and
-the budget it held is not spent. A loop with no memoized block inside (nanoGPT's ``while
-True``) is unchanged: its iterations are all uncovered.
-
-**And only the compute since the latest boundary.** A replay jumps to the latest boundary before
-the iteration it needs, so a boundary spares the uncovered compute since the one before it, not
-a share of the run's. Eq. 4's amortized form (the mean C, times n / (k + 1)) let compute that
-an earlier boundary had already spared pay again: in the fine-tuning shape, a few epochs
-whose block the budget turned down early in the run paid for a boundary after nearly every
-later epoch, though the block was checkpointed in each (up to 21 boundaries of 60 epochs, 17 in
-a row, about 1 ms each; stop 44). So a boundary is due once its price is within Eq. 4's
-share of the uncovered compute since the latest one. Where a boundary takes several iterations
-to pay for, what the last of them paid beyond its price counts toward the next, so the period
-keeps Eq. 4's rate rather than rounding it down to whole iterations. Blocks keep the amortized
-form: each checkpoint of a block spares its own instance, whatever came before.
-
-**The period aims below ε, not at it** (:data:`HEADROOM`). ε is the user's ceiling, and what
-the period counts is an estimate: the blocked time it measures, the writer's share it prices,
-and the bookkeeping it allows for. What it cannot see is the training thread running slower
-*after* a hook: the first step after a block's entry took 0.12 ms longer than in a plain run of
-the fine-tuning shape with no checkpoint at all (its caches refilled after the hook's Python;
-spinning OpenMP workers, ``OMP_WAIT_POLICY=ACTIVE``, did not change it), about 0.4 ms an epoch
-in all, and the wall-clock overhead ran 2 to 3 points above the estimate on 31 ms epochs (stop 40).
-A period that spent exactly ε landed on ε: the fine-tuning benchmark measured 6.8% against ε =
-6.67% (stop 39). So Eq. 4 and the budget use ``(1 - HEADROOM)`` of ε: the estimate stays a
-quarter below the ceiling. On the benchmark's shapes what it misses fits in that quarter; on
-epochs of 31 ms it does not (docs/benchmarks.md, stop 40).
-
-**A block whose instances cost less than a restore is not prepared for.** Eq. 4 bounds M/C by
-``1 / (1 + c)``, but amortized over the instances since the last checkpoint: a loop of a few
-microseconds (nanoGPT's ``for g in optimizer.param_groups: g['lr'] = lr``, whose changeset
-reaches the whole model and optimizer) would still be checkpointed every few thousand
-instances, and each such checkpoint makes a replay restore a model where running the loop takes
-microseconds. Worse, every instance pays to be ready for one: the walk of the objects below its
-changeset (``identity``) and the light alias watch. Without them, the median time to open and to
-close a memoized loop on nanoGPT's shape fell from 150 and 187 µs to 61 and 105 µs, and the
-record's held from 6.4% to 5.6% (stop 50). So once a block's compute is below ``c`` times what its
-cheapest checkpoint held training, its instances are :meth:`AdaptivePeriod.futile`: they run as
-recorded, not checkpointed and not prepared, with their compute still measured, so that a loop
-whose instances grow dearer becomes a candidate again at once. The first instance is
-checkpointed as before (M is unknown until then), and the alias watch's instances are watched
-in full.
-
-**A boundary at least every minute of training.** ``record --resume`` restarts a killed record
-from a boundary checkpoint only; block checkpoints do not serve it. So a main loop whose latest
-boundary is ``FLORTRAIN_BOUNDARY_INTERVAL`` seconds of training old (60 by default) takes one
-even where Eq. 4 would not, within the run's budget: a few milliseconds a minute.
+* **One budget for the run.** Nested blocks and the main loop's boundary share the same seconds
+  of training, so every checkpoint Eq. 4 allows is also held to the run's budget: what flortrain
+  has cost so far, plus this block's mean M, must stay within ε of the training time so far.
+* **Bookkeeping gets room, down to half.** Training time and a boundary's C are net of
+  everything flortrain held (``Session.holding``). Checkpoints may spend ε less the bookkeeping
+  held outside them, never less than ε/2 (:meth:`AdaptivePeriod.allowance`).
+* **A waiting boundary shares the budget with nested blocks.** A boundary Eq. 4 wanted and the
+  budget turned down is reserved for once nested blocks have spent its price since the latest
+  boundary (:meth:`AdaptivePeriod.reserved`), so the two share the budget about equally.
+* **A declined checkpoint is not free.** Its capture is charged to the budget
+  (:meth:`AdaptivePeriod.declined`), and the boundary is not captured again until the budget
+  could take that capture and the checkpoint.
+* **A boundary is worth the compute its blocks' checkpoints leave**, since the latest boundary:
+  its C is the iteration's compute outside checkpointed blocks plus the time to restore them
+  (:meth:`AdaptivePeriod.materialized`, :meth:`AdaptivePeriod.executed`). What a boundary paid
+  beyond its price counts toward the next, keeping Eq. 4's rate.
+* **The period aims below ε** (:data:`HEADROOM`): its estimate misses the training thread running
+  slower after a hook, so Eq. 4 and the budget use ``(1 - HEADROOM)`` of ε.
+* **A block cheaper than a restore is not prepared for.** Once a block's compute is below ``c``
+  times its cheapest checkpoint's held time, its instances are :meth:`AdaptivePeriod.futile`:
+  run as recorded, neither checkpointed nor prepared, their compute still measured so a block
+  that grows dearer becomes a candidate again.
+* **A boundary at least every minute of training.** ``record --resume`` restarts only from a
+  boundary, so a main loop whose latest boundary is ``FLORTRAIN_BOUNDARY_INTERVAL`` seconds old
+  (60 by default) takes one even where Eq. 4 would not, within the run's budget.
 """
 
 from __future__ import annotations

@@ -4,16 +4,15 @@ glibc's malloc serves a block larger than its mmap threshold with a fresh mappin
 when it is freed; it also gives the top of its heap back to the kernel once enough of it is
 free. CPU training frees and allocates the same large tensors at every step (gradients set to
 None by ``zero_grad``, activations, an optimizer's temporaries), so each step touches fresh
-pages, and every page's first touch is a fault the kernel serves by zeroing it. Measured at
-stop 35 on the benchmark CNN: about 400k page faults per 2.0 s epoch, and 1.25 s epochs with
-none, the same bytes computed.
+pages, and every page's first touch is a fault the kernel serves by zeroing it: on CPU those
+faults can take a large share of an epoch (docs/benchmarks.md).
 
 A replay re-executes exactly the training the user is waiting for, so it sets glibc's two
 thresholds (:func:`steady`) as it starts: large blocks come from the heap, and freed memory
 stays in it for the next step. The results do not change. The values computed do not depend on
 where a tensor lives: torch aligns every CPU allocation to 64 bytes wherever malloc takes it
 from (``c10::alloc_cpu``), and the replay's output is checked against the record's
-(``flortrain diff``) as before. What changes is the process's resident memory: it stays at its
+(``flortrain diff``). What changes is the process's resident memory: it stays at its
 peak instead of shrinking between steps.
 
 Record does not do this. A recorded run should use the machine as ``python script.py`` does,

@@ -1,12 +1,9 @@
 """Warming the staging arena: its first pages mapped before training needs them.
 
 Staging a checkpoint is one copy of each changed tensor into the arena (``materializer``), and
-what that copy costs depends on the pages it lands on. Measured on this project's 2-core VM, a
-77 MB copy took 75-100 ms into arena pages touched for the first time and 8.5 ms into pages the
-process had touched before: under a hypervisor a page fault costs about 2.5 us, one per 4 KB.
-Where the writer falls behind, every checkpoint lands on fresh pages (the LSTM benchmark's
-writer is starved until training ends, and its 27 MB checkpoints took 20-25 ms to stage
-instead of about 6).
+what that copy costs depends on the pages it lands on: under a hypervisor a page touched for the
+first time costs a fault per 4 KB, several times the copy itself. Where the writer falls behind,
+every checkpoint lands on fresh pages.
 
 So before the script runs, while its imports keep one core busy and leave the other idle, a
 thread asks the kernel to map the arena's first :func:`flortrain.knobs.arena_warm` bytes
@@ -17,15 +14,13 @@ a script that starts training at once does not compete with it for long. The wri
 maps the same pages for reading the same way, in its own idle time before the first item.
 
 Pages faulted in by the *other* process do not help: the copy walks this process's page
-tables, and it took 46-54 ms for 77 MB of pages the writer had faulted in. Elsewhere (another
-OS, an older kernel, a refused ``madvise``) nothing is warmed and staging pays the faults as it
-did before. What it costs: the warmed pages are resident for the run (256 MB by default, no
-more than an eighth of the memory available), and about 0.3 s of CPU before training starts.
-That CPU is not free: the forked static pass keeps the other core busy then, and the warmer's
-``madvise`` holds the address-space lock the imports' ``mmap`` calls wait for. Measured at stop
-37 on the LSTM benchmark, the loop started 0.15 s later than with warming off, whatever the
-chunk (1, 4 or 16 MB); a checkpoint staged on warm pages saves 60-90 ms, and the first ones
-land there.
+tables. Elsewhere (another OS, an older kernel, a refused ``madvise``) nothing is warmed and
+staging pays the faults. What it costs: the warmed pages are resident for the run (256 MB by
+default, no more than an eighth of the memory available), and some CPU before training starts,
+which is not free: the forked static pass keeps the other core busy then, and the warmer's
+``madvise`` holds the address-space lock the imports' ``mmap`` calls wait for, so the loop
+starts a little later; the first checkpoints, staged on warm pages, save more than that
+(docs/materializer.md).
 """
 
 from __future__ import annotations

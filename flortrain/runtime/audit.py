@@ -5,9 +5,9 @@ syntax: assignments, methods called on a name, arguments of known mutating funct
 hidden behind a call the rules cannot see into escape them, and a skipped instance then leaves
 that state as the prologue left it, silently: ``seen.add(i)`` (``add`` reads a tensor, but writes
 a set), ``early_stop(val_loss)`` (a callable object counting in ``self``), ``step(batch)`` (a
-``functools.partial`` holding a stats dict), ``np.add(acc, g, acc)``, ``f.readline()``. A review
-at stop 33 found twelve such shapes, each replayed wrong with ``diff`` passing, since ``diff``
-has no record of what a probe prints.
+``functools.partial`` holding a stats dict), ``np.add(acc, g, acc)``, ``f.readline()``. Each
+such shape would replay wrong with ``diff`` passing, since ``diff`` has no record of what a
+probe prints.
 
 So record audits the first instances of each memoized loop and of each main loop (as many as
 the alias watch, ``knobs.ALIAS_WATCH_INSTANCES``): before, it takes a shallow image of every
@@ -67,7 +67,7 @@ def roots(frame: FrameType | None, project: Any = None) -> dict[str, Any]:
     globals, and the globals of the project's own modules (``project``: which files are, an
     ``importhook.ProjectFiles``), without dunders and flortrain's own. A helper in ``utils.py``
     counting into its module's ``COUNTS`` changes state no name of the loop's frame reaches
-    (``from utils import step_fn``; found in review at stop 33)."""
+    (``from utils import step_fn``)."""
     if frame is None:
         return {}
     out: dict[str, Any] = {}
@@ -98,13 +98,13 @@ _LAST: tuple[dict[str, Any], Any, dict[str, types.ModuleType]] | None = None
 def project_modules(project: Any) -> dict[str, types.ModuleType]:
     """The imported modules whose files are the project's (each file judged once). A file under
     an installed or standard prefix is passed over by its name: resolving each of torch's
-    ~1,500 module paths held the first audited iteration up 0.19 s (stop 34).
+    ~1,500 module paths would hold the first audited iteration up.
 
     An audit asks at every loop entry and boundary it audits, and ``sys.modules`` has rarely
     changed since: the last answer stands while a copy of ``sys.modules`` taken with it still
     equals it, which compares each entry by identity first (the copy keeps every module it
-    names alive, so no identity passes to a new module meanwhile). After a training step the
-    walk over ~1,200 modules took 0.55-0.77 ms, the comparison a few tens of µs (stop 46)."""
+    names alive, so no identity passes to a new module meanwhile). The comparison is far
+    cheaper than walking every module again."""
     global _LAST
     last = _LAST
     if last is not None and last[1] is project:
@@ -312,7 +312,7 @@ def _leaf(obj: Any, torch: Any) -> Callable[[Any], Any] | None:
 
 
 #: Iterators over a sequence, whose position ``__reduce__`` tells (``stream = iter(batches)``
-#: consumed by ``itertools.islice(stream, 6)`` inside the loop; found in review at stop 33)
+#: consumed by ``itertools.islice(stream, 6)`` inside the loop)
 _SEQUENCE_ITERATORS: tuple[type, ...] = (type(iter([])), type(iter(())), type(iter(range(0))), type(iter("")))
 
 
@@ -396,7 +396,7 @@ def _drawn_from(it: Any, depth: int = 0) -> list[Any]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 reduced = it.__reduce__()
-        except Exception:  # no way in: what it draws from stays unseen, as before
+        except Exception:  # no way in: what it draws from stays unseen
             return out
         args = reduced[1] if isinstance(reduced, tuple) and len(reduced) > 1 and isinstance(reduced[1], tuple) else ()
         for a in args:
@@ -409,7 +409,7 @@ def outside_iterator(iterable: Any, frame: FrameType) -> str | None:
     or None. ``for x in gen``, ``zip(range(3), gen)`` and ``itertools.islice(gen, 3)`` all
     advance ``gen``, a generator made before the loop, which no static rule sees and no image
     can compare (a generator's position is in its frame); a skipped instance would leave it
-    where it was (found at stop 37). An iterator made by the loop's header from a container
+    where it was. An iterator made by the loop's header from a container
     (``enumerate(loader)``: the DataLoader's fresh iterator) is not held by any name, so it is
     not reported. Names are looked up among the frame's locals and globals and, one level down,
     their attributes (``self.batches``)."""

@@ -55,8 +55,8 @@ class _Ref:
     """A tensor's place in a part's skeleton: its index in the part's tensor list, and for a
     leaf that trains (a rebound ``w = (w - lr * g).detach().requires_grad_()``, a new
     ``nn.Parameter``) what its bytes leave out: whether it is a Parameter, ``requires_grad``,
-    and its gradient's skeleton. Without them such a name came back a plain tensor that no
-    longer required grad (found in review at stop 33)."""
+    and its gradient's skeleton. Without them such a name would come back a plain tensor that
+    no longer required grad."""
 
     __slots__ = ("i", "leaf", "view")
 
@@ -118,12 +118,11 @@ class Staged:
 
 
 class _Module:
-    """A library module held in the state (``cfg = {"lib": math}``, a list of backends), stored
-    by its name (:func:`~flortrain.runtime.state.library_module`): a module object cannot be
-    pickled, and refusing it left every checkpoint of such a loop unwritten (found in review at
-    stop 36). Unpickling imports the name, which gives back the object ``sys.modules`` holds:
-    the one the state held. Its ``repr`` is its name, so a set of modules sorts the same in
-    every process (:class:`_Set`)."""
+    """A library module held in the state (``cfg = {"lib": math}``, a list of backends), stored by
+    its name (:func:`~flortrain.runtime.state.library_module`): a module object cannot be pickled,
+    and refusing it would leave every checkpoint of such a loop unwritten. Unpickling imports the
+    name, which gives back the object ``sys.modules`` holds: the one the state held. Its ``repr`` is
+    its name, so a set of modules sorts the same in every process (:class:`_Set`)."""
 
     __slots__ = ("name",)
 
@@ -244,8 +243,8 @@ class _Splitter:
         """Keep the tensors of the payload that share storage views of one another, and a
         non-contiguous tensor its strides: each such group is staged as one span of its storage,
         and each member becomes a view of it (``_Ref.view``). Copied one by one, ``head =
-        flat[:3]`` came back a tensor a later ``flat.mul_(2)`` no longer reached, and ``wt =
-        x.t()`` came back contiguous (found in review at stop 33). A group whose span is more
+        flat[:3]`` would come back a tensor a later ``flat.mul_(2)`` no longer reached, and ``wt =
+        x.t()`` would come back contiguous. A group whose span is more
         than twice its members' size (two rows far apart in a big table) stays copied one by one:
         values right, sharing lost (docs/limitations.md)."""
         torch = self.torch

@@ -5,8 +5,8 @@ to them keeps referring to the restored state (an optimizer to the model's param
 right for an object that was in its slot before the loop and still is after it. It is wrong for
 one the loop replaced: after ``tracker["best"] = Best(step, loss)`` the dict holds a new
 object, and the old one, which ``initial = tracker["best"]`` still names, is unchanged. Writing
-the new state into the old object changed ``initial`` too, and nothing could tell (found in
-review at stop 33: ``diff`` compares values, and both sides printed the same wrong value).
+the new state into the old object would change ``initial`` too, and nothing could tell: ``diff``
+compares values, and both sides would print the same wrong value.
 
 So record notes, for every object below a changeset element, whether the object at its path
 is the one that was there before:
@@ -26,15 +26,15 @@ the way :func:`capture` does, so that the two name the same object alike
 (``test_identity.py`` holds them to it).
 
 A module's plain attributes (``self.stats = {..}`` set in ``forward``) are not walked: they
-are restored in place, as before. Walking them cost 0.4 to 1.9 ms per instance of a block over a
-12-layer transformer (``named_modules`` and every submodule's ``__dict__``), paid at every
-instance recorded, for a shape (a module attribute the loop replaces while another name still
-holds the old object) no script in the suite or the review has. limitations.md says so.
+are restored in place. Walking them (``named_modules`` and every submodule's ``__dict__``) would
+cost milliseconds per instance of a block over a large model, paid at every instance recorded,
+for a rare shape (a module attribute the loop replaces while another name still holds the old
+object). docs/limitations.md says so.
 
 The walk keeps the objects it found, not their ``id``s, until the instance ends (a boundary's,
 until the next boundary captured): an ``id`` is reused once its object is freed, and a tensor
-view freed in the loop, whose address the loop's new tensor then took, read as kept, so the
-restore wrote into the view and so into the tensor it viewed (found in review at stop 34).
+view freed in the loop, whose address the loop's new tensor then took, would read as kept, and
+the restore would write into the view and so into the tensor it viewed.
 Keeping them costs memory only for objects the loop replaces, until its end.
 """
 
@@ -81,8 +81,8 @@ def name_identities(values: dict[str, Any]) -> dict[str, Any]:
     """Each rebound name's object (not plain values), by :data:`NAME` path. A name
     that still holds its object at the end (``gsum += g`` on an array, ``log += [x]``) is
     restored into the object it holds on replay, which other names may share
-    (``gsum = buffers["gsum"]``): stored by value and rebound, it left ``buffers["gsum"]``
-    behind (found in review at stop 33)."""
+    (``gsum = buffers["gsum"]``): stored by value and rebound, it would leave
+    ``buffers["gsum"]`` behind."""
     return {NAME + k: v for k, v in values.items() if not (isinstance(v, _IMMUTABLE) or _is_numpy_value(v))}
 
 

@@ -50,8 +50,8 @@ def _excluded_roots() -> list[str]:
     would hold ``/usr/local/src/project``. Each both as given and resolved: modules' ``__file__``
     carry the unresolved form, and a caller that tests a prefix before resolving a path
     (``audit.project_modules``) must find torch's ~1,500 modules there. With only the resolved
-    form, a virtualenv reached through a symlink had every one of them resolved in the first
-    audited iteration: 0.06 s held in each recorded run of the fine-tuning benchmark (stop 38)."""
+    form, a virtualenv reached through a symlink would have every one of them resolved in the
+    first audited iteration."""
     paths = sysconfig.get_paths()
     out = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
     if sys.prefix != sys.base_prefix:

@@ -3,9 +3,9 @@
 The training thread only *stages* a checkpoint; a writer process forked once, before the script
 runs, hashes and writes it (:mod:`flortrain.runtime.writer`), and the checkpoint is committed
 (its row written) when the writer reports its bytes durable. Flor's thesis (Chapter 4) forks a
-child per batch of staged checkpoints. Measured here (benchmarks/materializers.py), a fork while
-the model is alive makes training pay copy-on-write faults on every page it writes while the
-child lives: 0.2 s for an optimizer step over 100 MB, against 5 ms without a child. A writer
+child per batch of staged checkpoints. A fork while the model is alive makes training pay
+copy-on-write faults on every page it writes while the child lives (benchmarks/materializers.py,
+docs/materializer.md). A writer
 forked before the model exists shares none of those pages. Staging copies tensors into a
 shared-memory arena the writer reads:
 
@@ -24,7 +24,7 @@ shared-memory arena the writer reads:
 - **SIGCHLD** is left alone (DataLoader installs its own handler for its workers): the writer is
   reaped by pid.
 - **CUDA** tensors are copied to the host by staging (``copy_`` into the arena) before the writer
-  ever sees them; the writer has no CUDA context. Untested here: no GPU on this machine.
+  ever sees them; the writer has no CUDA context. Not covered by the CPU-only test suite.
 
 ``FLORTRAIN_MATERIALIZER=sync`` serializes and writes on the training thread instead.
 """
@@ -94,22 +94,16 @@ def writer_speed(blobs: Path) -> WriterSpeed:
     """What a checkpoint will cost, timed before the script starts (10 to 20 ms). It is what the run
     waits for where training leaves the writer no CPU: its backlog is then written after training
     ends, on idle cores. A byte costs its hash (``store/content.py``), spread over the writer's
-    threads, and its write, which goes around the page cache (``store.direct``) at the disk's pace,
-    whatever the threads: on this project's VM ``O_DIRECT`` wrote 1.0 ns a byte on 2, 4 or 8
-    threads, and hashing alongside added little (1.1). So a byte costs the larger of the two. A copy
-    into fresh pages stands in for the disk: it took 1.0 to 2.1 ns a byte here, as did the writes
-    (single 2 MB direct writes are too noisy to time: 1.1 to 1.7 ns a byte in five tries), and the
-    LSTM benchmark's writer, starved until training ended, then wrote its 27 MB checkpoints at 1.2
-    to 2.0 ns a byte. (Until stop 24 the copy was spread over the threads as the hash is, which
-    priced that wait at 0.8 to 1.4 ns a byte, and one run in four held 6.9 to 7.4%, over ε.) Both
-    are timed here on 2 MB, as are staging's copies into fresh and into warm arena pages, and a
-    file's creation in a scratch directory beside the store's objects. Not learned from the writer's
+    threads, and its write, which goes around the page cache (``store.direct``) at the disk's pace
+    whatever the threads; so a byte costs the larger of the two. A single-threaded copy into fresh
+    pages stands in for the disk (single 2 MB direct writes are too noisy to time). Both are timed
+    here on 2 MB, as are staging's copies into fresh and into warm arena pages, and a file's
+    creation in a scratch directory beside the store's objects. Not learned from the writer's
     replies: on such a machine they come after training, and where they come sooner the writer ran
-    on idle CPU and cost nothing (``adaptive.contention``).
+    on idle CPU and cost nothing (``adaptive.contention``). Measurements: docs/materializer.md.
 
     Each figure is the fastest of :data:`SPEED_TRIES` tries: one slow try is the machine, not the
-    bytes. With two, one record in nine of the CNN benchmark priced a byte at 0.79 ns against
-    0.31-0.41 in the others, and the period then took 5 of its 12 epochs (stop 46)."""
+    bytes, and an outlier would price checkpoints too high and halve them."""
     size = 2 << 20
     src = bytes(size)
     stage = warm = hashing = float("inf")
@@ -689,15 +683,15 @@ class BackgroundMaterializer:
 
     def _unmap(self) -> None:
         """Unmap the arena from this process now that nothing will be staged: the writer still
-        maps it, so this only drops page-table entries (12-15 ms for 256 MB warmed), and the
-        pages are freed when the writer exits, in the background. Left mapped, the training
-        process's own exit freed them (70-78 ms). Anything still holding a view of the arena
-        (a warmer thread inside ``madvise``) leaves it mapped, as before.
+        maps it, so this only drops page-table entries, and the pages are freed when the writer
+        exits, in the background. Left mapped, the training process's own exit would free them,
+        several times slower. Anything still holding a view of the arena (a warmer thread
+        inside ``madvise``) leaves it mapped.
 
-        On the training thread, not a thread of its own (tried at stop 46): ``munmap`` releases
-        the GIL, but it holds the address space's lock, so the next ``mmap`` or ``munmap`` of
-        the exit path (SQLite's close unmapping its shared index, the heap's teardown) waited for
-        it instead: held fell by the 14 ms, the time to exit did not."""
+        On the training thread, not a thread of its own: ``munmap`` releases the GIL, but it
+        holds the address space's lock, so the next ``mmap`` or ``munmap`` of the exit path
+        (SQLite's close unmapping its shared index, the heap's teardown) would wait for it
+        instead, and the time to exit would not fall."""
         self.warmer.join(1.0)  # stopped when the flush began
         self._tensor_view = None
         with contextlib.suppress(BufferError, ValueError):
@@ -707,10 +701,10 @@ class BackgroundMaterializer:
     def _reap_in_background(self) -> None:
         """Reap a writer that said goodbye without waiting for it to exit. Everything it wrote
         is committed by then, and what is left of it is the kernel tearing down its address
-        space, a copy of the training process's page tables: 10 to 70 ms measured here, time the
-        run would spend waiting at exit for nothing. A daemon thread waits for that pid alone
-        (never ``-1``: the script's own children are not ours to reap); if the interpreter exits
-        first, init reaps it."""
+        space, a copy of the training process's page tables: time the run would spend waiting
+        at exit for nothing. A daemon thread waits for that pid alone (never ``-1``: the
+        script's own children are not ours to reap); if the interpreter exits first, init reaps
+        it."""
         pid, self.pid = self.pid, None
         if pid is None:
             return

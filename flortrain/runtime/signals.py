@@ -2,12 +2,12 @@
 
 CPython runs a Python-level signal handler in the main thread between two bytecodes, wherever
 that thread happens to be. A handler that raises (DataLoader's SIGCHLD handler when a worker
-dies, a script's time limit on SIGALRM or SLURM's SIGUSR1) therefore raised inside flortrain's
-code when its signal fell into a hook, about 2% of a recorded run's time. There the exception
-either unwound flortrain half-way through staging a checkpoint, or was taken for a failure of
-the checkpoint by one of the broad ``except Exception`` that keep training from ever crashing
-because of flortrain, and turned into a warning: the script then went on where under ``python``
-it would have stopped (found at stop 41).
+dies, a script's time limit on SIGALRM or SLURM's SIGUSR1) would therefore raise inside
+flortrain's code when its signal fell into a hook. There the exception would either unwind
+flortrain half-way through staging a checkpoint, or be taken for a failure of the checkpoint by
+one of the broad ``except Exception`` that keep training from ever crashing because of
+flortrain, and turned into a warning: the script would then go on where under ``python`` it
+would have stopped.
 
 So for a hook's duration (:meth:`Session.holding`) each Python-level handler is replaced by a
 :class:`Note` that only notes its signal; when the hook is over the script's handlers are put

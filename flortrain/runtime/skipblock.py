@@ -80,8 +80,8 @@ _VALUES = _IMMUTABLE
 class Captured:
     """A rebound name whose value holds objects the state also holds (``top = sorted(top +
     [row])[:3]`` over rows in ``history``; ``last = (epoch, row)``): stored as a captured state,
-    so that a restore gives it those same objects, not copies (found in review at stop 34: an
-    annotation through ``last[1]`` after the loop did not reach ``history``)."""
+    so that a restore gives it those same objects, not copies: otherwise an annotation through
+    ``last[1]`` after the loop would not reach ``history``."""
 
     def __init__(self, state: dict[str, Any]) -> None:
         self.state = state
@@ -490,7 +490,7 @@ class SkipBlock(Checkpointable):
         parameters and buffers (memory and version counter) of each live module the block's
         checkpoints do not hold. A loop that starts changing one late (a target network synced
         from epoch 2 on through ``vector_to_parameters``) then has it learned, as the alias watch
-        would have, instead of restoring without it (found in review at stop 33). The cost is
+        would have, instead of restoring without it. The cost is
         a few tenths of a microsecond per tensor of such modules, none for the rest."""
         covered = {id(o) for o in (roots or {}).values()}  # unknown roots: watch every module
         try:
@@ -707,8 +707,8 @@ def _no_views_of_parameters(s: Session, rebound: dict[str, Any], objs: dict[str,
     """Refuse a tensor that shares memory with a live model's parameter or buffer where a
     restore would give back a copy that no longer follows the optimizer's in-place updates:
     held by a rebound name (``snap = model.weight.detach()``; a rebound name is restored by
-    value), or inside a container the block changes in place (``snaps.append(w.detach())``;
-    found in review at stop 33). A parameter itself in such a container (an optimizer's
+    value), or inside a container the block changes in place (``snaps.append(w.detach())``).
+    A parameter itself in such a container (an optimizer's
     ``param_groups``) is restored into in place, and is fine. Modules and optimizers are
     restored through their own state and are not looked into."""
     torch = sys.modules.get("torch")

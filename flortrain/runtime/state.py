@@ -282,10 +282,10 @@ def _pickled_children(obj: Any, path: str) -> list[tuple[str, Any]]:
 
 
 def _file_position(f: Any, path: str) -> Any:
-    """Where a file open for reading only stands (``f.readline()`` in the loop): a skipped
-    instance seeks the live file there (found in review at stop 33: the replay read the first
-    lines again). None for a closed file and one open for writing: what the loop wrote is not
-    restored (docs/limitations.md), and moving its position would only add a gap."""
+    """Where a file open for reading only stands (``f.readline()`` in the loop): a skipped instance
+    seeks the live file there, so a replay does not read the first lines again. None for a closed
+    file and one open for writing: what the loop wrote is not restored (docs/limitations.md), and
+    moving its position would only add a gap."""
     if f.closed or f.writable() or not f.readable():
         return None
     try:
@@ -298,7 +298,7 @@ def _file_position(f: Any, path: str) -> Any:
 def _library() -> tuple[str, ...]:
     """Where the standard library and installed packages live (a venv's and the base
     interpreter's). Asked for on the first module a capture meets, not at import: ``sysconfig``
-    and its paths cost a recorded run's start-up 1-2.5 ms that most scripts never need."""
+    and its paths cost a recorded run's start-up time that most scripts never need."""
     import sysconfig
 
     paths = sysconfig.get_paths()
@@ -359,7 +359,7 @@ def _picklable_class(cls: type) -> bool:
 def _typed(state: dict[str, Any], obj: Any, base: type) -> dict[str, Any]:
     """A container's state, with its type when it is a subclass (a namedtuple, a ``Counter``, a
     ``defaultdict`` and its factory): a rebuilt one is of that type again, not a plain one
-    (found in review at stop 33: a namedtuple came back as a tuple)."""
+    (a namedtuple does not come back as a tuple)."""
     if type(obj) is not base:
         state["type"] = type(obj)
         if isinstance(obj, collections.defaultdict):
@@ -412,8 +412,8 @@ def is_stateful(obj: Any) -> bool:
     """Whether ``obj`` keeps its state behind ``state_dict``/``load_state_dict`` (a scheduler, a
     sampler, a user's tracker). Asked of any object a changeset reaches, some of which answer
     an unknown attribute with something other than ``AttributeError``: ``ctypes.cdll.state_dict``
-    tries to load a library of that name and raises ``OSError`` (found at stop 35 through a
-    module imported inside the loop), which made every boundary of the loop fail."""
+    tries to load a library of that name and raises ``OSError`` (a module imported inside the
+    loop reaches it), which would make every boundary of the loop fail."""
     try:
         return hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")
     except Exception:
@@ -444,13 +444,13 @@ class Restorer:
     place: everything that refers to it (an optimizer to its parameters, ``first = bufs[0]``)
     sees the restored values, as after the loop. An object the loop *replaced*
     (``tracker["best"] = Best(..)``, ``bufs[0] = t * 1.0``) is made new, and the one the slot
-    held stays as it was: writing the new state into it, as restores did until stop 34, changed
-    every other name for it (found in review at stop 33). ``since`` names the replaced slots
+    held stays as it was: writing the new state into it would change every other name for it.
+    ``since`` names the replaced slots
     (:mod:`flortrain.runtime.identity`): the path of each, and the position (a main-loop
     iteration; 1 for a block's instance) from which its object has been there. A slot is
     restored in place when its object was there already at ``at``, the position the replay
-    restores from. A checkpoint without ``since`` (taken before stop 34) restores every slot in
-    place, as then.
+    restores from. A checkpoint without ``since`` (written by an older flortrain) restores every
+    slot in place.
 
     ``placed`` maps each restored object's path to the object now there: a second sighting of
     an object in the state (``last = row`` after ``rows.append(row)``; one row in two
@@ -477,9 +477,8 @@ class Restorer:
 
         ``state`` is taken over: its tensors become the live gradients and optimizer state
         without a copy. Every state restored is a payload ``deserialize`` has just built for this
-        one restore (fresh tensors no cache or other object holds); cloning them cost a replay of
-        the CNN benchmark two copies of every gradient per checkpoint, the module's and the
-        optimizer's."""
+        one restore (fresh tensors no cache or other object holds); cloning them would cost a
+        replay two copies of every gradient per checkpoint, the module's and the optimizer's."""
         kind = state["kind"]
         if kind == "value":
             return state["value"]
@@ -670,8 +669,8 @@ def _unrebuildable(path: str, kind: str) -> str:
 def _optimizer(live: Any, state: dict[str, Any]) -> Any:
     """``load_state_dict``, keeping the live ``param_groups`` list and dicts: it makes new ones,
     and a name the script took for a group before the loop (``group = opt.param_groups[0]``,
-    then ``group["lr"] *= 0.5`` each epoch) then changed a dict the optimizer no longer used
-    (found in review at stop 33)."""
+    then ``group["lr"] *= 0.5`` each epoch) would then change a dict the optimizer no longer
+    used."""
     torch = _torch()
     groups = live.param_groups
     originals = list(groups)

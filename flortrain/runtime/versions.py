@@ -6,18 +6,18 @@ names a module tensor still at its version of the main loop's entry by the hash 
 instead of storing it; a replay hashes a live tensor once per version (``Session.live_object``);
 and the alias watch compares version fingerprints instead of copies (``state.fingerprint``). Every
 in-place op dispatched through autograd bumps the counter. Two kinds of torch kernels write
-tensors without it (torch 2.13, found in review at stop 33):
+tensors without it (as of torch 2.13):
 
 - **fused optimizers** (``Adam``, ``AdamW``, ``SGD``, ``Adagrad`` with ``fused=True``; nanoGPT
   asks for it on CUDA): the kernel updates parameters and moments in place and bumps only the
-  ``step`` counter. A checkpoint named a parameter "unchanged", and a replay restored the first
-  epoch's weights at every later epoch and said it matched;
+  ``step`` counter. Trusting it, a checkpoint would name a parameter "unchanged", and a replay
+  would restore the first epoch's weights at every later epoch and say it matched;
 - **batch normalization's running statistics** (``BatchNorm*``, ``InstanceNorm*`` with
   ``track_running_stats``, ``SyncBatchNorm``): the native kernel updates ``running_mean`` and
   ``running_var`` in training mode without a bump.
 
-Bumping the counters after such a write was tried and is wrong: batch norm's backward saved the
-running statistics at their version, and a bump after the forward made ``backward()`` fail (a
+Bumping the counters after such a write is wrong: batch norm's backward saves the running
+statistics at their version, and a bump after the forward makes ``backward()`` fail (a
 fused step's bump would do the same to a graph kept across the step). So instead the registry
 notes the memory these kernels wrote (:func:`note`), after each step of an optimizer with a
 fused group and after each training-mode forward of a norm module, and every shortcut treats a

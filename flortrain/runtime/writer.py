@@ -70,10 +70,8 @@ class Objects:
     (:func:`serve`): idle ones (SCHED_IDLE, :func:`_idle_thread`) for a small backlog, busy ones
     at the writer's low priority for a large one (:class:`Pace`), and, once the parent has said
     stop, twice as many drain threads: the run is then waiting, the cores are free, and the
-    disk's time per object is what it waits for. Measured on this project's VM at the LSTM
-    benchmark's exit (24 objects of 0.5 to 2 MB per item, each hashed in 0.7 ms a MB and written
-    in 1.5): 0.71 to 0.85 GB/s on 2 threads, 0.75 to 0.95 on 4, 0.80 to 0.90 on 8, three runs
-    each. More threads while training runs would only preempt it more often. A lane's threads
+    disk's time per object is what it waits for (throughput: docs/materializer.md). More
+    threads while training runs would only preempt it more often. A lane's threads
     start on its first use, from the writer thread of that lane, whose scheduling they inherit
     (in the forked writer, never in the parent before the fork)."""
 
@@ -162,9 +160,8 @@ class Pace:
     thread ends up waiting for the writer at every checkpoint. So once the backlog (bytes
     staged, not yet written) reaches ``threshold``, the writer competes at nice :data:`NICE`
     until it has written everything it holds; the next checkpoint is then staged at the
-    buffer's start, on pages already faulted in. Measured on the CNN benchmark (77 MB per 2.6 s
-    epoch, 2 cores): +4.3% to exit with the writer always idle, +0.1% always niced; on the LSTM
-    one (20 MB per 0.55 s) the other way round, +7.9% against +12.6% (docs/materializer.md)."""
+    buffer's start, on pages already faulted in. Neither always idle nor always niced wins on
+    every shape (docs/materializer.md)."""
 
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold
@@ -184,11 +181,10 @@ class IdleCores:
     """How many cores sat idle lately, from ``/proc/stat`` (idle and iowait time), counting the
     writer's own CPU time as idle: it is what the writer would take. Before the writer starts
     an item on idle CPU it looks: an item started while training keeps every core busy gets
-    none (``SCHED_IDLE``), and one was seen holding the head of the buffer for 11 s of a CNN
-    run, while the backlog grew past the threshold that should have made the writer compete
-    (the pace is decided when an item is taken) and staging went on into pages never touched.
+    none (``SCHED_IDLE``) and would hold the head of the buffer while the backlog grew past the
+    threshold that should make the writer compete (the pace is decided when an item is taken).
     Left queued, the item waits for the threshold, or for a core to come free. Where
-    ``/proc/stat`` cannot be read, every look says idle (the writer's way before stop 24)."""
+    ``/proc/stat`` cannot be read, every look says idle."""
 
     def __init__(self, path: str = "/proc/stat") -> None:
         self.path = path
@@ -223,8 +219,8 @@ class IdleCores:
 IDLE_ENOUGH = 0.5
 #: Staged bytes of an item the writer starts on idle CPU however busy the cores are: what a
 #: ``SCHED_IDLE`` thread still gets on saturated cores (a few per mille) finishes it in a second
-#: or two. The fine-tuning benchmark's checkpoints (its small head) are such items; held back
-#: they left its run held 2.0% instead of 1.6-1.7% (two runs each).
+#: or two. Small checkpoints (a fine-tuned head) are such items; held back, they would cost the
+#: run more than they take from training.
 SMALL_ITEM = 4 << 20
 #: How often a writer holding items it has not started looks at the CPU again, in seconds.
 IDLE_LOOK = 0.2
@@ -238,8 +234,8 @@ def may_start_idle(staged: int, cpu: IdleCores) -> bool:
 def map_until_asked(sock: socket.socket, arena: memoryview, warm: int) -> int:
     """Map the arena's first ``warm`` bytes for reading, a :data:`~flortrain.runtime.arena.CHUNK`
     at a time, until the parent sends something; how many bytes were mapped. A script that ends
-    before warming does (``print("hi")``) says stop at once, and used to wait for all 256 MB:
-    0.2 s added to its exit, while both processes faulted in the same pages."""
+    before warming does (``print("hi")``) says stop at once, rather than wait for the whole
+    arena to be mapped while both processes fault in the same pages."""
     def unasked() -> bool:
         return not select.select([sock], [], [], 0)[0]
 
@@ -257,8 +253,8 @@ LINGER = 5.0
 def linger(sock: socket.socket, timeout: float = LINGER) -> None:
     """After ``bye``, wait for the parent to close its end, which it does once it has unmapped the
     arena. Then this process, exiting in the background, holds the arena's last mapping and
-    frees its pages, instead of the training process's exit: 70-78 ms for 256 MB of warmed
-    pages, against 12-15 ms to unmap them while another process still maps them."""
+    frees its pages, instead of the training process's exit: unmapping pages another process
+    still maps is several times cheaper than freeing them."""
     sock.settimeout(timeout)
     with contextlib.suppress(OSError):
         while sock.recv(1 << 12):

@@ -20,7 +20,7 @@ would otherwise do in the training process.
 
 It is only done where it pays: the script (or a project module it imports) uses torch, torch
 is installed, the process may run on two CPUs or more, and ``os.fork`` exists. Otherwise, or
-with ``FLORTRAIN_STATIC_OVERLAP=off``, the pass runs in the process first, as it always did.
+with ``FLORTRAIN_STATIC_OVERLAP=off``, the pass runs in the process first.
 
 Nothing is lost when the child fails. A :class:`FlortrainError` it raises (a syntax error, a
 refused file) is raised in the parent unchanged, one located line. Any other failure (a crash,

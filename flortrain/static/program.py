@@ -399,8 +399,8 @@ class _Indexer(cst.CSTVisitor):
     def _class_attribute(self, *parts: cst.CSTNode | None) -> bool:
         """A class body's ``loss: float`` or ``lr = 0.1`` binds a class attribute, not a name of
         the scope around the class: only its annotation and value are uses there. Counted as a
-        use, a dataclass field ``loss`` made the loop's own ``loss`` look read after the loop,
-        and a main loop's boundaries were refused for it (found in review at stop 34)."""
+        use, a dataclass field ``loss`` would make the loop's own ``loss`` look read after the
+        loop, and a main loop's boundaries would be refused for it."""
         for part in parts:
             if part is not None:
                 part.visit(self)

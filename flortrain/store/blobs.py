@@ -146,11 +146,10 @@ class ReadAhead:
 
     An outer-probe replay is mostly restores: for each skipped instance it reads a blob and its
     objects from disk, verifies their hashes and copies them into the live state, one after
-    the other on the script's thread. Read from a cold page cache (a replay days after its
-    record) the reads were a fifth of such a replay here (the CNN benchmark's 0.9 GB: 9.5-10.1 s
-    evicted against 8.0-8.3 s cached). File reads and a blob's sha256 release the GIL, so a
-    thread does both while the script restores the previous checkpoint; an object's XXH3 holds
-    it, for 3 ms per 100 MB.
+    the other on the script's thread. Read from a cold page cache (a replay days after its record)
+    the reads are a large share of such a replay (docs/benchmarks.md). File reads and a blob's
+    sha256 release the GIL, so a thread does both while the script restores the previous checkpoint;
+    an object's XXH3 holds it, for 3 ms per 100 MB.
 
     It starts at the first checkpoint the replay asks for (a parallel worker's segment, a jump's
     target) and stays at most :data:`READ_AHEAD_BYTES` ahead of the latest one; a checkpoint the
@@ -204,11 +203,11 @@ class ReadAhead:
         nor one read ahead refers to: the replay restored them, and nothing it will restore soon
         names them again. Called with the condition held.
 
-        Why: the object cache keeps what it read up to :data:`OBJECT_CACHE_BYTES`, so a replay
-        whose every tensor changes each epoch (the CNN benchmark's 0.9 GB) held all of it, and
-        every read and every restore's copy landed on fresh pages, a page fault per 4 KB. Let go
-        of, they are memory the next reads reuse. An object both checkpoints name (a frozen
-        table) stays; one dropped too eagerly is only read again, and verified again."""
+        Why: the object cache keeps what it read up to :data:`OBJECT_CACHE_BYTES`, so a replay whose
+        every tensor changes each epoch would hold all of it, and every read and every restore's
+        copy would land on fresh pages, a page fault per 4 KB. Let go of, they are memory the next
+        reads reuse. An object both checkpoints name (a frozen table) stays; one dropped too eagerly
+        is only read again, and verified again."""
         if refs is None:  # read by the caller: its objects are unknown here, left to the budget
             self.last_refs = frozenset()
             return frozenset()

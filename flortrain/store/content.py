@@ -2,13 +2,10 @@
 (``objects/ab/<name>``), the names by which a checkpoint refers to a tensor kept from the main
 loop's entry, and the per-tensor digests ``diff`` compares.
 
-A name is the 128-bit XXH3 of the bytes, in hex. Until stop 39 it was their sha256, and that hash
-was the largest per-byte cost a checkpoint had: 0.5 ms a MB with SHA extensions on this project's
-VM (1.9 GB/s), so the CNN benchmark's 73 MB a second of changed state cost its writer 37 ms of
-CPU a second, on cores training keeps busy (``runtime/adaptive.py``); the fine-tuning benchmark
-paid 53 ms on the training thread to name its frozen 102 MB table; and every replay paid it again
-to verify each object it read. XXH3-128 takes 0.03 ms a MB on the same VM (33 GB/s), seventeen
-times less.
+A name is the 128-bit XXH3 of the bytes, in hex. Hashing is the largest per-byte cost a
+checkpoint has, paid by the writer on cores training keeps busy (``runtime/adaptive.py``), on the
+training thread to name a frozen table, and by every replay to verify each object it reads; XXH3
+is over an order of magnitude cheaper per byte than sha256.
 
 What the name is for decides what hash it needs. It is not a signature: the store is the user's
 own, and the blob that refers to an object is itself named by a sha256 (``store.db.write_durably``)

@@ -1,13 +1,12 @@
 """Writing a content-addressed object without the page cache.
 
-The materializer's writer shares two cores with training on a CPU-only machine, so every CPU
-cycle it spends per checkpoint byte comes out of training (``runtime/adaptive.py``). Measured on
-this project's 2-core CI VM, a buffered ``write`` of a large object costs 1.6 to 1.9 ns of CPU per
-byte (the copy into the page cache, dirty-page accounting, and the kernel's writeback threads on
-top), against 0.06 ns/byte for ``O_DIRECT``, which hands the staged pages to the disk as they
-are. Hashing is then the writer's only per-byte work (0.03 ns/byte with XXH3-128; sha256 took
-0.5 to 0.8 until stop 39), and it is done once: the object's name is its hash, so the bytes are
-not hashed again on the way out.
+The materializer's writer shares two cores with training on a CPU-only machine, so every CPU cycle
+it spends per checkpoint byte comes out of training (``runtime/adaptive.py``). A buffered ``write``
+of a large object costs CPU per byte (the copy into the page cache, dirty-page accounting, and the
+kernel's writeback threads on top); ``O_DIRECT`` hands the staged pages to the disk as they are, for
+a small fraction of that (docs/materializer.md). Hashing is then the writer's only per-byte work
+(XXH3-128), and it is done once: the object's name is its hash, so the bytes are not hashed again on
+the way out.
 
 ``O_DIRECT`` wants the buffer's address, the file offset and the length aligned to the device's
 logical block size; :data:`ALIGN` (4096) is a multiple of every common one. The staging arena is
