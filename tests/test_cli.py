@@ -524,7 +524,9 @@ def test_while_inner_loop_is_skipped_and_restored(work: Path) -> None:
     # an inner `while` block: skipped through `live() and (cond)` without evaluating cond
     (work / "train.py").write_text(WHILE_INNER)
     assert invoke("record", "train.py").exit_code == 0
-    (work / "train.py").write_text(WHILE_INNER.replace("    #PROBE", "    print('PROBE', i, repr(w), steps)"))
+    # the probe reads what the loop leaves for the code after it (`i` is reset before any read,
+    # so no checkpoint holds it, and a probe of it would execute the loop: test_liveness.py)
+    (work / "train.py").write_text(WHILE_INNER.replace("    #PROBE", "    print('PROBE', repr(w), steps)"))
     rep = invoke("replay", "train.py")
     assert rep.exit_code == 0, rep.stderr
     want = probe_lines(plain_output(work / "train.py"))

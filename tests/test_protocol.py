@@ -60,9 +60,13 @@ def test_protocol(name: str, tmp_path: Path) -> None:
         replay = latest_run(tmp_path)
         assert replay["kind"] == "replay" and replay["status"] == "complete"
         states = block_states(tmp_path / ".flortrain", int(replay["id"]))  # type: ignore[arg-type]
-        if kind == "outer":
+        if kind == "outer" and "which only this loop binds" not in rep.err:
             # partial replay: every memoized block instance is skipped and restored
             assert states.get("skipped", 0) > 0 and states.get("executed", 0) == 0, states
+        elif kind == "outer":
+            # the probe reads a name its loop binds and the script never reads after it (a hidden
+            # state reset each epoch): no checkpoint holds it, so that loop executes, as the plan says
+            assert states.get("executed", 0) > 0, states
         else:
             assert states.get("executed", 0) > 0, states
 
