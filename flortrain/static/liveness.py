@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from flortrain.static.expressions import names_of
 from flortrain.static.program import MODULE, Loop, Program, Scope
 
 #: calls that read a scope's names without naming them (``vars()`` and ``dir()`` only bare:
@@ -155,7 +156,7 @@ class _Scope:
             exc = _union(ctx.exc, out) if swallows else ctx.exc
             body = self._suite(s.body, out, _Ctx(ctx.brk, ctx.cont, exc, ctx.ret))
             bound = [
-                n for item in s.items if item.asname is not None for n in _bound(item.asname.name)
+                n for item in s.items if item.asname is not None for n in names_of(item.asname.name)
             ]
             live = _union(
                 _kill(body, bound), *(self.target_uses(i.asname.name) for i in s.items if i.asname)
@@ -189,7 +190,7 @@ class _Scope:
             inner = _Ctx(brk=out, cont=head, exc=ctx.exc, ret=ctx.ret)
             body = self._suite(loop.body, head, inner)
             if isinstance(loop, cst.For):
-                body = _union(_kill(body, _bound(loop.target)), self.target_uses(loop.target))
+                body = _union(_kill(body, names_of(loop.target)), self.target_uses(loop.target))
                 new = _union(head, body, after)
             else:
                 new = _union(head, self.uses(loop.test), body, after)
@@ -214,7 +215,7 @@ class _Scope:
         for h in s.handlers:
             body = self._suite(h.body, after, inner)
             if h.name is not None:
-                body = _kill(body, _bound(h.name.name))
+                body = _kill(body, names_of(h.name.name))
             handlers = _union(handlers, self.uses(h.type), body)
         orelse = self._suite(s.orelse.body, after, inner) if s.orelse is not None else after
         body_ctx = _Ctx(inner.brk, inner.cont, _union(inner.exc, handlers), inner.ret)
@@ -230,7 +231,7 @@ class _Scope:
         if isinstance(s, cst.Continue):
             return _union(ctx.cont)
         if isinstance(s, cst.Assign):
-            bound = [n for t in s.targets for n in _bound(t.target)]
+            bound = [n for t in s.targets for n in names_of(t.target)]
             return _union(
                 self.uses(s.value),
                 *(self.target_uses(t.target) for t in s.targets),
@@ -240,7 +241,7 @@ class _Scope:
             if s.value is None:
                 return _union(self.uses(s.annotation), out)
             return _union(
-                self.uses(s.value), self.target_uses(s.target), _kill(out, _bound(s.target))
+                self.uses(s.value), self.target_uses(s.target), _kill(out, names_of(s.target))
             )
         if isinstance(s, cst.AugAssign):
             return _union(self.uses(s.value), self.uses(s.target), out)  # reads its target first
@@ -248,14 +249,14 @@ class _Scope:
             return _union(self.uses(s.target), out)  # `del x` fails on an unbound x: a read
         if isinstance(s, cst.Import):
             names = [
-                n for a in s.names for n in (_bound(a.asname.name) if a.asname else [_top(a.name)])
+                n for a in s.names for n in (names_of(a.asname.name) if a.asname else [_top(a.name)])
             ]
             return _kill(out, names)
         if isinstance(s, cst.ImportFrom):
             if isinstance(s.names, cst.ImportStar):
                 return _union(out)
             return _kill(
-                out, [n for a in s.names for n in _bound(a.asname.name if a.asname else a.name)]
+                out, [n for a in s.names for n in names_of(a.asname.name if a.asname else a.name)]
             )
         if isinstance(s, cst.Global | cst.Nonlocal | cst.Pass):
             return _union(out)
@@ -279,17 +280,6 @@ def _introspects(call: cst.Call) -> bool:
         return f.attr.value in _FRAMES
     name = f.value if isinstance(f, cst.Name) else ""
     return name in _INTROSPECTION or (name in _BARE_INTROSPECTION and not call.args)
-
-
-def _bound(t: cst.CSTNode) -> list[str]:
-    """The bare names a binding target binds (not ``a.b`` nor ``a[i]``)."""
-    if isinstance(t, cst.Name):
-        return [t.value]
-    if isinstance(t, cst.Tuple | cst.List):
-        return [n for e in t.elements for n in _bound(e.value)]
-    if isinstance(t, cst.StarredElement):
-        return _bound(t.value)
-    return []
 
 
 def _top(node: cst.BaseExpression) -> str:
