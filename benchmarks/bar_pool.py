@@ -70,10 +70,16 @@ def runs_of(path: Path) -> list[dict[str, Any]]:
         d = json.loads(path.read_text())
     except ValueError as e:
         raise ValueError(f"{path}: not a result file ({e})") from None
-    if isinstance(d, dict) and isinstance(d.get("runs"), list) and all("ratios" in r for r in d["runs"]):
+    if (
+        isinstance(d, dict)
+        and isinstance(d.get("runs"), list)
+        and all("ratios" in r for r in d["runs"])
+    ):
         return list(d["runs"])
     if not isinstance(d, dict) or not d.get("bar") or set(d.get("results", ())) != set(WORKLOADS):
-        raise ValueError(f"{path}: not a --bar run of every workload ({', '.join(WORKLOADS)}), nor a pool")
+        raise ValueError(
+            f"{path}: not a --bar run of every workload ({', '.join(WORKLOADS)}), nor a pool"
+        )
     return [_run(d)]
 
 
@@ -103,7 +109,9 @@ def pool(paths: list[Path]) -> dict[str, Any]:
     out["held"] = statistics.median(r["held"] for r in runs)
     if controls:
         out["control_runs"] = len(controls)
-        out["control_median"] = statistics.median(w["control_median"] for w in out["workloads"].values())
+        out["control_median"] = statistics.median(
+            w["control_median"] for w in out["workloads"].values()
+        )
         out["control_interval"] = stratified_interval([[run[n] for n in names] for run in controls])
     return out
 
@@ -116,20 +124,30 @@ def _print(out: dict[str, Any]) -> None:
     print(f"{'run':20} {'pairs':>5} {'median':>7} {'90% interval':>18} {'held':>6}")
     for k, r in enumerate(out["runs"]):
         lo, hi = r["interval"]
-        print(f"{_label(k, r):20} {r['pairs']:5d} {r['median']:+7.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18} {r['held']:6.1%}")
+        print(
+            f"{_label(k, r):20} {r['pairs']:5d} {r['median']:+7.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18} {r['held']:6.1%}"
+        )
     lo, hi = out["interval"]
-    print(f"{'pooled':20} {out['pairs']:5d} {out['median']:+7.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18} {out['held']:6.1%}")
+    print(
+        f"{'pooled':20} {out['pairs']:5d} {out['median']:+7.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18} {out['held']:6.1%}"
+    )
     for n, w in out["workloads"].items():
         lo, hi = w["interval"]
-        line = (f"{n:10} pooled {w['median']:+.1%} ({lo:+.1%} .. {hi:+.1%}), {w['pairs_above_epsilon']}/{w['pairs']}"
-                f" pairs above ε, held {w['held']:.1%}")
+        line = (
+            f"{n:10} pooled {w['median']:+.1%} ({lo:+.1%} .. {hi:+.1%}), {w['pairs_above_epsilon']}/{w['pairs']}"
+            f" pairs above ε, held {w['held']:.1%}"
+        )
         if "control_median" in w:
-            line += (f"; control {w['control_median']:+.1%}, {w['control_pairs_above_epsilon']}/{w['control_pairs']}"
-                     " pairs above ε")
+            line += (
+                f"; control {w['control_median']:+.1%}, {w['control_pairs_above_epsilon']}/{w['control_pairs']}"
+                " pairs above ε"
+            )
         print(line)
     if "control_interval" in out:
         lo, hi = out["control_interval"]
-        print(f"control, pooled over {out['control_runs']} runs: {out['control_median']:+.1%} ({lo:+.1%} .. {hi:+.1%})")
+        print(
+            f"control, pooled over {out['control_runs']} runs: {out['control_median']:+.1%} ({lo:+.1%} .. {hi:+.1%})"
+        )
 
 
 def _plot(out: dict[str, Any], path: Path) -> None:
@@ -142,7 +160,10 @@ def _plot(out: dict[str, Any], path: Path) -> None:
     labels = [_label(k, r) for k, r in enumerate(out["runs"])] + ["pooled"]
     meds = [100 * r["median"] for r in out["runs"]] + [100 * out["median"]]
     ivs = [r["interval"] for r in out["runs"]] + [out["interval"]]
-    err = [[m - 100 * iv[0] for m, iv in zip(meds, ivs, strict=True)], [100 * iv[1] - m for m, iv in zip(meds, ivs, strict=True)]]
+    err = [
+        [m - 100 * iv[0] for m, iv in zip(meds, ivs, strict=True)],
+        [100 * iv[1] - m for m, iv in zip(meds, ivs, strict=True)],
+    ]
     xs = list(range(len(meds)))
     a.bar(xs, meds, yerr=err, capsize=3, color=["tab:blue"] * (len(meds) - 1) + ["tab:orange"])
     a.axhline(100 * BAR, color="green", linestyle=":", label="2% (median bar)")
@@ -154,14 +175,26 @@ def _plot(out: dict[str, Any], path: Path) -> None:
     a.legend(fontsize=7)
     names = list(out["workloads"])
     ys = [100 * out["workloads"][n]["median"] for n in names]
-    werr = [[y - 100 * out["workloads"][n]["interval"][0] for y, n in zip(ys, names, strict=True)],
-            [100 * out["workloads"][n]["interval"][1] - y for y, n in zip(ys, names, strict=True)]]
+    werr = [
+        [y - 100 * out["workloads"][n]["interval"][0] for y, n in zip(ys, names, strict=True)],
+        [100 * out["workloads"][n]["interval"][1] - y for y, n in zip(ys, names, strict=True)],
+    ]
     wx = list(range(len(names)))
     b.bar([x - 0.2 for x in wx], ys, 0.4, yerr=werr, capsize=3, label="record, pooled")
     if "control_interval" in out:
-        b.bar([x + 0.2 for x in wx], [100 * out["workloads"][n]["control_median"] for n in names], 0.4,
-              label="plain against plain (control), pooled")
-    b.bar([x - 0.2 for x in wx], [100 * out["workloads"][n]["held"] for n in names], 0.15, color="black", label="held")
+        b.bar(
+            [x + 0.2 for x in wx],
+            [100 * out["workloads"][n]["control_median"] for n in names],
+            0.4,
+            label="plain against plain (control), pooled",
+        )
+    b.bar(
+        [x - 0.2 for x in wx],
+        [100 * out["workloads"][n]["held"] for n in names],
+        0.15,
+        color="black",
+        label="held",
+    )
     b.axhline(100 * EPSILON, color="red", linestyle="--", label="ε = 1/15")
     b.axhline(0, color="black", linewidth=0.5)
     b.set_xticks(wx, names)
@@ -174,8 +207,13 @@ def _plot(out: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("files", nargs="+", type=Path, metavar="FILE",
-                    help="record_overhead.py --bar result files, or an earlier pool")
+    ap.add_argument(
+        "files",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="record_overhead.py --bar result files, or an earlier pool",
+    )
     ap.add_argument("--out", default="bar_pool", help="the result files' name, without suffix")
     args = ap.parse_args()
     missing = [p for p in args.files if not p.is_file()]

@@ -32,7 +32,13 @@ from record_overhead import commit  # noqa: E402
 from tests.faults import KILL_FIXTURES, STORE_FAULTS, Tally, namespaces_available, run_suite  # noqa: E402
 
 OUTCOMES = ("exact", "refused", "none", "wrong", "broken")
-COLORS = {"exact": "#2e7d32", "refused": "#1565c0", "none": "#9e9e9e", "wrong": "#c62828", "broken": "#6a1b9a"}
+COLORS = {
+    "exact": "#2e7d32",
+    "refused": "#1565c0",
+    "none": "#9e9e9e",
+    "wrong": "#c62828",
+    "broken": "#6a1b9a",
+}
 
 
 def plot(tally: Tally, path: Path, title: str) -> None:
@@ -45,7 +51,9 @@ def plot(tally: Tally, path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(10, 4.5))
     left = [0] * len(faults)
     for outcome in OUTCOMES:
-        counts = [sum(1 for t in tally.trials if t.fault == f and t.outcome == outcome) for f in faults]
+        counts = [
+            sum(1 for t in tally.trials if t.fault == f and t.outcome == outcome) for f in faults
+        ]
         if any(counts):
             ax.barh(faults, counts, left=left, color=COLORS[outcome], label=outcome)
             left = [a + b for a, b in zip(left, counts, strict=True)]
@@ -67,7 +75,9 @@ def main() -> int:
     kills, faults = (4, len(STORE_FAULTS)) if a.quick else (a.kills, a.store_faults)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="flortrain-faults-") as tmp:
-        tally = run_suite(Path(tmp), a.seed, kills=kills, store_faults=faults, fixtures=KILL_FIXTURES, log=True)
+        tally = run_suite(
+            Path(tmp), a.seed, kills=kills, store_faults=faults, fixtures=KILL_FIXTURES, log=True
+        )
     figures = tally.figures()
     result = {
         "benchmark": "fault_injection",
@@ -82,9 +92,12 @@ def main() -> int:
     suffix = "-quick" if a.quick else ""
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"fault_injection{suffix}.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(tally, OUT / f"fault_injection{suffix}.png",
-         f"fault injection: {figures['trials']} trials, seed {a.seed}: "
-         f"{figures['silent_wrong_answers']} wrong, {figures['training_runs_broken']} broken")
+    plot(
+        tally,
+        OUT / f"fault_injection{suffix}.png",
+        f"fault injection: {figures['trials']} trials, seed {a.seed}: "
+        f"{figures['silent_wrong_answers']} wrong, {figures['training_runs_broken']} broken",
+    )
     print(json.dumps(figures, indent=2))
     return 1 if tally.failures() else 0
 

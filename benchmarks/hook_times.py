@@ -98,7 +98,9 @@ def _timed(f: Any, label: str, fd: int, clock: Any) -> Any:
 def _source(name: str, quick: bool) -> tuple[str, int]:
     """The workload's script and its epochs (a step loop's: its iterations)."""
     if name not in STEP_LOOPS:
-        return record_overhead.source(name, quick), record_overhead.WORKLOADS[name][2] // (2 if quick else 1)
+        return record_overhead.source(name, quick), record_overhead.WORKLOADS[name][2] // (
+            2 if quick else 1
+        )
     workload, iterations = STEP_LOOPS[name]
     return record_replay.edited_source(workload), iterations
 
@@ -113,10 +115,21 @@ def measure(name: str, reps: int, quick: bool) -> dict[str, Any]:
         (work / "train.py").write_text(text)
         for rep in range(reps):
             times = work / f"times{rep}.tsv"
-            env = {**os.environ, **record_overhead.STEADY_ALLOCATOR, "FLORTRAIN_LAUNCHER": "off",
-                   "FLORTRAIN_STORE": str(work / f"store{rep}")}
-            done = subprocess.run([sys.executable, __file__, "--child", "train.py", str(times)], cwd=work, env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True)
+            env = {
+                **os.environ,
+                **record_overhead.STEADY_ALLOCATOR,
+                "FLORTRAIN_LAUNCHER": "off",
+                "FLORTRAIN_STORE": str(work / f"store{rep}"),
+            }
+            done = subprocess.run(
+                [sys.executable, __file__, "--child", "train.py", str(times)],
+                cwd=work,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                check=True,
+            )
             m = record_overhead._HELD.search(done.stderr)
             held.append(float(m.group(1)) / 100 if m else float("nan"))
             calls: dict[str, list[float]] = {}
@@ -136,9 +149,14 @@ def measure(name: str, reps: int, quick: bool) -> dict[str, Any]:
             "per_call_us": statistics.median(1e6 * statistics.median(s) for s in seen if s),
             "per_epoch_ms": statistics.median(1e3 * sum(s) / epochs for s in seen),
         }
-    return {"epochs": epochs, "held": statistics.median(held), "hooks": hooks,
-            "steps_per_epoch": None if name in STEP_LOOPS
-            else record_overhead._calibrated.get(name, record_overhead.WORKLOADS[name][1])}
+    return {
+        "epochs": epochs,
+        "held": statistics.median(held),
+        "hooks": hooks,
+        "steps_per_epoch": None
+        if name in STEP_LOOPS
+        else record_overhead._calibrated.get(name, record_overhead.WORKLOADS[name][1]),
+    }
 
 
 def main() -> None:
@@ -153,13 +171,17 @@ def main() -> None:
             record_overhead.calibrate(name, record_overhead.STEADY_ALLOCATOR)
     results = {name: measure(name, reps, args.quick) for name in args.only}
     stem = "hook_times" + ("-quick" if args.quick else "")
-    doc = record_overhead.merge_by_workload(stem, {"reps": reps, "quick": args.quick, "results": results})
+    doc = record_overhead.merge_by_workload(
+        stem, {"reps": reps, "quick": args.quick, "results": results}
+    )
     record_overhead.save(stem, doc, lambda png: _plot(doc["results"], png), stamp=False)
     for name, r in results.items():
         print(f"{name}: {r['epochs']} epochs (main-loop iterations), held {r['held']:.1%}")
         print(f"  {'hook':38} {'calls':>6} {'per call':>10} {'per epoch':>10}")
         for label, h in r["hooks"].items():
-            print(f"  {'  ' * h['depth'] + label:38} {h['calls']:6.0f} {h['per_call_us']:8.0f}µs {h['per_epoch_ms']:8.3f}ms")
+            print(
+                f"  {'  ' * h['depth'] + label:38} {h['calls']:6.0f} {h['per_call_us']:8.0f}µs {h['per_epoch_ms']:8.3f}ms"
+            )
 
 
 def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:

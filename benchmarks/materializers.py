@@ -37,7 +37,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results"
-ALTERNATIVES = ("torch.save", "cloudpickle", "writer-thread", "fork-cow", "batched-copy-fork", "flortrain")
+ALTERNATIVES = (
+    "torch.save",
+    "cloudpickle",
+    "writer-thread",
+    "fork-cow",
+    "batched-copy-fork",
+    "flortrain",
+)
 
 CHILD = r'''
 import io, json, os, statistics, sys, threading, time
@@ -181,7 +188,9 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as d:
                 p = subprocess.run(
                     [sys.executable, "-c", CHILD, alt, str(rounds), str(steps), d],
-                    capture_output=True, text=True, check=False,
+                    capture_output=True,
+                    text=True,
+                    check=False,
                 )
             if p.returncode:
                 raise SystemExit(f"{alt} failed:\n{p.stderr}")
@@ -190,23 +199,38 @@ def main() -> None:
     summary: dict[str, dict[str, Any]] = {}
     for alt, runs in results.items():
         summary[alt] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        summary[alt]["cost_spread_s"] = [min(r["cost_s"] for r in runs), max(r["cost_s"] for r in runs)]
+        summary[alt]["cost_spread_s"] = [
+            min(r["cost_s"] for r in runs),
+            max(r["cost_s"] for r in runs),
+        ]
     cp = summary["cloudpickle"]["blocked_s"]
     for alt in ALTERNATIVES:
         summary[alt]["blocked_vs_cloudpickle"] = summary[alt]["blocked_s"] / cp
     OUT.mkdir(parents=True, exist_ok=True)
     doc = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "rounds": rounds, "reps": reps, "steps_per_round": steps, "quick": args.quick,
-        "results": summary, "runs": results,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "rounds": rounds,
+        "reps": reps,
+        "steps_per_round": steps,
+        "quick": args.quick,
+        "results": summary,
+        "runs": results,
     }
     name = "materializers-quick" if args.quick else "materializers"
     (OUT / f"{name}.json").write_text(json.dumps(doc, indent=2))
     _plot(summary, OUT / f"{name}.png")
-    print(f"{'alternative':20} {'blocked ms':>11} {'cost ms':>9} {'buffer MB':>10} {'drain s':>8} {'vs cloudpickle':>15}")
+    print(
+        f"{'alternative':20} {'blocked ms':>11} {'cost ms':>9} {'buffer MB':>10} {'drain s':>8} {'vs cloudpickle':>15}"
+    )
     for alt, s in summary.items():
-        print(f"{alt:20} {s['blocked_s'] * 1e3:11.1f} {s['cost_s'] * 1e3:9.1f} {s['buffer_bytes'] / 2**20:10.0f}"
-              f" {s['drain_s']:8.2f} {s['blocked_vs_cloudpickle']:15.3f}")
+        print(
+            f"{alt:20} {s['blocked_s'] * 1e3:11.1f} {s['cost_s'] * 1e3:9.1f} {s['buffer_bytes'] / 2**20:10.0f}"
+            f" {s['drain_s']:8.2f} {s['blocked_vs_cloudpickle']:15.3f}"
+        )
 
 
 def _plot(summary: dict[str, dict[str, float]], path: Path) -> None:
@@ -218,8 +242,15 @@ def _plot(summary: dict[str, dict[str, float]], path: Path) -> None:
     names = list(summary)
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
     xs = range(len(names))
-    a.bar([x - 0.2 for x in xs], [summary[n]["blocked_s"] * 1e3 for n in names], 0.4, label="blocked")
-    a.bar([x + 0.2 for x in xs], [summary[n]["cost_s"] * 1e3 for n in names], 0.4, label="cost to training")
+    a.bar(
+        [x - 0.2 for x in xs], [summary[n]["blocked_s"] * 1e3 for n in names], 0.4, label="blocked"
+    )
+    a.bar(
+        [x + 0.2 for x in xs],
+        [summary[n]["cost_s"] * 1e3 for n in names],
+        0.4,
+        label="cost to training",
+    )
     a.set_xticks(list(xs), names, rotation=30, ha="right")
     a.set_ylabel("ms per checkpoint")
     a.set_title("Training thread time per checkpoint (268 MB state)")

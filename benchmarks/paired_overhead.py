@@ -71,7 +71,11 @@ class Side:
     held: float = 0.0
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "flortrain", "record", "train.py"] if self.record else [sys.executable, "train.py"]
+        return (
+            [sys.executable, "-m", "flortrain", "record", "train.py"]
+            if self.record
+            else [sys.executable, "train.py"]
+        )
 
 
 def _pin(core: int) -> Callable[[], None]:
@@ -85,12 +89,23 @@ def _pair(a: Side, b: Side, cores: tuple[int, int]) -> None:
     procs = []
     for side, core in ((a, cores[0]), (b, cores[1])):
         (side.work / "t0").unlink(missing_ok=True)
-        env = {**os.environ, **_ONE_THREAD, "BENCH_T0": str(side.work / "t0"),
-               "FLORTRAIN_STORE": str(side.work / f"store{time.time_ns()}")}
-        procs.append(subprocess.Popen(
-            side.command(), cwd=side.work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True, preexec_fn=_pin(core),
-        ))
+        env = {
+            **os.environ,
+            **_ONE_THREAD,
+            "BENCH_T0": str(side.work / "t0"),
+            "FLORTRAIN_STORE": str(side.work / f"store{time.time_ns()}"),
+        }
+        procs.append(
+            subprocess.Popen(
+                side.command(),
+                cwd=side.work,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                preexec_fn=_pin(core),
+            )
+        )
     ends: list[float] = [0.0, 0.0]
     errs: list[str] = ["", ""]
 
@@ -132,14 +147,27 @@ def bench(name: str, reps: int, quick: bool) -> dict[str, Any]:
                     _pair(a, b, order)
                 else:
                     _pair(b, a, order[::-1])
-                out[kind].append({"a": a.to_exit, "b": b.to_exit, "ratio": b.to_exit / a.to_exit, "held": b.held,
-                                  "core_a": order[0], "a_first": rep // 2 % 2 == 0})
-                print(f"{name} rep {rep} {kind}: plain {a.to_exit:.2f}s, {'recorded' if b.record else 'plain'}"
-                      f" {b.to_exit:.2f}s ({b.to_exit / a.to_exit - 1:+.1%}){f', held {b.held:.1%}' if b.record else ''}",
-                      file=sys.stderr, flush=True)
+                out[kind].append(
+                    {
+                        "a": a.to_exit,
+                        "b": b.to_exit,
+                        "ratio": b.to_exit / a.to_exit,
+                        "held": b.held,
+                        "core_a": order[0],
+                        "a_first": rep // 2 % 2 == 0,
+                    }
+                )
+                print(
+                    f"{name} rep {rep} {kind}: plain {a.to_exit:.2f}s, {'recorded' if b.record else 'plain'}"
+                    f" {b.to_exit:.2f}s ({b.to_exit / a.to_exit - 1:+.1%}){f', held {b.held:.1%}' if b.record else ''}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     summary: dict[str, Any] = {"pairs": out}
     for kind in ("ab", "aa"):
-        summary[f"{kind}_overhead"], summary[f"{kind}_spread"] = median_spread([p["ratio"] for p in out[kind]], 1)
+        summary[f"{kind}_overhead"], summary[f"{kind}_spread"] = median_spread(
+            [p["ratio"] for p in out[kind]], 1
+        )
     summary["held"], summary["held_spread"] = median_spread([p["held"] for p in out["ab"]])
     return summary
 
@@ -155,8 +183,16 @@ def main() -> None:
     for name, steps in _calibrated.items():
         results[name]["steps_per_epoch"] = steps
     doc: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "reps": reps, "quick": args.quick, "epsilon": 1 / 15, "threads_per_run": 1, "results": results,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "reps": reps,
+        "quick": args.quick,
+        "epsilon": 1 / 15,
+        "threads_per_run": 1,
+        "results": results,
     }
     if len(args.only) == len(WORKLOADS):
         doc["median_ab_overhead"] = statistics.median(r["ab_overhead"] for r in results.values())
@@ -165,11 +201,15 @@ def main() -> None:
     print(f"{'workload':10} {'recorded vs plain':>22} {'plain vs plain (A/A)':>24} {'held':>14}")
     for n, r in results.items():
         ab, aa, hs = r["ab_spread"], r["aa_spread"], r["held_spread"]
-        print(f"{n:10} {r['ab_overhead']:+7.1%} ({ab[0]:+.1%}..{ab[1]:+.1%})"
-              f" {r['aa_overhead']:+7.1%} ({aa[0]:+.1%}..{aa[1]:+.1%})"
-              f" {r['held']:5.1%} ({hs[0]:.1%}..{hs[1]:.1%})")
+        print(
+            f"{n:10} {r['ab_overhead']:+7.1%} ({ab[0]:+.1%}..{ab[1]:+.1%})"
+            f" {r['aa_overhead']:+7.1%} ({aa[0]:+.1%}..{aa[1]:+.1%})"
+            f" {r['held']:5.1%} ({hs[0]:.1%}..{hs[1]:.1%})"
+        )
     if "median_ab_overhead" in doc:
-        print(f"median over workloads: recorded {doc['median_ab_overhead']:+.1%}, A/A {doc['median_aa_overhead']:+.1%}")
+        print(
+            f"median over workloads: recorded {doc['median_ab_overhead']:+.1%}, A/A {doc['median_aa_overhead']:+.1%}"
+        )
 
 
 def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
@@ -180,12 +220,21 @@ def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
 
     names = list(results)
     fig, ax = plt.subplots(figsize=(7, 4))
-    for k, (kind, label) in enumerate((("ab", "recorded vs plain"), ("aa", "plain vs plain (A/A control)"))):
+    for k, (kind, label) in enumerate(
+        (("ab", "recorded vs plain"), ("aa", "plain vs plain (A/A control)"))
+    ):
         xs = [i + (k - 0.5) * 0.38 for i in range(len(names))]
         for x, n in zip(xs, names, strict=True):
             ratios = [100 * (p["ratio"] - 1) for p in results[n]["pairs"][kind]]
             ax.scatter([x] * len(ratios), ratios, color=f"C{k}", s=12, zorder=3)
-        ax.bar(xs, [100 * results[n][f"{kind}_overhead"] for n in names], 0.38, color=f"C{k}", alpha=0.5, label=label)
+        ax.bar(
+            xs,
+            [100 * results[n][f"{kind}_overhead"] for n in names],
+            0.38,
+            color=f"C{k}",
+            alpha=0.5,
+            label=label,
+        )
     ax.axhline(100 / 15, color="red", linestyle="--", label="ε = 1/15")
     ax.axhline(2, color="grey", linestyle=":", label="2%")
     ax.axhline(0, color="black", linewidth=0.5)

@@ -77,7 +77,9 @@ for epoch in range(EPOCHS):
 """
 
 INNER = 'if i % 8192 == 0: print(f"PROBE {epoch} {i} {loss.item():.8f} {model[0].weight.grad.norm().item():.8f}")'
-OUTER = 'print(f"PROBE {epoch} {sum(p.detach().abs().sum().item() for p in model.parameters()):.8f}")'
+OUTER = (
+    'print(f"PROBE {epoch} {sum(p.detach().abs().sum().item() for p in model.parameters()):.8f}")'
+)
 
 VARIANTS = {
     "plain-inner": ("inner", None, {}),
@@ -97,7 +99,9 @@ SETTINGS = {
 
 
 def source(quick: bool, probe: str | None = None) -> str:
-    text = WORKLOAD.replace("SAMPLES", "16384" if quick else "65536").replace("EPOCHS", "6" if quick else "12")
+    text = WORKLOAD.replace("SAMPLES", "16384" if quick else "65536").replace(
+        "EPOCHS", "6" if quick else "12"
+    )
     text = text.replace("#INNER", INNER if probe == "inner" else "# (inner probe)")
     return text.replace("#OUTER", OUTER if probe == "outer" else "# (outer probe)")
 
@@ -106,9 +110,13 @@ def probes(out: str) -> list[str]:
     return [ln for ln in out.splitlines() if ln.startswith("PROBE")]
 
 
-def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+def timed(
+    cmd: list[str], cwd: Path, env: dict[str, str]
+) -> tuple[float, subprocess.CompletedProcess[str]]:
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, check=False)
+    p = subprocess.run(
+        cmd, cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, check=False
+    )
     elapsed = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
@@ -136,11 +144,16 @@ def bench(reps: int, quick: bool, base: dict[str, str], variants: list[str]) -> 
                 if jobs is None:
                     t, p = timed([sys.executable, "train.py"], cwd, base)
                 else:
-                    t, p = timed([*flortrain, "replay", "train.py", "--jobs", str(jobs)], cwd, {**base, **env})
+                    t, p = timed(
+                        [*flortrain, "replay", "train.py", "--jobs", str(jobs)],
+                        cwd,
+                        {**base, **env},
+                    )
                     if "not faithful" in p.stderr:
                         raise SystemExit(f"{name}: the replay is not faithful:\n{p.stderr[-2000:]}")
                     resumes[name] = "; ".join(
-                        ln.split("flortrain: ", 1)[1] for ln in p.stderr.splitlines()
+                        ln.split("flortrain: ", 1)[1]
+                        for ln in p.stderr.splitlines()
                         if "done at" in ln or "replaying serially" in ln
                     )
                 if probes(p.stdout) != truth[kind]:
@@ -169,7 +182,9 @@ def plot(results: dict[str, dict[str, object]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(max(7, 5 * len(results)), 4.2), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(results), figsize=(max(7, 5 * len(results)), 4.2), sharey=True, squeeze=False
+    )
     for ax, (setting, result) in zip(axes[0], results.items(), strict=True):
         ratios: dict[str, dict[str, float]] = result["ratio_to_plain"]  # type: ignore[assignment]
         names = list(ratios)
@@ -197,7 +212,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smaller workload, one repetition")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--setting", choices=list(SETTINGS), help="measure this setting only")
-    ap.add_argument("--variants", nargs="*", choices=list(VARIANTS), help="measure these variants only")
+    ap.add_argument(
+        "--variants", nargs="*", choices=list(VARIANTS), help="measure these variants only"
+    )
     args = ap.parse_args()
     reps = args.reps or (1 if args.quick else 3)
     results = {}
@@ -210,7 +227,11 @@ def main() -> None:
         results[setting] = bench(reps, args.quick, base, variants)
     out = {
         "settings": results,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
         "reps": reps,
         "commit": commit(),
     }
@@ -221,7 +242,9 @@ def main() -> None:
     for setting, result in results.items():
         for name, r in result["ratio_to_plain"].items():  # type: ignore[attr-defined]
             workers = result["workers"].get(name, "")  # type: ignore[attr-defined]
-            print(f"{setting:9s} {name:16s} {r['median']:.2f} of plain (range {r['min']:.2f}-{r['max']:.2f})  {workers}")
+            print(
+                f"{setting:9s} {name:16s} {r['median']:.2f} of plain (range {r['min']:.2f}-{r['max']:.2f})  {workers}"
+            )
 
 
 if __name__ == "__main__":

@@ -222,7 +222,12 @@ if os.environ.get("BENCH_T0"):
 
 
 def source(
-    name: str, quick: bool, probe: bool = False, times: int = 1, steps: int | None = None, epochs: int | None = None
+    name: str,
+    quick: bool,
+    probe: bool = False,
+    times: int = 1,
+    steps: int | None = None,
+    epochs: int | None = None,
 ) -> str:
     """The workload's script; ``times`` multiplies its epochs (a longer run of the same shape).
     ``steps`` and ``epochs``, where given, replace the workload's own (and :func:`calibrate`'s)."""
@@ -231,7 +236,9 @@ def source(
     epochs = (epochs if epochs is not None else own_epochs) * times
     if quick:
         epochs //= 2
-    text = text.replace("STEPS", str(steps)).replace("EPOCHS", str(epochs)).replace("T0\n", _T0) + _T1
+    text = (
+        text.replace("STEPS", str(steps)).replace("EPOCHS", str(epochs)).replace("T0\n", _T0) + _T1
+    )
     return text.replace("    #PROBE\n", f"    {stmt}\n" if probe else "")
 
 
@@ -267,7 +274,9 @@ def settle() -> float:
             return time.time()
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, float, float, float, float, float]:
+def _run(
+    cmd: list[str], cwd: Path, env: dict[str, str]
+) -> tuple[float, float, float, float, float, float, float]:
     """(training seconds to exit, end-to-end seconds, seconds in the training loop, CPU seconds
     of the whole command and every process it started, the writer included, the fraction of
     the run flortrain reports it held training up: 0 for a plain run, and the seconds from the
@@ -278,8 +287,14 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, 
     t0file.unlink(missing_ok=True)
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
-    p = subprocess.run(cmd, cwd=cwd, env={**os.environ, **env, "BENCH_T0": str(t0file)},
-                       capture_output=True, text=True, check=False)
+    p = subprocess.run(
+        cmd,
+        cwd=cwd,
+        env={**os.environ, **env, "BENCH_T0": str(t0file)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     end = time.time()
     settled = settle()  # the writer's exit is this run's, not the next one's
     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -290,8 +305,15 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, 
     held = _HELD.search(p.stderr)
     loop = float((cwd / "t0.end").read_text()) - t0
     wait, late = _EXIT_WAIT.search(p.stderr), _LATE.search(p.stderr)
-    return (end - t0, end - start, loop, cpu, float(held.group(1)) / 100 if held else 0.0, settled - end,
-            (float(wait.group(1)) if wait else 0.0) + (float(late.group(1)) if late else 0.0))
+    return (
+        end - t0,
+        end - start,
+        loop,
+        cpu,
+        float(held.group(1)) / 100 if held else 0.0,
+        settled - end,
+        (float(wait.group(1)) if wait else 0.0) + (float(late.group(1)) if late else 0.0),
+    )
 
 
 def calibrate(name: str, base_env: dict[str, str] | None = None) -> int:
@@ -307,8 +329,10 @@ def calibrate(name: str, base_env: dict[str, str] | None = None) -> int:
         loop = min(_run([sys.executable, "train.py"], work, base_env or {})[2] for _ in range(3))
     chosen = max(10, round(EPOCH_S[name] / (loop / (4 * steps)) / 10) * 10)
     _calibrated[name] = chosen
-    print(f"{name}: {loop / 4 * 1e3:.0f} ms for an epoch of {steps} steps; {chosen} steps make {EPOCH_S[name]} s",
-          file=sys.stderr)
+    print(
+        f"{name}: {loop / 4 * 1e3:.0f} ms for an epoch of {steps} steps; {chosen} steps make {EPOCH_S[name]} s",
+        file=sys.stderr,
+    )
     return chosen
 
 
@@ -318,7 +342,11 @@ def _record_rows(store: Path) -> tuple[tuple[int, int], int]:
     db = sqlite3.connect(store / "flortrain.db")
     try:
         (rid,) = db.execute("SELECT MAX(id) FROM runs WHERE kind='record'").fetchone()
-        rows = dict(db.execute("SELECT state, COUNT(*) FROM blocks WHERE run_id=? GROUP BY state", (rid,)).fetchall())
+        rows = dict(
+            db.execute(
+                "SELECT state, COUNT(*) FROM blocks WHERE run_id=? GROUP BY state", (rid,)
+            ).fetchall()
+        )
     finally:
         db.close()
     boundaries = rows.pop("boundary", 0)
@@ -326,14 +354,22 @@ def _record_rows(store: Path) -> tuple[tuple[int, int], int]:
 
 
 def bench(
-    name: str, reps: int, quick: bool, against: Path | None = None, bar: bool = False, epochs_times: int = 1,
-    base_env: dict[str, str] | None = None, control: bool = False,
+    name: str,
+    reps: int,
+    quick: bool,
+    against: Path | None = None,
+    bar: bool = False,
+    epochs_times: int = 1,
+    base_env: dict[str, str] | None = None,
+    control: bool = False,
 ) -> dict[str, Any]:
     py = sys.executable
     base = BAR_MODES if bar else MODES
     modes = (*base, "record-against") if against is not None else base
     modes = (*modes, "plain-control") if control else modes
-    times: dict[str, list[tuple[float, ...]]] = {m: [] for m in (*modes, *(() if bar else ("plain-probed", "replay")))}
+    times: dict[str, list[tuple[float, ...]]] = {
+        m: [] for m in (*modes, *(() if bar else ("plain-probed", "replay")))
+    }
     orders: list[list[str]] = []
     orders_of = list(itertools.permutations(modes))
     checkpointed: dict[str, tuple[int, int]] = {}
@@ -364,28 +400,54 @@ def bench(
                 # what the record buys: an outer probe replayed, against re-running the probed script
                 script.write_text(source(name, quick, probe=True, times=epochs_times))
                 times["plain-probed"].append(_run([py, "train.py"], work, {}))
-                times["replay"].append(_run([py, "-m", "flortrain", "replay", "train.py"], work, {"FLORTRAIN_STORE": str(work / "record")}))
-            print(f"{name} rep {rep} ({' '.join(order)}): " + ", ".join(
-                f"{m} {v[-1][0]:.2f}/{v[-1][1]:.2f}s{f' +{v[-1][5]:.2f}s' if v[-1][5] >= 0.005 else ''}" for m, v in times.items()
-            ), file=sys.stderr)
+                times["replay"].append(
+                    _run(
+                        [py, "-m", "flortrain", "replay", "train.py"],
+                        work,
+                        {"FLORTRAIN_STORE": str(work / "record")},
+                    )
+                )
+            print(
+                f"{name} rep {rep} ({' '.join(order)}): "
+                + ", ".join(
+                    f"{m} {v[-1][0]:.2f}/{v[-1][1]:.2f}s{f' +{v[-1][5]:.2f}s' if v[-1][5] >= 0.005 else ''}"
+                    for m, v in times.items()
+                ),
+                file=sys.stderr,
+            )
 
     def ratios(mode: str, base: str, i: int) -> list[float]:
         return [a[i] / b[i] for a, b in zip(times[mode], times[base], strict=True)]
 
-    out: dict[str, Any] = {"times": times, "checkpointed": checkpointed, "boundaries": boundaries, "orders": orders,
-                           "steps_per_epoch": _calibrated.get(name, WORKLOADS[name][1])}
+    out: dict[str, Any] = {
+        "times": times,
+        "checkpointed": checkpointed,
+        "boundaries": boundaries,
+        "orders": orders,
+        "steps_per_epoch": _calibrated.get(name, WORKLOADS[name][1]),
+    }
     for mode in modes[1:]:
         for i, what in ((2, "loop"), (0, "training"), (1, "end_to_end"), (3, "cpu")):
-            out[f"{mode}_{what}_overhead"], out[f"{mode}_{what}_spread"] = median_spread(ratios(mode, "plain", i), 1)
-        out[f"{mode}_held_overhead"], out[f"{mode}_held_spread"] = median_spread([t[4] for t in times[mode]])
-        out[f"{mode}_settle"], out[f"{mode}_settle_spread"] = median_spread([t[5] for t in times[mode]])
-        out[f"{mode}_exit_wait"], out[f"{mode}_exit_wait_spread"] = median_spread([t[6] for t in times[mode]])
+            out[f"{mode}_{what}_overhead"], out[f"{mode}_{what}_spread"] = median_spread(
+                ratios(mode, "plain", i), 1
+            )
+        out[f"{mode}_held_overhead"], out[f"{mode}_held_spread"] = median_spread(
+            [t[4] for t in times[mode]]
+        )
+        out[f"{mode}_settle"], out[f"{mode}_settle_spread"] = median_spread(
+            [t[5] for t in times[mode]]
+        )
+        out[f"{mode}_exit_wait"], out[f"{mode}_exit_wait_spread"] = median_spread(
+            [t[6] for t in times[mode]]
+        )
     out["record_training_interval"] = interval([_pairs(out)])
     if control:
         out["plain-control_training_interval"] = interval([_pairs(out, "plain-control")])
         _both_summary(out)
     if not bar:
-        out["replay_fraction"], out["replay_spread"] = median_spread(ratios("replay", "plain-probed", 1))
+        out["replay_fraction"], out["replay_spread"] = median_spread(
+            ratios("replay", "plain-probed", 1)
+        )
     return out
 
 
@@ -401,7 +463,9 @@ def interval(ratios: list[list[float]], rounds: int = 10_000, level: float = 0.9
     return stratified_interval([ratios], rounds, level)
 
 
-def stratified_interval(runs: list[list[list[float]]], rounds: int = 10_000, level: float = 0.9) -> list[float]:
+def stratified_interval(
+    runs: list[list[list[float]]], rounds: int = 10_000, level: float = 0.9
+) -> list[float]:
     """:func:`interval` over several runs' pairs pooled (``runs[k][w]``: run k's ratios of
     workload w, the workloads in the same order in every run). Each round resamples each run's
     pairs within that run and pools them, so a run keeps its weight (``bar_pool.py``); with one
@@ -428,9 +492,11 @@ def median_spread(values: list[float], less: float = 0.0) -> tuple[float, list[f
 def commit() -> str:
     """The commit the benchmark runs (``+dirty`` when the tree has changes), so that a result
     file names the code it measured."""
+
     def git(*a: str) -> str:
         p = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, check=False)
         return p.stdout.strip() if p.returncode == 0 else ""
+
     head = git("rev-parse", "--short", "HEAD") or "unknown"
     return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
@@ -452,7 +518,13 @@ def merge_by_workload(stem: str, doc: dict[str, Any]) -> dict[str, Any]:
     }
     if not same or not isinstance(old.get("results"), dict):
         return doc
-    return {**doc, "results": {**{k: v for k, v in old["results"].items() if k not in doc["results"]}, **doc["results"]}}
+    return {
+        **doc,
+        "results": {
+            **{k: v for k, v in old["results"].items() if k not in doc["results"]},
+            **doc["results"],
+        },
+    }
 
 
 def save(stem: str, doc: dict[str, Any], plot: Callable[[Path], None], stamp: bool = True) -> None:
@@ -465,7 +537,9 @@ def save(stem: str, doc: dict[str, Any], plot: Callable[[Path], None], stamp: bo
     plot(OUT / f"{stem}.png")
 
 
-def workload_args(description: str, reps: int, extra: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+def workload_args(
+    description: str, reps: int, extra: tuple[str, ...] = ()
+) -> argparse.ArgumentParser:
     """The options every benchmark of these workloads takes; ``extra``: workloads of its own it
     also offers (not run by default)."""
     ap = argparse.ArgumentParser(description=description.split("\n\n")[0])
@@ -477,22 +551,42 @@ def workload_args(description: str, reps: int, extra: tuple[str, ...] = ()) -> a
 
 def main() -> None:
     ap = workload_args(__doc__ or "", 3)
-    ap.add_argument("--against", metavar="COMMIT", help="also record with flortrain as of COMMIT, interleaved")
-    ap.add_argument("--bar", action="store_true",
-                    help="only plain and adaptive record, for more repetitions of the pair the bar compares"
-                         " (writes record_overhead-bar.json)")
-    ap.add_argument("--epochs-times", type=int, default=1, metavar="K",
-                    help="K times each workload's epochs: a longer run, where what a record pays once"
-                         " (its exit, its first checkpoints) weighs less")
-    ap.add_argument("--control", action="store_true",
-                    help="a second plain run in every repetition, compared with the first as a record is:"
-                         " the noise floor of the same runs")
-    ap.add_argument("--steady-allocator", action="store_true",
-                    help="run every mode with glibc malloc keeping freed memory (STEADY_ALLOCATOR):"
-                         " takes the page-fault churn of a plain run out of the comparison")
-    ap.add_argument("--reanalyze", metavar="FILE", type=Path,
-                    help="run nothing: add the record-against-both-plain-runs figures to a --control"
-                         " result file written before they existed, and print its bar table")
+    ap.add_argument(
+        "--against", metavar="COMMIT", help="also record with flortrain as of COMMIT, interleaved"
+    )
+    ap.add_argument(
+        "--bar",
+        action="store_true",
+        help="only plain and adaptive record, for more repetitions of the pair the bar compares"
+        " (writes record_overhead-bar.json)",
+    )
+    ap.add_argument(
+        "--epochs-times",
+        type=int,
+        default=1,
+        metavar="K",
+        help="K times each workload's epochs: a longer run, where what a record pays once"
+        " (its exit, its first checkpoints) weighs less",
+    )
+    ap.add_argument(
+        "--control",
+        action="store_true",
+        help="a second plain run in every repetition, compared with the first as a record is:"
+        " the noise floor of the same runs",
+    )
+    ap.add_argument(
+        "--steady-allocator",
+        action="store_true",
+        help="run every mode with glibc malloc keeping freed memory (STEADY_ALLOCATOR):"
+        " takes the page-fault churn of a plain run out of the comparison",
+    )
+    ap.add_argument(
+        "--reanalyze",
+        metavar="FILE",
+        type=Path,
+        help="run nothing: add the record-against-both-plain-runs figures to a --control"
+        " result file written before they existed, and print its bar table",
+    )
     args = ap.parse_args()
     if args.reanalyze is not None:
         reanalyze(args.reanalyze)
@@ -505,13 +599,25 @@ def main() -> None:
             if name in EPOCH_S:
                 calibrate(name, base_env)
         results = {
-            name: bench(name, reps, args.quick, against, args.bar, args.epochs_times, base_env, args.control)
+            name: bench(
+                name, reps, args.quick, against, args.bar, args.epochs_times, base_env, args.control
+            )
             for name in args.only
         }
     doc = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "reps": reps, "quick": args.quick, "bar": args.bar, "epochs_times": args.epochs_times, "epsilon": 1 / 15,
-        "against": args.against, "steady_allocator": args.steady_allocator, "control": args.control,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "reps": reps,
+        "quick": args.quick,
+        "bar": args.bar,
+        "epochs_times": args.epochs_times,
+        "epsilon": 1 / 15,
+        "against": args.against,
+        "steady_allocator": args.steady_allocator,
+        "control": args.control,
         "results": results,
     }
     if len(args.only) == len(WORKLOADS):
@@ -534,29 +640,39 @@ def main() -> None:
     if args.bar:
         _print_bar(doc, results, args.against)
         return
-    print(f"{'workload':10} {'loop':>8} {'record':>8} {'every':>8} {'e2e rec':>8} {'cpu rec':>8} {'held':>8} {'held ev':>8} {'exit wait':>9} {'ckpt (adaptive)':>16} {'ckpt (every)':>13} {'replay':>7}")
+    print(
+        f"{'workload':10} {'loop':>8} {'record':>8} {'every':>8} {'e2e rec':>8} {'cpu rec':>8} {'held':>8} {'held ev':>8} {'exit wait':>9} {'ckpt (adaptive)':>16} {'ckpt (every)':>13} {'replay':>7}"
+    )
     for n, r in results.items():
         ck = r["checkpointed"]
         adaptive, every = ("{}/{}".format(*ck[m]) for m in ("record", "record-every"))
-        print(f"{n:10} {r['record_loop_overhead']:8.1%} {r['record_training_overhead']:8.1%} {r['record-every_training_overhead']:8.1%}"
-              f" {r['record_end_to_end_overhead']:8.1%} {r['record_cpu_overhead']:8.1%}"
-              f" {r['record_held_overhead']:8.1%} {r['record-every_held_overhead']:8.1%} {r['record_exit_wait']:8.2f}s"
-              f" {adaptive:>16} {every:>13}"
-              f" {r['replay_fraction']:7.2f}")
+        print(
+            f"{n:10} {r['record_loop_overhead']:8.1%} {r['record_training_overhead']:8.1%} {r['record-every_training_overhead']:8.1%}"
+            f" {r['record_end_to_end_overhead']:8.1%} {r['record_cpu_overhead']:8.1%}"
+            f" {r['record_held_overhead']:8.1%} {r['record-every_held_overhead']:8.1%} {r['record_exit_wait']:8.2f}s"
+            f" {adaptive:>16} {every:>13}"
+            f" {r['replay_fraction']:7.2f}"
+        )
     for n, r in results.items():
         if args.against:
-            print(f"{n:10} as of {args.against}: to exit {r['record-against_training_overhead']:.1%}"
-                  f" (this tree {r['record_training_overhead']:.1%}), held {r['record-against_held_overhead']:.1%}"
-                  f" (this tree {r['record_held_overhead']:.1%}), checkpointed {'{}/{}'.format(*r['checkpointed']['record-against'])}")
+            print(
+                f"{n:10} as of {args.against}: to exit {r['record-against_training_overhead']:.1%}"
+                f" (this tree {r['record_training_overhead']:.1%}), held {r['record-against_held_overhead']:.1%}"
+                f" (this tree {r['record_held_overhead']:.1%}), checkpointed {'{}/{}'.format(*r['checkpointed']['record-against'])}"
+            )
     if "median_record_training_overhead" in doc:
-        print(f"median record overhead (training, to exit): {doc['median_record_training_overhead']:.1%};"
-              f" loop only: {doc['median_record_loop_overhead']:.1%}; CPU: {doc['median_record_cpu_overhead']:.1%};"
-              f" held (reported by record): {doc['median_record_held_overhead']:.1%}")
+        print(
+            f"median record overhead (training, to exit): {doc['median_record_training_overhead']:.1%};"
+            f" loop only: {doc['median_record_loop_overhead']:.1%}; CPU: {doc['median_record_cpu_overhead']:.1%};"
+            f" held (reported by record): {doc['median_record_held_overhead']:.1%}"
+        )
 
 
 def _pairs(result: dict[str, Any], mode: str = "record") -> list[float]:
     """A workload's ``mode``/plain ratios to exit (a record's by default), one per repetition."""
-    return [a[0] / b[0] for a, b in zip(result["times"][mode], result["times"]["plain"], strict=True)]
+    return [
+        a[0] / b[0] for a, b in zip(result["times"][mode], result["times"]["plain"], strict=True)
+    ]
 
 
 def _both_plains(result: dict[str, Any]) -> list[float]:
@@ -565,13 +681,18 @@ def _both_plains(result: dict[str, Any]) -> list[float]:
     of the repetition's order, so its own noise counts half as much as in :func:`_pairs`; what
     the A/A control shows is not removed from the record's ratio, only averaged over."""
     t = result["times"]
-    return [r[0] / math.sqrt(a[0] * b[0]) for r, a, b in zip(t["record"], t["plain"], t["plain-control"], strict=True)]
+    return [
+        r[0] / math.sqrt(a[0] * b[0])
+        for r, a, b in zip(t["record"], t["plain"], t["plain-control"], strict=True)
+    ]
 
 
 def _both_summary(out: dict[str, Any]) -> None:
     """Add a workload's record-against-both-plain-runs median, spread and interval."""
     both = _both_plains(out)
-    out["record_both_training_overhead"], out["record_both_training_spread"] = median_spread(both, 1)
+    out["record_both_training_overhead"], out["record_both_training_spread"] = median_spread(
+        both, 1
+    )
     out["record_both_training_interval"] = interval([both])
 
 
@@ -580,7 +701,9 @@ def _both_doc(doc: dict[str, Any], results: dict[str, dict[str, Any]]) -> None:
     doc["median_record_both_training_overhead"] = statistics.median(
         r["record_both_training_overhead"] for r in results.values()
     )
-    doc["median_record_both_training_interval"] = interval([_both_plains(r) for r in results.values()])
+    doc["median_record_both_training_interval"] = interval(
+        [_both_plains(r) for r in results.values()]
+    )
 
 
 def reanalyze(path: Path) -> None:
@@ -605,44 +728,62 @@ def _boundaries_seen(result: dict[str, Any], mode: str) -> str:
     return f"{min(seen)}..{max(seen)}" if seen else ""
 
 
-def _print_bar(doc: dict[str, Any], results: dict[str, dict[str, Any]], against: str | None = None) -> None:
+def _print_bar(
+    doc: dict[str, Any], results: dict[str, dict[str, Any]], against: str | None = None
+) -> None:
     """The table of a ``--bar`` run: each workload's overhead to exit, its interval, held (and,
     with ``--against``, the same for that commit's record, measured against the same plain runs)."""
-    print(f"{'workload':10} {'to exit':>8} {'90% interval':>18} {'loop':>8} {'held':>6} {'checkpointed':>13}"
-          f" {'boundaries':>10}")
+    print(
+        f"{'workload':10} {'to exit':>8} {'90% interval':>18} {'loop':>8} {'held':>6} {'checkpointed':>13}"
+        f" {'boundaries':>10}"
+    )
     for n, r in results.items():
         lo, hi = r["record_training_interval"]
-        print(f"{n:10} {r['record_training_overhead']:8.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18}"
-              f" {r['record_loop_overhead']:8.1%} {r['record_held_overhead']:6.1%}"
-              f" {'{}/{}'.format(*r['checkpointed']['record']):>13} {_boundaries_seen(r, 'record'):>10}")
+        print(
+            f"{n:10} {r['record_training_overhead']:8.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18}"
+            f" {r['record_loop_overhead']:8.1%} {r['record_held_overhead']:6.1%}"
+            f" {'{}/{}'.format(*r['checkpointed']['record']):>13} {_boundaries_seen(r, 'record'):>10}"
+        )
     for n, r in results.items():
         if "plain-control_training_interval" in r:
             lo, hi = r["plain-control_training_interval"]
-            print(f"{n:10} control (plain against plain): {r['plain-control_training_overhead']:+.1%}"
-                  f" ({lo:+.1%} .. {hi:+.1%})")
+            print(
+                f"{n:10} control (plain against plain): {r['plain-control_training_overhead']:+.1%}"
+                f" ({lo:+.1%} .. {hi:+.1%})"
+            )
         if "record_both_training_interval" in r:
             lo, hi = r["record_both_training_interval"]
-            print(f"{n:10} record against both plain runs: {r['record_both_training_overhead']:+.1%}"
-                  f" ({lo:+.1%} .. {hi:+.1%})")
+            print(
+                f"{n:10} record against both plain runs: {r['record_both_training_overhead']:+.1%}"
+                f" ({lo:+.1%} .. {hi:+.1%})"
+            )
     for n, r in results.items():
         if against is not None:
-            print(f"{n:10} as of {against}: to exit {r['record-against_training_overhead']:8.1%}"
-                  f" held {r['record-against_held_overhead']:6.1%} exit wait {r['record-against_exit_wait']:.2f}s"
-                  f" (this tree {r['record_exit_wait']:.2f}s)"
-                  f" checkpointed {'{}/{}'.format(*r['checkpointed']['record-against'])}"
-                  f" boundaries {_boundaries_seen(r, 'record-against')}")
+            print(
+                f"{n:10} as of {against}: to exit {r['record-against_training_overhead']:8.1%}"
+                f" held {r['record-against_held_overhead']:6.1%} exit wait {r['record-against_exit_wait']:.2f}s"
+                f" (this tree {r['record_exit_wait']:.2f}s)"
+                f" checkpointed {'{}/{}'.format(*r['checkpointed']['record-against'])}"
+                f" boundaries {_boundaries_seen(r, 'record-against')}"
+            )
     if "median_record_training_interval" in doc:
         lo, hi = doc["median_record_training_interval"]
-        print(f"median over workloads, to exit: {doc['median_record_training_overhead']:.1%}"
-              f" (90% interval {lo:+.1%} .. {hi:+.1%}); held {doc['median_record_held_overhead']:.1%}")
+        print(
+            f"median over workloads, to exit: {doc['median_record_training_overhead']:.1%}"
+            f" (90% interval {lo:+.1%} .. {hi:+.1%}); held {doc['median_record_held_overhead']:.1%}"
+        )
     if "median_plain-control_training_interval" in doc:
         lo, hi = doc["median_plain-control_training_interval"]
-        print(f"control, median over workloads: {doc['median_plain-control_training_overhead']:+.1%}"
-              f" (90% interval {lo:+.1%} .. {hi:+.1%})")
+        print(
+            f"control, median over workloads: {doc['median_plain-control_training_overhead']:+.1%}"
+            f" (90% interval {lo:+.1%} .. {hi:+.1%})"
+        )
     if "median_record_both_training_interval" in doc:
         lo, hi = doc["median_record_both_training_interval"]
-        print(f"record against both plain runs, median over workloads:"
-              f" {doc['median_record_both_training_overhead']:+.1%} (90% interval {lo:+.1%} .. {hi:+.1%})")
+        print(
+            f"record against both plain runs, median over workloads:"
+            f" {doc['median_record_both_training_overhead']:+.1%} (90% interval {lo:+.1%} .. {hi:+.1%})"
+        )
 
 
 @contextlib.contextmanager
@@ -654,14 +795,24 @@ def _worktree(commit: str | None) -> Iterator[Path | None]:
     with tempfile.TemporaryDirectory() as d:
         tree = Path(d) / "tree"
         try:
-            subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT,
-                           check=True, capture_output=True, text=True)
+            subprocess.run(
+                ["git", "worktree", "add", "--detach", str(tree), commit],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
         except subprocess.CalledProcessError as e:
             raise SystemExit(f"--against {commit}: {e.stderr.strip()}") from None
         try:
             yield tree
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False, capture_output=True)
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(tree)],
+                cwd=ROOT,
+                check=False,
+                capture_output=True,
+            )
 
 
 def _plot(results: dict[str, dict[str, Any]], path: Path, against: str | None = None) -> None:
@@ -673,10 +824,17 @@ def _plot(results: dict[str, dict[str, Any]], path: Path, against: str | None = 
     names = list(results)
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     xs = list(range(len(names)))
-    bars = [("record", "training", "adaptive, to exit (wall vs plain)"), ("record", "held", "adaptive, held (reported)"),
-            ("record-every", "training", "every instance, to exit (wall)"), ("record-every", "held", "every instance, held")]
+    bars = [
+        ("record", "training", "adaptive, to exit (wall vs plain)"),
+        ("record", "held", "adaptive, held (reported)"),
+        ("record-every", "training", "every instance, to exit (wall)"),
+        ("record-every", "held", "every instance, held"),
+    ]
     if against is not None:
-        bars += [("record-against", "training", f"as of {against}, to exit (wall)"), ("record-against", "held", f"as of {against}, held")]
+        bars += [
+            ("record-against", "training", f"as of {against}, to exit (wall)"),
+            ("record-against", "held", f"as of {against}, held"),
+        ]
     bars += [("plain-control", "training", "plain against plain (control)")]
     bars = [bar for bar in bars if f"{bar[0]}_{bar[1]}_overhead" in results[names[0]]]
     w = 0.8 / len(bars)
@@ -684,10 +842,22 @@ def _plot(results: dict[str, dict[str, Any]], path: Path, against: str | None = 
         ys = [100 * results[n][f"{mode}_{what}_overhead"] for n in names]
         # the 90% interval of the median, where there is one: how far the repetitions pin it down
         err = None
-        if (mode, what) == ("record", "training") and "record_training_interval" in results[names[0]]:
-            err = [[y - 100 * results[n]["record_training_interval"][0] for y, n in zip(ys, names, strict=True)],
-                   [100 * results[n]["record_training_interval"][1] - y for y, n in zip(ys, names, strict=True)]]
-        a.bar([x + (k - (len(bars) - 1) / 2) * w for x in xs], ys, w, label=label, yerr=err, capsize=3)
+        if (mode, what) == ("record", "training") and "record_training_interval" in results[
+            names[0]
+        ]:
+            err = [
+                [
+                    y - 100 * results[n]["record_training_interval"][0]
+                    for y, n in zip(ys, names, strict=True)
+                ],
+                [
+                    100 * results[n]["record_training_interval"][1] - y
+                    for y, n in zip(ys, names, strict=True)
+                ],
+            ]
+        a.bar(
+            [x + (k - (len(bars) - 1) / 2) * w for x in xs], ys, w, label=label, yerr=err, capsize=3
+        )
     a.axhline(100 / 15, color="red", linestyle="--", label="ε = 1/15")
     a.set_xticks(xs, names)
     a.set_ylabel("record overhead, % of training time")

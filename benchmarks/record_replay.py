@@ -59,7 +59,10 @@ NANOGPT_EDITS = {
     "batch_size = 8 ": "batch_size = 16 ",
 }
 
-WORKLOADS: dict[str, tuple[Path | str, list[str], tuple[str, str] | None, tuple[str, str] | None, dict[str, str]]] = {
+WORKLOADS: dict[
+    str,
+    tuple[Path | str, list[str], tuple[str, str] | None, tuple[str, str] | None, dict[str, str]],
+] = {
     # name: (source file, args, outer probe (after, statement), inner probe (after, statement),
     #        edits to the source that make the run long enough to measure beyond start-up)
     # None for a probe: use the file's `# flortrain-probe outer/inner:` marker
@@ -68,7 +71,10 @@ WORKLOADS: dict[str, tuple[Path | str, list[str], tuple[str, str] | None, tuple[
         ROOT / "examples" / "train.py",
         ["--epochs", "40"],
         ("        scheduler.step()\n", "        print('PROBE', model[0].weight.norm().item())\n"),
-        ("        loss.backward()\n", "        print('PROBE', model[0].weight.grad.norm().item())\n"),
+        (
+            "        loss.backward()\n",
+            "        print('PROBE', model[0].weight.grad.norm().item())\n",
+        ),
         {},
     ),
     # record_overhead's CNN (a source text, not a file): large tensors freed and allocated at
@@ -77,7 +83,10 @@ WORKLOADS: dict[str, tuple[Path | str, list[str], tuple[str, str] | None, tuple[
         overhead_source("cnn", quick=False),
         [],
         ("    model.train()\n", "    print('PROBE', model.fc1.weight.norm().item())\n"),
-        ("        opt.step()\n", "        if i == 0: print('PROBE', epoch, model.fc1.weight.norm().item())\n"),
+        (
+            "        opt.step()\n",
+            "        if i == 0: print('PROBE', epoch, model.fc1.weight.norm().item())\n",
+        ),
         {},
     ),
     # start-up dominates, and a 6 ms epoch costs about as much as its checkpoint: Eq. 4 declines
@@ -104,8 +113,8 @@ WORKLOADS: dict[str, tuple[Path | str, list[str], tuple[str, str] | None, tuple[
         [],
         (
             "    optimizer.zero_grad(set_to_none=True)\n",
-            "    if iter_num % 50 == 0: print(f\"PROBE outer {iter_num}"
-            " {sum(p.detach().abs().sum().item() for p in raw_model.parameters()):.10f}\")\n",
+            '    if iter_num % 50 == 0: print(f"PROBE outer {iter_num}'
+            ' {sum(p.detach().abs().sum().item() for p in raw_model.parameters()):.10f}")\n',
         ),
         None,
         NANOGPT_EDITS,
@@ -128,7 +137,7 @@ def _marker(text: str, kind: str) -> str:
         prefix = f"# flortrain-probe {kind}: "
         if s.startswith(prefix):
             indent = line[: len(line) - len(line.lstrip())]
-            out.append(indent + s[len(prefix):] + "\n")
+            out.append(indent + s[len(prefix) :] + "\n")
         else:
             out.append(line)
     return "".join(out)
@@ -160,7 +169,9 @@ def checkpoints(store: Path) -> dict[str, dict[str, int]]:
     db = sqlite3.connect(store / "flortrain.db")
     try:
         (rid,) = db.execute("SELECT MAX(id) FROM runs WHERE kind='record'").fetchone()
-        rows = db.execute("SELECT block_id, state, COUNT(*) FROM blocks WHERE run_id=? GROUP BY 1, 2", (rid,))
+        rows = db.execute(
+            "SELECT block_id, state, COUNT(*) FROM blocks WHERE run_id=? GROUP BY 1, 2", (rid,)
+        )
         out: dict[str, dict[str, int]] = {}
         for block, state, n in rows:
             out.setdefault(block, {})[state] = n
@@ -189,7 +200,16 @@ def bench(name: str, reps: int) -> dict[str, Any]:
     env = {**os.environ}
     ft = [sys.executable, "-m", "flortrain"]
     times: dict[str, list[float]] = {
-        k: [] for k in ("startup", "plain", "record", "plain_outer", "replay_outer", "plain_inner", "replay_inner")
+        k: []
+        for k in (
+            "startup",
+            "plain",
+            "record",
+            "plain_outer",
+            "replay_outer",
+            "plain_inner",
+            "replay_inner",
+        )
     }
     held: list[float] = []
     saved: list[dict[str, dict[str, int]]] = []
@@ -241,7 +261,9 @@ def bench(name: str, reps: int) -> dict[str, Any]:
         "inner_probe_speedup": med["plain_inner"] / med["replay_inner"],
         # the same ratios with the interpreter + torch start-up floor taken out of both sides:
         # what they tend to as training gets longer
-        "record_overhead_beyond_startup": None if (x := beyond_startup("record", "plain")) is None else x - 1.0,
+        "record_overhead_beyond_startup": None
+        if (x := beyond_startup("record", "plain")) is None
+        else x - 1.0,
         "outer_probe_speedup_beyond_startup": beyond_startup("plain_outer", "replay_outer"),
         "inner_probe_speedup_beyond_startup": beyond_startup("plain_inner", "replay_inner"),
     }
@@ -258,7 +280,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     for ax, r in zip(axes[0], results, strict=True):
         med = r["median_s"]
         assert isinstance(med, dict)
-        ax.bar(labels, [med[k] for k in labels], color=["#888", "#c44", "#888", "#48c", "#888", "#48c"])
+        ax.bar(
+            labels, [med[k] for k in labels], color=["#888", "#c44", "#888", "#48c", "#888", "#48c"]
+        )
         ax.axhline(med["startup"], color="k", linestyle=":", linewidth=1, label="start-up floor")
         ax.legend(fontsize=8)
         ax.set_title(
@@ -280,11 +304,17 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     stamp = {
         "commit": commit(),
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
         "replay_allocator": os.environ.get("FLORTRAIN_REPLAY_ALLOCATOR", "steady"),
     }
     results = [{**bench(w, a.reps), **stamp} for w in (a.workload or list(WORKLOADS))]
-    latest = {r["workload"]: r for r in _kept(OUT / "record_replay.json")} | {r["workload"]: r for r in results}
+    latest = {r["workload"]: r for r in _kept(OUT / "record_replay.json")} | {
+        r["workload"]: r for r in results
+    }
     kept = [latest[w] for w in WORKLOADS if w in latest]
     (OUT / "record_replay.json").write_text(json.dumps({"results": kept}, indent=2))
     plot(kept, OUT / "record_replay.png")

@@ -80,8 +80,10 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
     """``NAME=KEY:VALUE,...`` as (name, settings); raises ``ValueError`` saying what is wrong."""
     name, sep, rest = spec.partition("=")
     if not sep or not name or name in ("plain", "plain-control", "record"):
-        raise ValueError(f"--variant {spec!r}: expected NAME=KEY:VALUE,... with a NAME other than plain, plain-control"
-                         " or record")
+        raise ValueError(
+            f"--variant {spec!r}: expected NAME=KEY:VALUE,... with a NAME other than plain, plain-control"
+            " or record"
+        )
     settings: dict[str, str] = {}
     for pair in filter(None, rest.split(",")):
         key, sep, value = pair.partition(":")
@@ -108,7 +110,9 @@ def timed_steps(text: str) -> str:
     )
 
 
-def command(mode: str, settings: dict[str, str] | None, work: Path, rep: int) -> tuple[list[str], dict[str, str]]:
+def command(
+    mode: str, settings: dict[str, str] | None, work: Path, rep: int
+) -> tuple[list[str], dict[str, str]]:
     """The command and environment of one run of ``mode`` (``settings`` None: a plain run)."""
     env = {**STEADY_ALLOCATOR, "FLORTRAIN_STORE": str(work / f"{mode}-{rep}")}
     if settings is None:
@@ -124,11 +128,18 @@ def command(mode: str, settings: dict[str, str] | None, work: Path, rep: int) ->
     return [sys.executable, "-m", "flortrain", "record", *args, "train.py"], env
 
 
-def bench(name: str, variants: dict[str, dict[str, str]], reps: int, quick: bool, inner: bool) -> dict[str, Any]:
+def bench(
+    name: str, variants: dict[str, dict[str, str]], reps: int, quick: bool, inner: bool
+) -> dict[str, Any]:
     # ``plain-control``, a second plain run compared with the first as a record is: every
     # variant's ratio has the same plain runs below it, so a few fast ones would move them all
     # alike, and the control shows it
-    modes: dict[str, dict[str, str] | None] = {"plain": None, "plain-control": None, "record": {}, **variants}
+    modes: dict[str, dict[str, str] | None] = {
+        "plain": None,
+        "plain-control": None,
+        "record": {},
+        **variants,
+    }
     order = list(modes)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as d:
@@ -136,7 +147,7 @@ def bench(name: str, variants: dict[str, dict[str, str]], reps: int, quick: bool
         text = source(name, quick)
         (work / "train.py").write_text(timed_steps(text) if inner else text)
         for rep in range(reps):
-            turn = order[rep % len(order):] + order[: rep % len(order)]
+            turn = order[rep % len(order) :] + order[: rep % len(order)]
             for mode in turn:
                 cmd, env = command(mode, modes[mode], work, rep)
                 t = _run(cmd, work, env)
@@ -149,9 +160,16 @@ def bench(name: str, variants: dict[str, dict[str, str]], reps: int, quick: bool
                     run.update(checkpointed=done, instances=total, boundaries=boundaries)
                     shutil.rmtree(store, ignore_errors=True)
                 runs[mode].append(run)
-            print(f"{name} rep {rep}: " + ", ".join(f"{m} {runs[m][-1]['loop']:.2f}s" for m in order), file=sys.stderr)
-    out: dict[str, Any] = {"steps_per_epoch": _calibrated.get(name, WORKLOADS[name][1]), "variants": variants,
-                           "runs": runs, "summary": {}}
+            print(
+                f"{name} rep {rep}: " + ", ".join(f"{m} {runs[m][-1]['loop']:.2f}s" for m in order),
+                file=sys.stderr,
+            )
+    out: dict[str, Any] = {
+        "steps_per_epoch": _calibrated.get(name, WORKLOADS[name][1]),
+        "variants": variants,
+        "runs": runs,
+        "summary": {},
+    }
     for mode in order[1:]:
         s: dict[str, Any] = {}
         for what in ("loop", "to_exit", *(("steps",) if inner else ())):
@@ -169,8 +187,12 @@ def bench(name: str, variants: dict[str, dict[str, str]], reps: int, quick: bool
 def main() -> None:
     ap = workload_args(__doc__ or "", 8)
     ap.set_defaults(only=["finetune"])
-    ap.add_argument("--variant", action="append", metavar="NAME=KEY:VALUE,...",
-                    help="a record variant (repeatable; replaces the defaults)")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME=KEY:VALUE,...",
+        help="a record variant (repeatable; replaces the defaults)",
+    )
     ap.add_argument("--inner", action="store_true", help="also time the batch loop's steps alone")
     args = ap.parse_args()
     try:
@@ -184,19 +206,35 @@ def main() -> None:
             calibrate(name, STEADY_ALLOCATOR)
     results = {name: bench(name, variants, reps, args.quick, args.inner) for name in args.only}
     stem = "record_variants" + ("-quick" if args.quick else "")
-    doc = {"reps": reps, "quick": args.quick, "inner": args.inner, "steady_allocator": True, "results": results}
+    doc = {
+        "reps": reps,
+        "quick": args.quick,
+        "inner": args.inner,
+        "steady_allocator": True,
+        "results": results,
+    }
     doc = merge_by_workload(stem, doc)
     save(stem, doc, lambda png: _plot(doc["results"], png), stamp=False)
     for name, r in results.items():
         print(f"{name} ({reps} reps, steps per epoch {r['steps_per_epoch']}):")
-        print(f"  {'mode':16} {'loop':>8} {'90% interval':>18} {'held':>7}" + (f" {'steps':>8}" if args.inner else "")
-              + "  checkpointed")
+        print(
+            f"  {'mode':16} {'loop':>8} {'90% interval':>18} {'held':>7}"
+            + (f" {'steps':>8}" if args.inner else "")
+            + "  checkpointed"
+        )
         for mode, s in r["summary"].items():
             lo, hi = s["loop_interval"]
             line = f"  {mode:16} {s['loop_overhead']:+8.1%} {f'{lo:+.1%} .. {hi:+.1%}':>18} {s['held']:7.1%}"
             if args.inner:
                 line += f" {s['steps_overhead']:+8.1%}"
-            print(line + (f"  {statistics.median_low(s['checkpointed'])} (median)" if "checkpointed" in s else ""))
+            print(
+                line
+                + (
+                    f"  {statistics.median_low(s['checkpointed'])} (median)"
+                    if "checkpointed" in s
+                    else ""
+                )
+            )
 
 
 def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
@@ -210,14 +248,28 @@ def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
         modes = list(r["summary"])
         xs = range(len(modes))
         loop = [100 * r["summary"][m]["loop_overhead"] for m in modes]
-        err = [[y - 100 * r["summary"][m]["loop_interval"][0] for y, m in zip(loop, modes, strict=True)],
-               [100 * r["summary"][m]["loop_interval"][1] - y for y, m in zip(loop, modes, strict=True)]]
+        err = [
+            [
+                y - 100 * r["summary"][m]["loop_interval"][0]
+                for y, m in zip(loop, modes, strict=True)
+            ],
+            [
+                100 * r["summary"][m]["loop_interval"][1] - y
+                for y, m in zip(loop, modes, strict=True)
+            ],
+        ]
         w = 0.27
-        ax.bar([x - w for x in xs], loop, w, yerr=err, capsize=3, label="loop vs plain (90% interval)")
+        ax.bar(
+            [x - w for x in xs], loop, w, yerr=err, capsize=3, label="loop vs plain (90% interval)"
+        )
         ax.bar(list(xs), [100 * r["summary"][m]["held"] for m in modes], w, label="held (reported)")
         if "steps_overhead" in r["summary"][modes[0]]:
-            ax.bar([x + w for x in xs], [100 * r["summary"][m]["steps_overhead"] for m in modes], w,
-                   label="training steps alone vs plain")
+            ax.bar(
+                [x + w for x in xs],
+                [100 * r["summary"][m]["steps_overhead"] for m in modes],
+                w,
+                label="training steps alone vs plain",
+            )
         ax.axhline(0, color="black", linewidth=0.5)
         ax.set_xticks(list(xs), modes, fontsize=8)
         ax.set_ylabel("% of the plain run")

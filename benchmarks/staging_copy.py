@@ -74,7 +74,9 @@ def script(name: str, epochs: int) -> str:
     text = record_overhead.source(name, quick=False, probe=True, epochs=epochs)
     _, _, _, stmt = record_overhead.WORKLOADS[name]
     if STEP not in text or f"    {stmt}\n" not in text:
-        raise SystemExit(f"staging_copy.py: the {name} workload has no `opt.step()` or probe line to splice into")
+        raise SystemExit(
+            f"staging_copy.py: the {name} workload has no `opt.step()` or probe line to splice into"
+        )
     text = text.replace(STEP, "\n        _before_step()" + STEP + "        _after_step()\n")
     return text.replace(f"    {stmt}\n", "    _stage()\n")
 
@@ -175,7 +177,9 @@ def child(name: str, epochs: int, out: str) -> None:
             exec(compile(script(name, epochs), f"<{name}>", "exec"), ns)
         finally:
             sys.stdout = stdout
-    rows = [r for r in stager.rows[len(MODES) :] if "to_step" in r]  # the first turn of modes warms up
+    rows = [
+        r for r in stager.rows[len(MODES) :] if "to_step" in r
+    ]  # the first turn of modes warms up
     loop = stager.loop()
     Path(out).write_text(json.dumps({"staged_mb": stager.size() / 1e6, "rows": rows, "loop": loop}))
 
@@ -190,7 +194,11 @@ def measure(name: str, reps: int, quick: bool) -> dict[str, Any]:
         for rep in range(reps):
             out = Path(d) / f"{rep}.json"
             env = {**os.environ, **record_overhead.STEADY_ALLOCATOR}
-            subprocess.run([sys.executable, __file__, "--child", name, str(epochs), str(out)], env=env, check=True)
+            subprocess.run(
+                [sys.executable, __file__, "--child", name, str(epochs), str(out)],
+                env=env,
+                check=True,
+            )
             got = json.loads(out.read_text())
             rows += got["rows"]
             loops.append(got["loop"])
@@ -201,8 +209,14 @@ def measure(name: str, reps: int, quick: bool) -> dict[str, Any]:
         mine = [r for r in rows if r["mode"] == mode]
         modes[mode] = {
             "epochs": len(mine),
-            **{f"{k}_ms": 1e3 * statistics.median(r[k] for r in mine) for k in ("held", "to_step", "copy")},
-            "to_step_spread_ms": [1e3 * min(r["to_step"] for r in mine), 1e3 * max(r["to_step"] for r in mine)],
+            **{
+                f"{k}_ms": 1e3 * statistics.median(r[k] for r in mine)
+                for k in ("held", "to_step", "copy")
+            },
+            "to_step_spread_ms": [
+                1e3 * min(r["to_step"] for r in mine),
+                1e3 * max(r["to_step"] for r in mine),
+            ],
         }
     base = modes["none"]["to_step_ms"]
     for mode in MODES:
@@ -224,15 +238,24 @@ def main() -> None:
         raise SystemExit(f"staging_copy.py: measures {', '.join(SHAPES)} only")
     results = {name: measure(name, reps, args.quick) for name in shapes}
     stem = "staging_copy" + ("-quick" if args.quick else "")
-    doc = record_overhead.merge_by_workload(stem, {"reps": reps, "quick": args.quick, "results": results})
+    doc = record_overhead.merge_by_workload(
+        stem, {"reps": reps, "quick": args.quick, "results": results}
+    )
     record_overhead.save(stem, doc, lambda png: _plot(doc["results"], png), stamp=False)
     for name, r in results.items():
         print(f"{name}: {r['staged_mb']:.1f} MB staged per epoch")
-        print(f"  {'mode':8} {'epochs':>6} {'held':>8} {'copy':>8} {'to step':>9} {'costs training':>15}")
+        print(
+            f"  {'mode':8} {'epochs':>6} {'held':>8} {'copy':>8} {'to step':>9} {'costs training':>15}"
+        )
         for mode, m in r["modes"].items():
-            print(f"  {mode:8} {m['epochs']:6d} {m['held_ms']:6.2f}ms {m['copy_ms']:6.2f}ms"
-                  f" {m['to_step_ms']:7.2f}ms {m['costs_training_ms']:13.2f}ms")
-        print("  copies in a row, training over: " + ", ".join(f"{k} {v:.2f}ms" for k, v in r["loop_ms"].items()))
+            print(
+                f"  {mode:8} {m['epochs']:6d} {m['held_ms']:6.2f}ms {m['copy_ms']:6.2f}ms"
+                f" {m['to_step_ms']:7.2f}ms {m['costs_training_ms']:13.2f}ms"
+            )
+        print(
+            "  copies in a row, training over: "
+            + ", ".join(f"{k} {v:.2f}ms" for k, v in r["loop_ms"].items())
+        )
 
 
 def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
@@ -245,9 +268,18 @@ def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     for ax, (name, r) in zip(axes[0], results.items(), strict=True):
         modes = [m for m in MODES if m != "none"]
         x = range(len(modes))
-        ax.bar([i - 0.2 for i in x], [r["modes"][m]["held_ms"] for m in modes], width=0.4, label="held by the call")
-        ax.bar([i + 0.2 for i in x], [r["modes"][m]["costs_training_ms"] for m in modes], width=0.4,
-               label="to the first update, less none's")
+        ax.bar(
+            [i - 0.2 for i in x],
+            [r["modes"][m]["held_ms"] for m in modes],
+            width=0.4,
+            label="held by the call",
+        )
+        ax.bar(
+            [i + 0.2 for i in x],
+            [r["modes"][m]["costs_training_ms"] for m in modes],
+            width=0.4,
+            label="to the first update, less none's",
+        )
         ax.set_xticks(list(x), modes)
         ax.set_ylabel("ms per checkpoint (median)")
         ax.set_title(f"{name}: {r['staged_mb']:.0f} MB staged", fontsize=9)

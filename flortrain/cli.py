@@ -32,13 +32,19 @@ def _one_line_errors(fn: F) -> F:
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
         except sqlite3.Error as e:  # a damaged or locked database: the store's fault, not ours
-            click.echo(f"flortrain: FT017 the store's database failed: {e} (locked by another process past"
-                       " FLORTRAIN_DB_TIMEOUT, or damaged)", err=True)
+            click.echo(
+                f"flortrain: FT017 the store's database failed: {e} (locked by another process past"
+                " FLORTRAIN_DB_TIMEOUT, or damaged)",
+                err=True,
+            )
             sys.exit(2)
         except Exception as e:
             if os.environ.get("FLORTRAIN_DEBUG"):
                 raise
-            click.echo(f"flortrain: internal error: {type(e).__name__}: {e} (FLORTRAIN_DEBUG=1 shows the traceback)", err=True)
+            click.echo(
+                f"flortrain: internal error: {type(e).__name__}: {e} (FLORTRAIN_DEBUG=1 shows the traceback)",
+                err=True,
+            )
             sys.exit(2)
 
     return wrapper  # type: ignore[return-value]
@@ -72,11 +78,20 @@ class _OneLineGroup(click.Group):
 
 @click.group(cls=_OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="flortrain")
-@click.option("--store", "store", envvar="FLORTRAIN_STORE", default=None, metavar="DIR",
-              help="Store directory (default .flortrain in the working directory).")
-@click.option("--trust", is_flag=True,
-              help="Load a store that is not provably yours (another owner, or a manifest that does not "
-              "verify: a copied store). Its checkpoints are pickles: trust only stores you know.")
+@click.option(
+    "--store",
+    "store",
+    envvar="FLORTRAIN_STORE",
+    default=None,
+    metavar="DIR",
+    help="Store directory (default .flortrain in the working directory).",
+)
+@click.option(
+    "--trust",
+    is_flag=True,
+    help="Load a store that is not provably yours (another owner, or a manifest that does not "
+    "verify: a copied store). Its checkpoints are pickles: trust only stores you know.",
+)
 @click.pass_context
 def cli(ctx: click.Context, store: str | None, trust: bool) -> None:
     """Hindsight logging for PyTorch training: record once, add prints later, replay."""
@@ -86,15 +101,32 @@ def cli(ctx: click.Context, store: str | None, trust: bool) -> None:
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--epsilon", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EPS",
-              help="Record overhead tolerance of the adaptive checkpoint period (default 1/15; "
-              "env FLORTRAIN_EPSILON).")
-@click.option("--resume", "resume", type=int, default=None, metavar="RUN",
-              help="Continue the killed record RUN of SCRIPT from its last committed main-loop boundary "
-              "checkpoint, into the same run (its arguments are reused).")
+@click.option(
+    "--epsilon",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="EPS",
+    help="Record overhead tolerance of the adaptive checkpoint period (default 1/15; "
+    "env FLORTRAIN_EPSILON).",
+)
+@click.option(
+    "--resume",
+    "resume",
+    type=int,
+    default=None,
+    metavar="RUN",
+    help="Continue the killed record RUN of SCRIPT from its last committed main-loop boundary "
+    "checkpoint, into the same run (its arguments are reused).",
+)
 @click.pass_context
 @_one_line_errors
-def record(ctx: click.Context, script: str, args: tuple[str, ...], epsilon: float | None, resume: int | None) -> None:
+def record(
+    ctx: click.Context,
+    script: str,
+    args: tuple[str, ...],
+    epsilon: float | None,
+    resume: int | None,
+) -> None:
     """Run SCRIPT instrumented, checkpointing its memoized loops. Its stdout is unchanged.
     Options go before SCRIPT; everything after it is the script's."""
     from flortrain import knobs
@@ -111,30 +143,67 @@ def record(ctx: click.Context, script: str, args: tuple[str, ...], epsilon: floa
     except BaseException:
         static.close()
         raise
-    sys.exit(do_record(script, list(args), ctx.obj["store"], epsilon, ctx.obj["trust"], resume, static))
+    sys.exit(
+        do_record(script, list(args), ctx.obj["store"], epsilon, ctx.obj["trust"], resume, static)
+    )
 
 
 @cli.command()
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--probe", "probes", multiple=True, metavar="LINE:EXPR",
-              help="Log EXPR after the statement ending on LINE, without editing the file.")
-@click.option("--run", "run_id", type=int, default=None, help="Record run to replay (default: latest of SCRIPT).")
-@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Parallel replay workers, each a fresh process replaying one segment of the main loop.")
-@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="Where the workers run: this machine, or Ray tasks (RAY_ADDRESS, or a local Ray).")
-@click.option("--blobs", default=None, metavar="URL",
-              help="Where workers read checkpoint blobs: a directory or an fsspec URL holding a copy of "
-              "the store's blobs/ (default: the store's own).")
-@click.option("--allow-changed-inputs", is_flag=True,
-              help="Replay even though files the record read have changed since (refused by default, "
-              "FT033: the record's state would be restored under other inputs).")
+@click.option(
+    "--probe",
+    "probes",
+    multiple=True,
+    metavar="LINE:EXPR",
+    help="Log EXPR after the statement ending on LINE, without editing the file.",
+)
+@click.option(
+    "--run",
+    "run_id",
+    type=int,
+    default=None,
+    help="Record run to replay (default: latest of SCRIPT).",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Parallel replay workers, each a fresh process replaying one segment of the main loop.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where the workers run: this machine, or Ray tasks (RAY_ADDRESS, or a local Ray).",
+)
+@click.option(
+    "--blobs",
+    default=None,
+    metavar="URL",
+    help="Where workers read checkpoint blobs: a directory or an fsspec URL holding a copy of "
+    "the store's blobs/ (default: the store's own).",
+)
+@click.option(
+    "--allow-changed-inputs",
+    is_flag=True,
+    help="Replay even though files the record read have changed since (refused by default, "
+    "FT033: the record's state would be restored under other inputs).",
+)
 @click.pass_context
 @_one_line_errors
 def replay(
-    ctx: click.Context, script: str, args: tuple[str, ...], probes: tuple[str, ...], run_id: int | None,
-    jobs: int, backend: str, blobs: str | None, allow_changed_inputs: bool,
+    ctx: click.Context,
+    script: str,
+    args: tuple[str, ...],
+    probes: tuple[str, ...],
+    run_id: int | None,
+    jobs: int,
+    backend: str,
+    blobs: str | None,
+    allow_changed_inputs: bool,
 ) -> None:
     """Replay SCRIPT (with added probes) against its record. New script arguments go after `--`."""
     from flortrain.distributed import check_environment
@@ -142,10 +211,20 @@ def replay(
     check_environment(script, "replay")
     from flortrain.replay.replayer import replay as do_replay
 
-    sys.exit(do_replay(
-        script, run_id, list(probes), list(args) if args else None, ctx.obj["store"], jobs, backend, blobs,
-        ctx.obj["trust"], allow_changed_inputs,
-    ))
+    sys.exit(
+        do_replay(
+            script,
+            run_id,
+            list(probes),
+            list(args) if args else None,
+            ctx.obj["store"],
+            jobs,
+            backend,
+            blobs,
+            ctx.obj["trust"],
+            allow_changed_inputs,
+        )
+    )
 
 
 @cli.command()
@@ -203,7 +282,9 @@ def runs(ctx: click.Context, as_json: bool) -> None:
     for r in rows:
         d = "" if r["duration"] is None else f"{r['duration']:.2f}s"
         of = f" (of {r['replays']})" if r["replays"] else ""
-        click.echo(f"{r['id']:>4}  {r['kind']:<7} {r['status']:<10} {r['started']:<25} {d:>9}  {r['script']}{of}")
+        click.echo(
+            f"{r['id']:>4}  {r['kind']:<7} {r['status']:<10} {r['started']:<25} {d:>9}  {r['script']}{of}"
+        )
 
 
 @cli.command()
@@ -236,7 +317,7 @@ def _as_utf8(code: str) -> str:
         m = _CODING.match(lines[i])
         if m:
             if m.group(2).lower().replace("_", "-") not in ("utf-8", "utf8"):
-                lines[i] = lines[i][: m.start(2)] + "utf-8" + lines[i][m.end(2):]
+                lines[i] = lines[i][: m.start(2)] + "utf-8" + lines[i][m.end(2) :]
             break
     return "\n".join(lines)
 

@@ -152,11 +152,21 @@ def replay_allocator() -> str:
 
 
 def buffer_bytes() -> int:
-    return int(_number(BUFFER_ENV, DEFAULT_BUFFER_MB, lambda v: v >= 0, "a number of MB >= 0 (default 2048)") * 2**20)
+    return int(
+        _number(
+            BUFFER_ENV, DEFAULT_BUFFER_MB, lambda v: v >= 0, "a number of MB >= 0 (default 2048)"
+        )
+        * 2**20
+    )
 
 
 def writer_backlog() -> int:
-    mb = _number(WRITER_BACKLOG_ENV, DEFAULT_WRITER_BACKLOG_MB, lambda v: v >= 0, "a number of MB >= 0 (default 256)")
+    mb = _number(
+        WRITER_BACKLOG_ENV,
+        DEFAULT_WRITER_BACKLOG_MB,
+        lambda v: v >= 0,
+        "a number of MB >= 0 (default 256)",
+    )
     return int(min(mb * 2**20, buffer_bytes() / 2))
 
 
@@ -164,16 +174,31 @@ def arena_warm() -> int:
     """Bytes of the staging buffer to warm: by default as many as the writer's backlog threshold
     (:func:`writer_backlog`), at most the buffer."""
     default = writer_backlog() / 2**20
-    mb = _number(ARENA_WARM_ENV, default, lambda v: v >= 0, f"a number of MB >= 0 (default {default:g}, the writer's backlog)")
+    mb = _number(
+        ARENA_WARM_ENV,
+        default,
+        lambda v: v >= 0,
+        f"a number of MB >= 0 (default {default:g}, the writer's backlog)",
+    )
     return int(min(mb * 2**20, buffer_bytes()))
 
 
 def flush_timeout() -> float:
-    return _number(FLUSH_TIMEOUT_ENV, DEFAULT_FLUSH_TIMEOUT_S, lambda v: v >= 0, "a number of seconds >= 0 (default 600)")
+    return _number(
+        FLUSH_TIMEOUT_ENV,
+        DEFAULT_FLUSH_TIMEOUT_S,
+        lambda v: v >= 0,
+        "a number of seconds >= 0 (default 600)",
+    )
 
 
 def db_timeout() -> float:
-    return _number(DB_TIMEOUT_ENV, DEFAULT_DB_TIMEOUT_S, lambda v: v >= 0, "a number of seconds >= 0 (default 30)")
+    return _number(
+        DB_TIMEOUT_ENV,
+        DEFAULT_DB_TIMEOUT_S,
+        lambda v: v >= 0,
+        "a number of seconds >= 0 (default 30)",
+    )
 
 
 def injected(name: str) -> float:
@@ -198,7 +223,9 @@ def _injections() -> dict[str, float]:
 
 def epsilon() -> float:
     """The overhead tolerance ε, validated: a positive number."""
-    return _number(EPSILON_ENV, DEFAULT_EPSILON, lambda v: v > 0, "a positive number (default 1/15)")
+    return _number(
+        EPSILON_ENV, DEFAULT_EPSILON, lambda v: v > 0, "a positive number (default 1/15)"
+    )
 
 
 def segments() -> str:
@@ -224,13 +251,19 @@ def period() -> str:
 def commit_interval() -> float:
     """Seconds between commits of main-loop boundaries, validated: a number >= 0 (0: every one)."""
     return _number(
-        COMMIT_INTERVAL_ENV, DEFAULT_COMMIT_INTERVAL_S, lambda v: v >= 0, "a number of seconds >= 0 (default 1)"
+        COMMIT_INTERVAL_ENV,
+        DEFAULT_COMMIT_INTERVAL_S,
+        lambda v: v >= 0,
+        "a number of seconds >= 0 (default 1)",
     )
 
 
 def boundary_interval() -> float:
     return _number(
-        BOUNDARY_INTERVAL_ENV, DEFAULT_BOUNDARY_INTERVAL_S, lambda v: v > 0, "a number of seconds > 0 (default 60)"
+        BOUNDARY_INTERVAL_ENV,
+        DEFAULT_BOUNDARY_INTERVAL_S,
+        lambda v: v > 0,
+        "a number of seconds > 0 (default 60)",
     )
 
 

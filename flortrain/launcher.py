@@ -58,7 +58,14 @@ channel: Channel | None = None
 #: In the training process: the socket its writer, forked from it, sends its results on.
 writer_end: socket.socket | None = None
 
-_FORWARDED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2}
+_FORWARDED = {
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+}
 #: SIGIO: the training process sent something (``O_ASYNC`` on the launcher's end of its socket).
 #: Read as it comes, so that a long message never fills the socket while the launcher waits.
 _WAITED = {*_FORWARDED, signal.SIGCHLD, signal.SIGIO}
@@ -87,11 +94,23 @@ class Summary:
         writer once the training process had exited (wall-clock time the run took that held
         does not count: training was over)."""
         # a share of a run shorter than a second says nothing (0.01 s of a 0.01 s script is "100%")
-        share = f" ({self.held / (self.elapsed - self.held):.1%})" if self.elapsed - self.held >= 1.0 else ""
+        share = (
+            f" ({self.held / (self.elapsed - self.held):.1%})"
+            if self.elapsed - self.held >= 1.0
+            else ""
+        )
         # where training kept every core busy, most of held is this wait: saying so points the user
         # at the writer's backlog, not at staging (docs/materializer.md, "The writer's pace")
-        wait = f", {self.exit_wait:.2f}s of it at exit for the checkpoint writer" if self.exit_wait >= 0.01 else ""
-        late = f"; then {after:.2f}s for the checkpoint writer after training exited" if after >= 0.01 else ""
+        wait = (
+            f", {self.exit_wait:.2f}s of it at exit for the checkpoint writer"
+            if self.exit_wait >= 0.01
+            else ""
+        )
+        late = (
+            f"; then {after:.2f}s for the checkpoint writer after training exited"
+            if after >= 0.01
+            else ""
+        )
         return (
             f"flortrain: record run {self.run_id} {self.outcome} in {self.elapsed:.2f}s:"
             f" {self.checkpointed + more} of {self.instances} block instances checkpointed;"
@@ -113,7 +132,12 @@ def launch() -> None:
     ``os.fork``/``os.pidfd_open``, or with ``FLORTRAIN_LAUNCHER=off``, it returns at once and the
     script runs here."""
     global channel, writer_end
-    if not allowed or knobs.launcher() == "off" or not hasattr(os, "fork") or not hasattr(os, "pidfd_open"):
+    if (
+        not allowed
+        or knobs.launcher() == "off"
+        or not hasattr(os, "fork")
+        or not hasattr(os, "pidfd_open")
+    ):
         return
     to_training, training_end = socket.socketpair()
     from_writer, writer_sock = socket.socketpair()
@@ -143,7 +167,11 @@ def launch() -> None:
     writer_sock.close()
     with contextlib.suppress(OSError, AttributeError):  # without it, messages are read at the end
         fcntl.fcntl(to_training.fileno(), fcntl.F_SETOWN, os.getpid())
-        fcntl.fcntl(to_training.fileno(), fcntl.F_SETFL, fcntl.fcntl(to_training.fileno(), fcntl.F_GETFL) | os.O_ASYNC)
+        fcntl.fcntl(
+            to_training.fileno(),
+            fcntl.F_SETFL,
+            fcntl.fcntl(to_training.fileno(), fcntl.F_GETFL) | os.O_ASYNC,
+        )
     launcher = Launcher(pid, Channel(to_training), Channel(from_writer))
     try:
         status = launcher.run()
@@ -292,12 +320,18 @@ class Launcher:
                 if waited > timeout:
                     with contextlib.suppress(OSError):
                         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                    _warn(f"checkpoint writer did not finish within {timeout:.0f}s ({knobs.FLUSH_TIMEOUT_ENV}); killed")
+                    _warn(
+                        f"checkpoint writer did not finish within {timeout:.0f}s ({knobs.FLUSH_TIMEOUT_ENV}); killed"
+                    )
                     break
                 if not told and waited > 2:
                     told = True
-                    _warn(f"waiting for {len(spec['inflight']) - len(replies)} checkpoint(s) to be written")
-                fds = [self.writer.sock.fileno(), pidfd] + ([training] if training is not None else [])
+                    _warn(
+                        f"waiting for {len(spec['inflight']) - len(replies)} checkpoint(s) to be written"
+                    )
+                fds = [self.writer.sock.fileno(), pidfd] + (
+                    [training] if training is not None else []
+                )
                 ready, _, _ = select.select(fds, [], [], min(1.0, timeout - waited))
                 if training is not None and training in ready:  # "after" counts from here
                     self.exited = time.monotonic()
@@ -344,7 +378,11 @@ class Launcher:
                         store.mark_checkpointed(run_id, key, digests)
                         more += state != "boundary"
                     continue
-                reason = reply[2] if reply is not None else "the checkpoint writer ended before writing it"
+                reason = (
+                    reply[2]
+                    if reply is not None
+                    else "the checkpoint writer ended before writing it"
+                )
                 _warn(f"checkpoint {key} not written: {reason}")
                 if state is not None:
                     store.note_block(run_id, key, f"checkpoint lost: {reason}")
@@ -352,7 +390,9 @@ class Launcher:
             store.close()
         except Exception as e:  # a store that fails now loses these checkpoints, never the run
             more = 0
-            _warn(f"the checkpoints written after training ended could not be committed: {type(e).__name__}: {e}")
+            _warn(
+                f"the checkpoints written after training ended could not be committed: {type(e).__name__}: {e}"
+            )
         summary: Summary = spec["summary"]
         return summary.line(more, after)
 

@@ -39,7 +39,12 @@ def _versions() -> dict[str, str]:
 
 
 def _module_recorder(
-    script: str, store: Store, run_id: int, meta: dict[str, Any], session: Session, prepared: ModulePasses,
+    script: str,
+    store: Store,
+    run_id: int,
+    meta: dict[str, Any],
+    session: Session,
+    prepared: ModulePasses,
 ) -> ProjectHook:
     """The import hook for a record: every project module it instruments has its text stored and
     its path -> source sha added to the run's meta at once (a record that crashes later is still
@@ -58,7 +63,10 @@ def _module_recorder(
             file=sys.stderr,
         )
         for r in plan.refused:
-            print(f"flortrain: {shown}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
+            print(
+                f"flortrain: {shown}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}",
+                file=sys.stderr,
+            )
         _untracked(shown, plan, session)
 
     return ProjectHook(ProjectFiles(project_roots(script), script), on_module, prepared=prepared)
@@ -81,7 +89,9 @@ def _note_load(store: Store, run_id: int, session: Session) -> None:
         store.set_meta(run_id, {**store.run(run_id).meta, "load": load})
 
 
-def _resumable(store: Store, run_id: int, script: str, text: str, args: list[str]) -> tuple[Run, tuple[str, int, int]]:
+def _resumable(
+    store: Store, run_id: int, script: str, text: str, args: list[str]
+) -> tuple[Run, tuple[str, int, int]]:
     """The killed record ``run_id`` of ``script`` and where it can continue, or a one-line refusal."""
     where = Located(script)
     run = store.run(run_id)
@@ -89,23 +99,40 @@ def _resumable(store: Store, run_id: int, script: str, text: str, args: list[str
         raise FlortrainError(f"run {run_id} is not a record of this script", where, "FT040")
     if run.effective_status not in ("incomplete", "interrupted"):
         raise FlortrainError(
-            f"run {run_id} is {run.effective_status}; only a killed or interrupted record can be resumed", where, "FT040"
+            f"run {run_id} is {run.effective_status}; only a killed or interrupted record can be resumed",
+            where,
+            "FT040",
         )
     if store.source(run.source_sha) != text:
-        raise FlortrainError(f"{script} changed since run {run_id}; a resumed record must run the recorded source", where, "FT040")
+        raise FlortrainError(
+            f"{script} changed since run {run_id}; a resumed record must run the recorded source",
+            where,
+            "FT040",
+        )
     if args:
-        raise FlortrainError(f"--resume reuses run {run_id}'s arguments ({' '.join(run.argv)}); give none", where, "FT040")
+        raise FlortrainError(
+            f"--resume reuses run {run_id}'s arguments ({' '.join(run.argv)}); give none",
+            where,
+            "FT040",
+        )
     point = store.resume_point(run_id)
     if point is None:
         raise FlortrainError(
-            f"run {run_id} committed no main-loop boundary checkpoint to continue from; record it again", where, "FT042"
+            f"run {run_id} committed no main-loop boundary checkpoint to continue from; record it again",
+            where,
+            "FT042",
         )
     return run, point
 
 
 def record(
-    script: str, args: list[str], store_dir: str | None, epsilon: float | None = None, trust: bool = False,
-    resume: int | None = None, static: StaticPass | None = None,
+    script: str,
+    args: list[str],
+    store_dir: str | None,
+    epsilon: float | None = None,
+    trust: bool = False,
+    resume: int | None = None,
+    static: StaticPass | None = None,
 ) -> int:
     """Record ``script``. ``static`` is its static pass, begun by the caller as early as it could
     (the CLI forks it off before importing this module: :mod:`flortrain.static.overlap`)."""
@@ -144,7 +171,10 @@ def record(
         run_id, args, threads = killed.id, killed.argv, killed.threads
         pin_threads(threads)
         kept, t = store.truncate_for_resume(run_id, *point)
-        resumed: list[Any] = [*killed.meta.get("resumed", []), {"at": list(point), "t": time.time()}]
+        resumed: list[Any] = [
+            *killed.meta.get("resumed", []),
+            {"at": list(point), "t": time.time()},
+        ]
         meta = {**killed.meta, "resumed": resumed}
         store.reopen_run(run_id, meta)
         print(
@@ -155,7 +185,10 @@ def record(
         )
     launcher.tell("run", run_id, script, str(store.root))
     for r in plan.refused:
-        print(f"flortrain: {script}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}", file=sys.stderr)
+        print(
+            f"flortrain: {script}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}",
+            file=sys.stderr,
+        )
     store.guarded = True  # from here on the store failing must not break training
     store.hold_claims()  # written once per commit interval, not three transactions a checkpoint
     session = Session("record", store, run_id)
@@ -164,7 +197,9 @@ def record(
         session.resume, session.resume_seq = point, kept
         session.started -= t  # iteration times continue the killed run's clock
         session.replay = ReplaySource(
-            run_id, frozenset(), store.checkpoints(run_id),
+            run_id,
+            frozenset(),
+            store.checkpoints(run_id),
             SpanReplay({}, {}, {(m, entry): [k]}, segment=Segment(m, entry, k, None)),
         )
     if epsilon is not None:
@@ -172,7 +207,10 @@ def record(
     measured = store.restore_ratio(os.path.abspath(script))
     if measured is not None:
         session.adaptive.restore_ratio = measured[0]
-        print(f"flortrain: restore/materialize ratio c = {measured[0]:.2f} (measured by replay run {measured[1]})", file=sys.stderr)
+        print(
+            f"flortrain: restore/materialize ratio c = {measured[0]:.2f} (measured by replay run {measured[1]})",
+            file=sys.stderr,
+        )
     _untracked(script, plan, session)
     session.start_materializer()
     t0 = time.perf_counter()
@@ -193,13 +231,23 @@ def record(
 
 
 def _finish(
-    script: str, store: Store, session: Session, run_id: int, status: int, elapsed: float, stopped_by: int | None
+    script: str,
+    store: Store,
+    session: Session,
+    run_id: int,
+    status: int,
+    elapsed: float,
+    stopped_by: int | None,
 ) -> int:
     """Finish the run: ``complete``, ``failed``, or ``interrupted`` when ``stopped_by`` (SIGINT,
     SIGTERM) stopped it, which ``record --resume`` continues. The record's last line is printed
     here, or by the launcher once it has committed what was handed over."""
     _note_load(store, run_id, session)
-    store.finish_run(run_id, "complete" if status == 0 else "failed" if stopped_by is None else "interrupted", status)
+    store.finish_run(
+        run_id,
+        "complete" if status == 0 else "failed" if stopped_by is None else "interrupted",
+        status,
+    )
     c = session.counts
     outcome = "complete" if status == 0 else f"failed (exit {status})"
     if stopped_by is not None and status != 0:
@@ -208,10 +256,18 @@ def _finish(
             " continues it from its last main-loop boundary checkpoint)"
         )
     if store.failed:
-        outcome = f"incomplete (the store failed: {store.failed}; the script's exit {status} is kept)"
+        outcome = (
+            f"incomplete (the store failed: {store.failed}; the script's exit {status} is kept)"
+        )
     summary = Summary(
-        run_id, outcome, elapsed, c.get("checkpointed", 0), c.get("checkpointed", 0) + c.get("recorded", 0),
-        session.held, session.exit_wait, runner.refusal.one_line() if runner.refusal is not None else None,
+        run_id,
+        outcome,
+        elapsed,
+        c.get("checkpointed", 0),
+        c.get("checkpointed", 0) + c.get("recorded", 0),
+        session.held,
+        session.exit_wait,
+        runner.refusal.one_line() if runner.refusal is not None else None,
     )
     # closed before the launcher hears the run is over: the launcher, which holds the store open
     # too, then closes it last and pays the write-ahead log's copy while this process exits; and

@@ -68,6 +68,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for f in _FIGURES:
         for k, v in f["faults_by_kind"].items():
             kinds[k] = kinds.get(k, 0) + v
-    terminalreporter.write_sep("-", "fault injection (short mode; benchmarks/fault_injection.py is the long one)")
+    terminalreporter.write_sep(
+        "-", "fault injection (short mode; benchmarks/fault_injection.py is the long one)"
+    )
     terminalreporter.write_line(", ".join(f"{k.replace('_', ' ')} {v}" for k, v in total.items()))
-    terminalreporter.write_line("faults by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+    terminalreporter.write_line(
+        "faults by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+    )

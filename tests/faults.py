@@ -56,10 +56,25 @@ import xxhash
 from tests.protocol import FIXTURES, probe_lines, with_probe
 
 #: Fixtures with a few seconds of training at most, several epochs and checkpoints.
-KILL_FIXTURES = ("module_level", "while_early_stop", "random_shuffle", "warmup_accum", "dataloader_workers", "rnn_hidden")
+KILL_FIXTURES = (
+    "module_level",
+    "while_early_stop",
+    "random_shuffle",
+    "warmup_accum",
+    "dataloader_workers",
+    "rnn_hidden",
+)
 STORE_FAULTS = (
-    "blob-truncated", "blob-bitflip", "blob-missing", "object-truncated", "object-missing",
-    "db-corrupt", "db-locked", "db-locked-record", "enospc", "read-only",
+    "blob-truncated",
+    "blob-bitflip",
+    "blob-missing",
+    "object-truncated",
+    "object-missing",
+    "db-corrupt",
+    "db-locked",
+    "db-locked-record",
+    "enospc",
+    "read-only",
 )
 NEEDS_NAMESPACE = frozenset({"enospc", "read-only"})
 EVERY = {"FLORTRAIN_PERIOD": "every"}
@@ -93,7 +108,10 @@ def namespaces_available() -> bool:
     """Whether this machine lets an unprivileged user namespace mount a tmpfs (``enospc`` and
     ``read-only`` need it to make a real full or read-only filesystem)."""
     try:
-        return subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=10).returncode == 0
+        return (
+            subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=10).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -105,8 +123,17 @@ class Proc:
     err: str
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> Proc:
-    p = subprocess.run(cmd, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+def _run(
+    cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> Proc:
+    p = subprocess.run(
+        cmd,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return Proc(p.returncode, p.stdout, p.stderr)
 
 
@@ -157,7 +184,8 @@ class Tally:
             "resumes_refused_no_boundary": self.resumes_refused,
             "later_complete_records_unaffected": f"{self.later_records_ok} of {self.later_records}",
             "by_fault_and_outcome": {
-                f: dict(Counter(t.outcome for t in self.trials if t.fault == f)) for f in sorted(by_fault)
+                f: dict(Counter(t.outcome for t in self.trials if t.fault == f))
+                for f in sorted(by_fault)
             },
         }
 
@@ -198,7 +226,9 @@ class Fixture:
             assert self._probed[kind], f"{self.name}: the {kind} probe printed nothing"
         return self._probed[kind]
 
-    def replay(self, store: Path, kind: str, *extra: str, env: dict[str, str] | None = None) -> tuple[Proc, Proc | None]:
+    def replay(
+        self, store: Path, kind: str, *extra: str, env: dict[str, str] | None = None
+    ) -> tuple[Proc, Proc | None]:
         """A probed replay and, when it succeeded, ``diff``; the script is restored afterwards."""
         self.script.write_text(with_probe(self.text, kind))
         try:
@@ -213,7 +243,10 @@ class Fixture:
             if probe_lines(rep.out) != self.probed_truth(kind):
                 return "wrong", "probe lines differ from the plain probed run"
             if d is None or d.code != 0:
-                return "wrong", f"diff exit {None if d is None else d.code}: {'' if d is None else d.out[-300:]}"
+                return (
+                    "wrong",
+                    f"diff exit {None if d is None else d.code}: {'' if d is None else d.out[-300:]}",
+                )
             return "exact", ""
         if clean_refusal(rep):
             return "refused", rep.err.strip().splitlines()[-1]
@@ -233,18 +266,24 @@ def verify_checkpoints(store: Path, run_id: int) -> int:
     its name (torn temporary files of a killed writer are hidden names, never committed)."""
     db = sqlite3.connect(store / "flortrain.db")
     try:
-        rows = db.execute("SELECT key, path, sha256 FROM checkpoints WHERE run_id=?", (run_id,)).fetchall()
+        rows = db.execute(
+            "SELECT key, path, sha256 FROM checkpoints WHERE run_id=?", (run_id,)
+        ).fetchall()
     finally:
         db.close()
     blobs = store / "blobs"
     for key, rel, sha in rows:
         data = (blobs / rel).read_bytes()
-        assert hashlib.sha256(data).hexdigest() == sha, f"committed checkpoint {key} does not verify"
+        assert hashlib.sha256(data).hexdigest() == sha, (
+            f"committed checkpoint {key} does not verify"
+        )
     objects = blobs / "objects"
     if objects.exists():
         for p in objects.rglob("*"):
             if p.is_file() and not p.name.startswith("."):
-                assert xxhash.xxh3_128_hexdigest(p.read_bytes()) == p.name, f"object {p.name} does not verify"
+                assert xxhash.xxh3_128_hexdigest(p.read_bytes()) == p.name, (
+                    f"object {p.name} does not verify"
+                )
     return len(rows)
 
 
@@ -260,7 +299,12 @@ def kill_trial(fx: Fixture, store: Path, rng: random.Random, tally: Tally) -> No
     before = len(_runs(fx, store)) if (store / "flortrain.db").exists() else 0
     p = subprocess.Popen(
         [sys.executable, "-m", "flortrain", "--store", str(store), "record", "train.py"],
-        cwd=fx.dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        cwd=fx.dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     if not early:
         assert p.stderr is not None
@@ -276,8 +320,10 @@ def kill_trial(fx: Fixture, store: Path, rng: random.Random, tally: Tally) -> No
     except ProcessLookupError:
         pass
     out, _ = p.communicate(timeout=120)
-    what = (f"kill {delay:.2f}s after {'start' if early else 'the run began'}"
-            f" ({'group' if whole_group else 'process'}), {kind} probe")
+    what = (
+        f"kill {delay:.2f}s after {'start' if early else 'the run began'}"
+        f" ({'group' if whole_group else 'process'}), {kind} probe"
+    )
     if not fx.truth.out.startswith(out):
         tally.add(Trial("kill", fx.name, "broken", f"{what}: record printed what python does not"))
         return
@@ -296,7 +342,14 @@ def kill_trial(fx: Fixture, store: Path, rng: random.Random, tally: Tally) -> No
     # then hold everything python printed; any other run must read as incomplete
     finished = run["status"] == "complete"
     if (finished and out != fx.truth.out) or run["status"] not in ("complete", "incomplete"):
-        tally.add(Trial("kill", fx.name, "wrong", f"{what}: run reads {run['status']} after printing {len(out)} bytes"))
+        tally.add(
+            Trial(
+                "kill",
+                fx.name,
+                "wrong",
+                f"{what}: run reads {run['status']} after printing {len(out)} bytes",
+            )
+        )
         return
     tally.checkpoints_verified += verify_checkpoints(store, int(run["id"]))  # type: ignore[call-overload]
     rep, d = fx.replay(store, kind, "--run", str(run["id"]))
@@ -317,10 +370,15 @@ def resume_trial(fx: Fixture, store: Path, run_id: int, kind: str, tally: Tally)
         tally.resumes_refused += 1
         return "exact", "resume refused: no boundary committed"
     if res.code != fx.truth.code or not fx.truth.out.endswith(res.out):
-        return "broken", f"resumed record exit {res.code}, not the rest of python's output: {res.err[-300:]}"
+        return (
+            "broken",
+            f"resumed record exit {res.code}, not the rest of python's output: {res.err[-300:]}",
+        )
     db = sqlite3.connect(store / "flortrain.db")
     try:
-        logged = [t for (t,) in db.execute("SELECT text FROM logs WHERE run_id=? ORDER BY seq", (run_id,))]
+        logged = [
+            t for (t,) in db.execute("SELECT text FROM logs WHERE run_id=? ORDER BY seq", (run_id,))
+        ]
     finally:
         db.close()
     if logged != fx.truth.out.splitlines():
@@ -337,7 +395,9 @@ def later_record(fx: Fixture, store: Path, tally: Tally) -> None:
     tally.later_records += 1
     rec = _ft(fx.dir, store, "record", "train.py")
     if rec.out != fx.truth.out or rec.code != fx.truth.code:
-        tally.add(Trial("kill", fx.name, "broken", "the record after the crashes differs from python"))
+        tally.add(
+            Trial("kill", fx.name, "broken", "the record after the crashes differs from python")
+        )
         return
     rep, d = fx.replay(store, "inner")
     if fx.judge(rep, d, "inner")[0] == "exact" and "incomplete" not in rep.err:
@@ -369,7 +429,9 @@ def _in_namespace(script: str, cwd: Path) -> Proc:
     return _run(["unshare", "-rm", "sh", "-c", script], cwd)
 
 
-def store_fault_trial(fault: str, fx: Fixture, base: Path, rng: random.Random, tally: Tally) -> None:
+def store_fault_trial(
+    fault: str, fx: Fixture, base: Path, rng: random.Random, tally: Tally
+) -> None:
     """One store fault against a fresh complete record (or, for record-time faults, a record)."""
     # damage is found where a checkpoint is restored: an outer probe restores every inner block
     kind = "outer" if fault.startswith(("blob-", "object-")) else rng.choice(("inner", "outer"))
@@ -390,7 +452,8 @@ def store_fault_trial(fault: str, fx: Fixture, base: Path, rng: random.Random, t
             # a block instance's checkpoint (``L...``), not a main-loop boundary's (``M...``): a
             # replay that does not jump over iterations never reads those
             rows = db.execute(
-                "SELECT key, path FROM checkpoints WHERE run_id=? AND key LIKE 'L%' ORDER BY key", (run_id,)
+                "SELECT key, path FROM checkpoints WHERE run_id=? AND key LIKE 'L%' ORDER BY key",
+                (run_id,),
             ).fetchall()
             db.close()
             key, rel = rng.choice(rows)
@@ -418,7 +481,11 @@ def store_fault_trial(fault: str, fx: Fixture, base: Path, rng: random.Random, t
     else:
         rep, d = fx.replay(store, kind, env=env)
     outcome, detail = fx.judge(rep, d, kind)
-    if outcome == "exact" and warned and ("missing or corrupt" in rep.err or "cannot be read" in rep.err):
+    if (
+        outcome == "exact"
+        and warned
+        and ("missing or corrupt" in rep.err or "cannot be read" in rep.err)
+    ):
         tally.warnings_naming_damage += 1
     tally.add(Trial(fault, fx.name, outcome, detail))
 
@@ -441,8 +508,11 @@ def _locked_record(fx: Fixture, store: Path, rng: random.Random, kind: str, tall
     fx.pristine_copy(store)  # the store and its database exist before the lock is taken
     p = subprocess.Popen(
         [sys.executable, "-m", "flortrain", "--store", str(store), "record", "train.py"],
-        cwd=fx.dir, env={**os.environ, **EVERY, "FLORTRAIN_DB_TIMEOUT": "1", "FLORTRAIN_COMMIT_INTERVAL": "0"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=fx.dir,
+        env={**os.environ, **EVERY, "FLORTRAIN_DB_TIMEOUT": "1", "FLORTRAIN_COMMIT_INTERVAL": "0"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert p.stderr is not None
     first = ""
@@ -459,15 +529,26 @@ def _locked_record(fx: Fixture, store: Path, rng: random.Random, kind: str, tall
         holder.close()
     err = first + err
     if out != fx.truth.out or p.returncode != fx.truth.code:
-        tally.add(Trial("db-locked-record", fx.name, "broken", f"exit {p.returncode}: {err[-300:]}"))
+        tally.add(
+            Trial("db-locked-record", fx.name, "broken", f"exit {p.returncode}: {err[-300:]}")
+        )
         return
     run = _runs(fx, store)[-1]
     rep, d = fx.replay(store, kind, "--run", str(run["id"]))
     outcome, detail = fx.judge(rep, d, kind)
-    tally.add(Trial("db-locked-record", fx.name, outcome, detail or f"run {run['status']}, stored: {'failed' in err}"))
+    tally.add(
+        Trial(
+            "db-locked-record",
+            fx.name,
+            outcome,
+            detail or f"run {run['status']}, stored: {'failed' in err}",
+        )
+    )
 
 
-def _full_disk_record(fx: Fixture, store: Path, rng: random.Random, kind: str, tally: Tally) -> None:
+def _full_disk_record(
+    fx: Fixture, store: Path, rng: random.Random, kind: str, tally: Tally
+) -> None:
     """Record into a tmpfs that fills up part way (a real ENOSPC), then replay a copy of it."""
     size_kb = rng.choice((160, 400, 1200, 4000))
     mnt = store.parent / f"mnt-{store.name}"
@@ -487,14 +568,18 @@ def _full_disk_record(fx: Fixture, store: Path, rng: random.Random, kind: str, t
     code = int((out_dir / "code").read_text())
     err = (out_dir / "stderr").read_text()
     if code == 2 and not out and "Traceback" not in err:  # the store could not even be created
-        tally.add(Trial("enospc", fx.name, "refused", f"{size_kb} KB: {err.strip().splitlines()[-1]}"))
+        tally.add(
+            Trial("enospc", fx.name, "refused", f"{size_kb} KB: {err.strip().splitlines()[-1]}")
+        )
         return
     if out != fx.truth.out or code != fx.truth.code:
         tally.add(Trial("enospc", fx.name, "broken", f"{size_kb} KB: exit {code}: {err[-300:]}"))
         return
     rep, d = fx.replay(store, kind)
     outcome, detail = fx.judge(rep, d, kind)
-    tally.add(Trial("enospc", fx.name, outcome, f"{size_kb} KB: {detail}" if detail else f"{size_kb} KB"))
+    tally.add(
+        Trial("enospc", fx.name, outcome, f"{size_kb} KB: {detail}" if detail else f"{size_kb} KB")
+    )
 
 
 def _read_only_trials(fx: Fixture, store: Path, kind: str, tally: Tally) -> None:
@@ -503,26 +588,45 @@ def _read_only_trials(fx: Fixture, store: Path, kind: str, tally: Tally) -> None
     probed.write_text(with_probe(fx.text, kind))
     ro = f"mount --bind {store} {store} && mount -o remount,bind,ro {store} || exit 97; "
     cmd = f"{sys.executable} -m flortrain --store {store}"
-    for what, tail in (("replay", f"cp probed.py train.py; {cmd} replay train.py"), ("record", f"{cmd} record train.py")):
+    for what, tail in (
+        ("replay", f"cp probed.py train.py; {cmd} replay train.py"),
+        ("record", f"{cmd} record train.py"),
+    ):
         ns = _in_namespace(ro + tail, fx.dir)
         fx.script.write_text(fx.text)
         if ns.code == 97:
             raise RuntimeError(f"cannot bind-mount read-only in a user namespace: {ns.err}")
         if clean_refusal(ns):
-            tally.add(Trial("read-only", fx.name, "refused", f"{what}: {ns.err.strip().splitlines()[-1]}"))
+            tally.add(
+                Trial("read-only", fx.name, "refused", f"{what}: {ns.err.strip().splitlines()[-1]}")
+            )
         elif what == "record" and (ns.out != fx.truth.out or ns.code != fx.truth.code):
-            tally.add(Trial("read-only", fx.name, "broken", f"{what}: exit {ns.code}: {ns.err[-300:]}"))
+            tally.add(
+                Trial("read-only", fx.name, "broken", f"{what}: exit {ns.code}: {ns.err[-300:]}")
+            )
         elif what == "replay" and ns.code == 0 and probe_lines(ns.out) != fx.probed_truth(kind):
             tally.add(Trial("read-only", fx.name, "wrong", f"{what}: probe lines differ"))
         else:
-            tally.add(Trial("read-only", fx.name, "exact" if ns.code == 0 else "wrong", f"{what}: exit {ns.code}"))
+            tally.add(
+                Trial(
+                    "read-only",
+                    fx.name,
+                    "exact" if ns.code == 0 else "wrong",
+                    f"{what}: exit {ns.code}",
+                )
+            )
     probed.unlink()
 
 
 # -- the suite -------------------------------------------------------------------------------------
 def run_suite(
-    root: Path, seed: int, kills: int, store_faults: int, fixtures: tuple[str, ...] = KILL_FIXTURES,
-    faults: tuple[str, ...] = STORE_FAULTS, log: bool = False,
+    root: Path,
+    seed: int,
+    kills: int,
+    store_faults: int,
+    fixtures: tuple[str, ...] = KILL_FIXTURES,
+    faults: tuple[str, ...] = STORE_FAULTS,
+    log: bool = False,
 ) -> Tally:
     """``kills`` crash trials spread over ``fixtures`` (each fixture's store then takes a complete
     record), and ``store_faults`` store-fault trials cycling through ``faults``."""
@@ -549,7 +653,11 @@ def run_suite(
         later_record(fx_cache[name], fx_cache[name].dir / ".flortrain", tally)
     for i in range(store_faults):
         fault = faults[i % len(faults)]
-        name = "frozen_table" if fault.startswith("object-") else fixtures[rng.randrange(len(fixtures))]
+        name = (
+            "frozen_table"
+            if fault.startswith("object-")
+            else fixtures[rng.randrange(len(fixtures))]
+        )
         fx = fixture(name)
         store_fault_trial(fault, fx, root / "stores", rng, tally)
         if log:

@@ -15,5 +15,7 @@ class Outcomes:
 
     def callbacks(self) -> Callbacks:
         return Callbacks(
-            lambda k, d: self.committed.__setitem__(k, d), lambda k, r: self.lost.__setitem__(k, r), self.warnings.append
+            lambda k, d: self.committed.__setitem__(k, d),
+            lambda k, r: self.lost.__setitem__(k, r),
+            self.warnings.append,
         )

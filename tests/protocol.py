@@ -51,7 +51,9 @@ class Result:
     err: str
 
 
-def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> Result:
+def run(
+    cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> Result:
     full_env = {**os.environ, **(env or {})}
     p = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
     return Result(p.returncode, p.stdout, p.stderr)
@@ -102,9 +104,15 @@ def plain(script: Path, args: list[str] | None = None, cached: bool = True) -> R
 
 def _inputs(cmd: list[str], cwd: Path) -> str:
     """A digest of everything a plain run of ``cmd`` in ``cwd`` can depend on (see :func:`plain`)."""
-    h = hashlib.sha256(json.dumps([cmd, sorted((k, v) for k, v in os.environ.items() if not k.startswith("PYTEST_"))]).encode())
+    h = hashlib.sha256(
+        json.dumps(
+            [cmd, sorted((k, v) for k, v in os.environ.items() if not k.startswith("PYTEST_"))]
+        ).encode()
+    )
     for root, dirs, files in os.walk(cwd):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not (Path(root) / d / "flortrain.db").exists())
+        dirs[:] = sorted(
+            d for d in dirs if d != "__pycache__" and not (Path(root) / d / "flortrain.db").exists()
+        )
         for name in sorted(files):
             path = Path(root) / name
             h.update(f"\0{path.relative_to(cwd)}\0".encode())
@@ -130,7 +138,10 @@ def block_states(store: Path, run_id: int) -> dict[str, int]:
     """Block instances by state (main-loop boundary checkpoints, state ``boundary``, left out)."""
     db = sqlite3.connect(store / "flortrain.db")
     try:
-        rows = db.execute("SELECT state, COUNT(*) FROM blocks WHERE run_id=? AND state != 'boundary' GROUP BY state", (run_id,))
+        rows = db.execute(
+            "SELECT state, COUNT(*) FROM blocks WHERE run_id=? AND state != 'boundary' GROUP BY state",
+            (run_id,),
+        )
         return {s: n for s, n in rows}
     finally:
         db.close()
@@ -180,7 +191,9 @@ def latest_run(cwd: Path) -> dict[str, object]:
     return runs[-1]
 
 
-def replay_matches_plain(tmp: Path, text: str, probe: str, env: dict[str, str] | None = None) -> Result:
+def replay_matches_plain(
+    tmp: Path, text: str, probe: str, env: dict[str, str] | None = None
+) -> Result:
     """The whole protocol for one script with a ``#PROBE`` marker line (replaced by ``probe`` at the
     marker's indentation): record == plain, replay's probe lines == plain probed run's, diff 0.
     Returns the replay's result for further assertions."""

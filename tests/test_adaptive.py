@@ -10,7 +10,9 @@ from flortrain.errors import FlortrainError
 from flortrain.runtime.adaptive import HEADROOM, AdaptivePeriod, BlockCosts, contention
 
 
-def _checkpoint(period: AdaptivePeriod, block_id: str, blocked: float, background: float = 0.0) -> float:
+def _checkpoint(
+    period: AdaptivePeriod, block_id: str, blocked: float, background: float = 0.0
+) -> float:
     """A checkpoint as the session accounts it: it held training ``blocked`` seconds (measured
     around the hook, ``Session.holding``), and the writer will take ``background``."""
     period.hold(blocked)
@@ -33,14 +35,18 @@ def _run(period: AdaptivePeriod, instances: int, compute: float, materialize: fl
 
 
 def test_first_instance_is_always_materialized_even_when_costly() -> None:
-    decisions = _run(AdaptivePeriod(epsilon=1 / 15, every=False), 10, compute=0.001, materialize=10.0)
+    decisions = _run(
+        AdaptivePeriod(epsilon=1 / 15, every=False), 10, compute=0.001, materialize=10.0
+    )
     assert decisions[0] is True
     assert not any(decisions[1:])
 
 
 def test_cheap_materialization_checkpoints_every_instance() -> None:
     # M/C = 0.001 is far below ε / (k+1) * n for every n: each instance is taken.
-    decisions = _run(AdaptivePeriod(epsilon=1 / 15, every=False), 20, compute=1.0, materialize=0.001)
+    decisions = _run(
+        AdaptivePeriod(epsilon=1 / 15, every=False), 20, compute=1.0, materialize=0.001
+    )
     assert all(decisions)
 
 
@@ -79,7 +85,12 @@ def test_each_block_has_its_own_first_checkpoint() -> None:
 
 
 def _iterations(
-    period: AdaptivePeriod, n: int, block_m: float, boundary_m: float, block_c: float = 1.0, hooks: float = 0.0
+    period: AdaptivePeriod,
+    n: int,
+    block_m: float,
+    boundary_m: float,
+    block_c: float = 1.0,
+    hooks: float = 0.0,
 ) -> tuple[int, int]:
     """A main loop of ``n`` iterations of 1 second of wall time, each a nested block of
     ``block_c`` seconds then the next iteration's boundary, with ``hooks`` seconds of
@@ -189,7 +200,9 @@ def test_boundaries_without_nested_blocks_keep_eq4s_rate(every_s: float) -> None
 NANOGPT = {"block_c": 0.9, "block_m": 0.12, "boundary_m": 0.15}
 
 
-def test_bookkeeping_under_half_of_epsilon_is_left_room_so_all_flortrain_holds_stays_within_it() -> None:
+def test_bookkeeping_under_half_of_epsilon_is_left_room_so_all_flortrain_holds_stays_within_it() -> (
+    None
+):
     """Where flortrain's hooks hold less than ε/2, checkpoints get ε less what they held: the
     two together stay within ε of training, rather than checkpoints alone taking all of ε."""
     eps, n = 1 / 15, 400
@@ -211,7 +224,9 @@ def test_bookkeeping_beyond_half_of_epsilon_still_leaves_checkpoints_half() -> N
     assert blocks >= n / 10 and boundaries >= n / 20
 
 
-def test_a_boundary_waiting_for_the_budget_shares_it_with_a_nested_blocks_small_checkpoints() -> None:
+def test_a_boundary_waiting_for_the_budget_shares_it_with_a_nested_blocks_small_checkpoints() -> (
+    None
+):
     """Each of the micro-step loop's checkpoints fits as soon as the budget has room, and would
     leave the dearer boundary none (7 of 400, against 199 block checkpoints). A boundary Eq. 4
     wants and the budget refuses is reserved for once the block has spent as much since the
@@ -219,8 +234,12 @@ def test_a_boundary_waiting_for_the_budget_shares_it_with_a_nested_blocks_small_
     eps, n = 1 / 15, 400
     period = AdaptivePeriod(epsilon=eps, every=False, boundary_interval=1000.0)
     # nanoGPT's costs as a share of the target, as they were of ε before it had a headroom
-    blocks, boundaries = _iterations(period, n, **{k: v * (1 - HEADROOM) for k, v in NANOGPT.items() if k != "block_c"},
-                                     block_c=NANOGPT["block_c"])
+    blocks, boundaries = _iterations(
+        period,
+        n,
+        **{k: v * (1 - HEADROOM) for k, v in NANOGPT.items() if k != "block_c"},
+        block_c=NANOGPT["block_c"],
+    )
     assert boundaries >= n / 8 and blocks >= n / 4
     assert period.spent <= period.target * period.training + 0.27
 

@@ -14,7 +14,18 @@ import pytest
 from tests.protocol import flortrain
 
 #: glibc's ``mallinfo2``: how much of the heap is mapped on its own and how much is free in it
-_MALLINFO = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+_MALLINFO = (
+    "arena",
+    "ordblks",
+    "smblks",
+    "hblks",
+    "hblkhd",
+    "usmblks",
+    "fsmblks",
+    "uordblks",
+    "fordblks",
+    "keepcost",
+)
 
 #: After ``allocator.steady()``: a 16 MB tensor allocated (is it a mapping of its own?) and freed
 #: (is its memory still free in the heap, for the next step?), then a step's worth of large
@@ -46,7 +57,9 @@ CHURN = textwrap.dedent(f"""\
 
 def _churn(allocator: str) -> tuple[str, str, str, int]:
     env = {**os.environ, "FLORTRAIN_REPLAY_ALLOCATOR": allocator}
-    out = subprocess.run([sys.executable, "-c", CHURN], capture_output=True, text=True, env=env, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", CHURN], capture_output=True, text=True, env=env, check=True
+    ).stdout
     on, mapped, kept, faults = out.split()
     return on, mapped, kept, int(faults)
 
@@ -68,5 +81,9 @@ def test_a_bad_allocator_knob_is_a_one_line_error(tmp_path: Path) -> None:
     assert flortrain(tmp_path, "record", "train.py").code == 0
     r = flortrain(tmp_path, "replay", "train.py", env={"FLORTRAIN_REPLAY_ALLOCATOR": "jemalloc"})
     assert r.code == 2, r.err
-    assert r.err.strip().splitlines()[-1].endswith("FLORTRAIN_REPLAY_ALLOCATOR='jemalloc' must be one of steady, default"), r.err
+    assert (
+        r.err.strip()
+        .splitlines()[-1]
+        .endswith("FLORTRAIN_REPLAY_ALLOCATOR='jemalloc' must be one of steady, default")
+    ), r.err
     assert "Traceback" not in r.err

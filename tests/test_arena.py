@@ -82,7 +82,9 @@ def test_the_writer_maps_warm_pages_only_until_the_parent_sends_something() -> N
     with a, b, mmap.mmap(-1, 4 * arena.CHUNK) as area:
         view = memoryview(area)
         try:
-            assert map_until_asked(b, view, 4 * arena.CHUNK) == (4 * arena.CHUNK if _populate_supported() else 0)
+            assert map_until_asked(b, view, 4 * arena.CHUNK) == (
+                4 * arena.CHUNK if _populate_supported() else 0
+            )
             a.send(b"x")  # a message is waiting: nothing more is mapped
             assert map_until_asked(b, view, 4 * arena.CHUNK) == 0
         finally:
@@ -103,7 +105,9 @@ def _stat(path: Path, busy: int, idle: int) -> None:
     path.write_text(f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
 
 
-def test_idle_cores_are_read_from_proc_stat_and_a_stale_look_says_look_again(tmp_path: Path) -> None:
+def test_idle_cores_are_read_from_proc_stat_and_a_stale_look_says_look_again(
+    tmp_path: Path,
+) -> None:
     stat = tmp_path / "stat"
     tick = os.sysconf("SC_CLK_TCK")
     _stat(stat, 1000, 1000)
@@ -140,6 +144,7 @@ def test_staging_lands_on_pages_the_materializer_warmed_before_training(
     if warm_mb and not _populate_supported():
         pytest.skip("this kernel cannot populate page tables (MADV_POPULATE_WRITE, Linux 5.14)")
     import torch
+
     monkeypatch.setenv("FLORTRAIN_ARENA_WARM_MB", str(warm_mb))
 
     store = Store(tmp_path / "s")

@@ -22,6 +22,7 @@ def _replayed_and_said(tmp_path: Path, text: str, probe: str, replayed: str, sai
     assert replayed in rep.err, rep.err
     assert said in rec.err, rec.err
 
+
 PRELUDE = """\
 import random
 import torch
@@ -64,13 +65,17 @@ for epoch in range(4):
 
 def test_a_set_filled_through_add_is_not_skipped_over(tmp_path: Path) -> None:
     _replayed_and_said(
-        tmp_path, SET_ADD, 'print(f"PROBE {epoch} {len(seen)}")',
+        tmp_path,
+        SET_ADD,
+        'print(f"PROBE {epoch} {len(seen)}")',
         "0 block instances skipped, 4 executed",
         "changes `seen` in place through code its changeset does not see into",
     )
 
 
-CALLABLE = PRELUDE + """\
+CALLABLE = (
+    PRELUDE
+    + """\
 class Jitter:
     def __init__(self, seed):
         self.rng = random.Random(seed)   # a private stream no global capture holds
@@ -93,6 +98,7 @@ for epoch in range(4):
     #PROBE
     print(f"epoch {epoch} {loss.item():.6f}")
 """
+)
 
 
 def test_a_callable_object_with_its_own_stream_is_not_skipped_over(tmp_path: Path) -> None:
@@ -152,7 +158,7 @@ for epoch in range(4):
 def test_changes_the_changeset_holds_keep_the_loop_memoized(tmp_path: Path) -> None:
     """No false alarm: a dict reaching a list the loop appends to (in its changeset), and a
     name for a parameter (the alias watch's)."""
-    probe = 'print(f"PROBE {epoch} {len(log[\'history\'])} {w.sum().item():.6f}")'
+    probe = "print(f\"PROBE {epoch} {len(log['history'])} {w.sum().item():.6f}\")"
     rec, rep = record_and_replay_match_plain(tmp_path, COVERED, probe, EVERY)
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
     assert "in place through code" not in rec.err, rec.err
@@ -174,7 +180,9 @@ def step_fn(model, opt, xb, yb):
     return loss.item()
 """
 
-PROJECT_MODULE = PRELUDE + """\
+PROJECT_MODULE = (
+    PRELUDE
+    + """\
 import helpers
 from helpers import step_fn
 for epoch in range(4):
@@ -184,6 +192,7 @@ for epoch in range(4):
     #PROBE
     print(f"epoch {epoch} {loss:.6f}")
 """
+)
 
 
 def test_a_helper_module_counting_in_its_own_globals_is_not_skipped_over(tmp_path: Path) -> None:
@@ -192,7 +201,9 @@ def test_a_helper_module_counting_in_its_own_globals_is_not_skipped_over(tmp_pat
     so the audit walks the project modules' globals too."""
     (tmp_path / "helpers.py").write_text(HELPERS)
     _replayed_and_said(
-        tmp_path, PROJECT_MODULE, 'print(f"PROBE {epoch} {helpers.calls} {helpers.COUNTS}")',
+        tmp_path,
+        PROJECT_MODULE,
+        'print(f"PROBE {epoch} {helpers.calls} {helpers.COUNTS}")',
         "0 block instances skipped, 4 executed",
         "changes `helpers`, `helpers.COUNTS` in place",
     )
@@ -223,10 +234,15 @@ def test_a_module_a_loop_starts_changing_late_is_learned_then(tmp_path: Path) ->
     skipped instance would restore without it. A light watch (memory and version
     counter of the modules no checkpoint holds) learns it at the instance that changes it, and
     the loop stays memoized."""
-    probe = 'print("PROBE", epoch, [round(v, 5) for v in target.weight.detach().flatten().tolist()])'
+    probe = (
+        'print("PROBE", epoch, [round(v, 5) for v in target.weight.detach().flatten().tolist()])'
+    )
     rec, rep = record_and_replay_match_plain(tmp_path, LATE_SYNC, probe, EVERY)
     assert "6 block instances skipped, 0 executed" in rep.err, rep.err
-    assert "changed a Linear (registry #" in rec.err and "checkpointed with the block from now on" in rec.err, rec.err
+    assert (
+        "changed a Linear (registry #" in rec.err
+        and "checkpointed with the block from now on" in rec.err
+    ), rec.err
 
 
 ISLICE = (
@@ -253,7 +269,9 @@ def test_an_iterator_a_loop_consumes_through_islice_is_not_skipped_over(tmp_path
     first batches again. The audit images a sequence iterator by its
     position."""
     _replayed_and_said(
-        tmp_path, ISLICE, 'print("PROBE", epoch, held_out.tolist())',
+        tmp_path,
+        ISLICE,
+        'print("PROBE", epoch, held_out.tolist())',
         "0 block instances skipped, 4 executed",
         "iterates `stream`, an iterator made before it",
     )
@@ -282,19 +300,29 @@ print("after", next(gen).tolist())
 
 @pytest.mark.parametrize(
     "header",
-    ["for idx in itertools.islice(gen, 3):", "for _, idx in zip(range(3), gen):", "for idx in gen:\n        if idx[0] < 8: break"],
+    [
+        "for idx in itertools.islice(gen, 3):",
+        "for _, idx in zip(range(3), gen):",
+        "for idx in gen:\n        if idx[0] < 8: break",
+    ],
     ids=["islice", "zip", "direct"],
 )
-def test_a_generator_the_loop_header_advances_is_not_skipped_over(tmp_path: Path, header: str) -> None:
+def test_a_generator_the_loop_header_advances_is_not_skipped_over(
+    tmp_path: Path, header: str
+) -> None:
     """``for idx in itertools.islice(gen, 3)`` advances ``gen``. Checkpointed without it, a
     skipped instance would leave ``gen`` where it was, and the line after the main loop would
     print another batch (``diff`` exit 1). Record sees, at the loop's entry, that the
     iterator it advances is held by a name, and stops checkpointing the loop."""
     text = GENERATOR.replace("HEADER", header)
     if "break" in header:  # the step goes after the break, inside the loop
-        text = text.replace("        if idx[0] < 8: break\n", "").replace(STEP, STEP + "        if idx[0] < 8:\n            break\n")
+        text = text.replace("        if idx[0] < 8: break\n", "").replace(
+            STEP, STEP + "        if idx[0] < 8:\n            break\n"
+        )
     _replayed_and_said(
-        tmp_path, text, 'print("PROBE", epoch, model.weight.sum().item())',
+        tmp_path,
+        text,
+        'print("PROBE", epoch, model.weight.sum().item())',
         "0 block instances skipped, 4 executed",
         "iterates `gen`, an iterator made before it",
     )
@@ -317,7 +345,9 @@ for epoch in range(4):
 def test_iterators_made_by_the_header_from_containers_stay_memoized(tmp_path: Path) -> None:
     """``enumerate(zip(loader, chunks))`` makes iterators of its own from a DataLoader and a list:
     no name holds them, so nothing outside the loop is advanced and every instance is skipped."""
-    rep = replay_matches_plain(tmp_path, LOADER_AND_LISTS, 'print("PROBE", epoch, model.weight.sum().item())', EVERY)
+    rep = replay_matches_plain(
+        tmp_path, LOADER_AND_LISTS, 'print("PROBE", epoch, model.weight.sum().item())', EVERY
+    )
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
 
 

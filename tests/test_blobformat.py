@@ -45,11 +45,25 @@ def _payload(seed: int = 0) -> dict[str, object]:
 
 def _equal(a: object, b: object) -> bool:
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return (
+            isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
     if isinstance(a, dict):
-        return isinstance(b, dict) and type(a) is type(b) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+        return (
+            isinstance(b, dict)
+            and type(a) is type(b)
+            and a.keys() == b.keys()
+            and all(_equal(a[k], b[k]) for k in a)
+        )
     if isinstance(a, list | tuple):
-        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type]
+        return (
+            type(a) is type(b)
+            and len(a) == len(b)
+            and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+        )  # type: ignore[arg-type]
     return a == b
 
 
@@ -59,8 +73,15 @@ def test_round_trip_is_exact_for_every_dtype_layout_and_container() -> None:
     assert data[:1] == blobformat.MAGIC
     assert _equal(deserialize(data), payload)
     assert set(digests) == {
-        "objects:model", "objects:tags", "extra:optimizer#1",
-        "names:half", "names:mask", "names:scalar", "names:empty", "names:strided", "names:plain",
+        "objects:model",
+        "objects:tags",
+        "extra:optimizer#1",
+        "names:half",
+        "names:mask",
+        "names:scalar",
+        "names:empty",
+        "names:strided",
+        "names:plain",
     }
 
 
@@ -111,16 +132,26 @@ def test_library_modules_in_containers_come_back_as_the_modules_themselves() -> 
 
     cfg = {"lib": math, "all": [json, os.path], "pair": (cmath, 1)}
     fallback = {"names": {"cfg": cfg, "odd": torch.eye(2).to_sparse()}, "registry": {}}
-    for payload, magic in (({"names": {"cfg": cfg}, "registry": {}}, blobformat.MAGIC), (fallback, b"T")):
+    for payload, magic in (
+        ({"names": {"cfg": cfg}, "registry": {}}, blobformat.MAGIC),
+        (fallback, b"T"),
+    ):
         data, _ = serialize(payload)
         assert data[:1] == magic
         back = deserialize(data)["names"]["cfg"]
-        assert back["lib"] is math and back["all"][0] is json and back["all"][1] is os.path and back["pair"][0] is cmath
+        assert (
+            back["lib"] is math
+            and back["all"][0] is json
+            and back["all"][1] is os.path
+            and back["pair"][0] is cmath
+        )
     plain = b"P" + blobformat.pickle_dumps({"names": {"cfg": cfg}})
     assert materializer.deserialize(plain)["names"]["cfg"]["lib"] is math
 
 
-def test_a_project_module_is_not_stored_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_project_module_is_not_stored_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A module of the project may hold state the loop changes (its globals): a name would not
     restore it, so a container holding one stays unstorable (the loop re-executes)."""
     (tmp_path / "helpers.py").write_text("COUNT = 0\n")
@@ -147,7 +178,12 @@ def test_a_set_of_modules_digests_the_same_in_any_process() -> None:
         "print(blobformat.stage({{'names': {{'s': {{math, cmath, json, os}}}}, 'registry': {{}}}}, torch).skeletons)"
     )
     outs = {
-        subprocess.run([sys.executable, "-c", code.format(order=order)], capture_output=True, text=True, check=True).stdout
+        subprocess.run(
+            [sys.executable, "-c", code.format(order=order)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         for order in ("json, cmath, math", "math, os, cmath, json", "os, json")
     }
     assert len(outs) == 1, outs
@@ -168,7 +204,14 @@ def test_views_of_one_storage_come_back_views_of_one_storage_with_their_strides(
     # the same sharing over other objects with the same values digests the same (record and a
     # replay that executes the instance)
     flat2 = torch.arange(10.0)
-    again = {"names": {"flat": flat2, "head": flat2[:3], "tail": flat2[5:], "wt": torch.arange(12.0).reshape(3, 4).t()}}
+    again = {
+        "names": {
+            "flat": flat2,
+            "head": flat2[:3],
+            "tail": flat2[5:],
+            "wt": torch.arange(12.0).reshape(3, 4).t(),
+        }
+    }
     assert serialize(again)[1] == digests
 
 
@@ -189,6 +232,8 @@ def test_a_trained_leaf_keeps_its_parameter_type_requires_grad_and_grad() -> Non
     w.grad = torch.ones(3)
     p = torch.nn.Parameter(torch.ones(2))
     back = deserialize(serialize({"names": {"w": w, "p": p, "plain": torch.ones(1)}})[0])["names"]
-    assert back["w"].requires_grad and back["w"].is_leaf and back["w"].grad.tolist() == [1.0, 1.0, 1.0]
+    assert (
+        back["w"].requires_grad and back["w"].is_leaf and back["w"].grad.tolist() == [1.0, 1.0, 1.0]
+    )
     assert type(back["p"]) is torch.nn.Parameter and back["p"].requires_grad
     assert not back["plain"].requires_grad

@@ -105,7 +105,10 @@ def test_record_passes_arguments_and_replay_reuses_them(work: Path) -> None:
     r = invoke("record", "train.py", "2")
     assert r.stdout == plain_output(work / "train.py", ["2"])
     assert "epoch 2" not in r.stdout
-    text = SCRIPT.replace("    history.append(total)\n", "    history.append(total)\n    print('PROBE', epoch, w[1])\n")
+    text = SCRIPT.replace(
+        "    history.append(total)\n",
+        "    history.append(total)\n    print('PROBE', epoch, w[1])\n",
+    )
     (work / "train.py").write_text(text)
     rep = invoke("replay", "train.py")
     assert rep.exit_code == 0, rep.stderr
@@ -116,7 +119,10 @@ def test_record_passes_arguments_and_replay_reuses_them(work: Path) -> None:
 
 def test_outer_probe_replay_skips_and_matches_plain_run(work: Path) -> None:
     assert invoke("record", "train.py").exit_code == 0
-    probed = SCRIPT.replace("    history.append(total)\n", "    history.append(total)\n    print('PROBE', epoch, repr(w[1]), len(data))\n")
+    probed = SCRIPT.replace(
+        "    history.append(total)\n",
+        "    history.append(total)\n    print('PROBE', epoch, repr(w[1]), len(data))\n",
+    )
     (work / "train.py").write_text(probed)
     rep = invoke("replay", "train.py")
     assert rep.exit_code == 0, rep.stderr
@@ -130,7 +136,10 @@ def test_outer_probe_replay_skips_and_matches_plain_run(work: Path) -> None:
 
 def test_inner_probe_replay_executes_the_block(work: Path) -> None:
     assert invoke("record", "train.py").exit_code == 0
-    probed = SCRIPT.replace("        total += err * err\n", "        total += err * err\n        print('PROBE', round(err, 9))\n")
+    probed = SCRIPT.replace(
+        "        total += err * err\n",
+        "        total += err * err\n        print('PROBE', round(err, 9))\n",
+    )
     (work / "train.py").write_text(probed)
     rep = invoke("replay", "train.py")
     assert rep.exit_code == 0, rep.stderr
@@ -148,14 +157,23 @@ def test_probe_option_logs_an_expression_without_editing(work: Path) -> None:
     assert rep.exit_code == 0, rep.stderr
     got = [ln for ln in rep.stdout.splitlines() if ln.startswith("round(w[0], 9) =")]
     assert len(got) == 4
-    expected_w0 = [ln.split(" w ")[1] for ln in plain_output(work / "train.py").splitlines() if ln.startswith("epoch")]
+    expected_w0 = [
+        ln.split(" w ")[1]
+        for ln in plain_output(work / "train.py").splitlines()
+        if ln.startswith("epoch")
+    ]
     assert [float(g.split("= ")[1]) for g in got] == [round(float(v), 9) for v in expected_w0]
     assert (work / "train.py").read_text() == SCRIPT
 
 
 @pytest.mark.parametrize(
     ("spec", "message"),
-    [("abc", "expected LINE:EXPR"), ("1:", "expected LINE:EXPR"), ("3:)(", "not a Python expression"), ("9:w", "does not end a simple statement")],
+    [
+        ("abc", "expected LINE:EXPR"),
+        ("1:", "expected LINE:EXPR"),
+        ("3:)(", "not a Python expression"),
+        ("9:w", "does not end a simple statement"),
+    ],
 )
 def test_bad_probe_option_is_one_line(work: Path, spec: str, message: str) -> None:
     assert invoke("record", "train.py").exit_code == 0
@@ -181,7 +199,10 @@ def test_trailing_comments_and_spaces_are_not_changes(work: Path) -> None:
         SCRIPT.replace("    total = 0.0\n", "    total = 0.0  # accumulate\n")
         .replace("    for x, y in data:\n", "    for x, y in data:  # one pass over the batches\n")
         .replace("    random.shuffle(data)\n", "    random.shuffle(data)   \t\n")
-        .replace("    history.append(total)\n", "    history.append(total)\n    print('PROBE', epoch, repr(w[1]))\n")
+        .replace(
+            "    history.append(total)\n",
+            "    history.append(total)\n    print('PROBE', epoch, repr(w[1]))\n",
+        )
     )
     (work / "train.py").write_text(edited)
     rep = invoke("replay", "train.py")
@@ -217,7 +238,9 @@ def test_code_edit_on_a_commented_line_is_refused(work: Path) -> None:
     text = SCRIPT.replace("    total = 0.0\n", "    total = 0.0  # accumulate\n")
     (work / "train.py").write_text(text)
     assert invoke("record", "train.py").exit_code == 0
-    (work / "train.py").write_text(text.replace("    total = 0.0  # accumulate\n", "    total = 1.0  # accumulate\n"))
+    (work / "train.py").write_text(
+        text.replace("    total = 0.0  # accumulate\n", "    total = 1.0  # accumulate\n")
+    )
     line = one_line_error(invoke("replay", "train.py"))
     n = text.splitlines().index("    total = 0.0  # accumulate") + 1
     assert line.startswith(f"train.py:{n}:1: FT020")
@@ -226,17 +249,27 @@ def test_code_edit_on_a_commented_line_is_refused(work: Path) -> None:
 
 
 def test_edit_inside_a_statement_is_refused(work: Path) -> None:
-    multi = SCRIPT.replace("data = [(random.random(), random.random()) for _ in range(40)]", "data = [\n    (random.random(), random.random()) for _ in range(40)\n]")
+    multi = SCRIPT.replace(
+        "data = [(random.random(), random.random()) for _ in range(40)]",
+        "data = [\n    (random.random(), random.random()) for _ in range(40)\n]",
+    )
     (work / "train.py").write_text(multi)
     assert invoke("record", "train.py").exit_code == 0
-    (work / "train.py").write_text(multi.replace("    (random.random(), random.random()) for _ in range(40)\n", "    (random.random(), random.random()) for _ in range(40)\n    if True\n"))
+    (work / "train.py").write_text(
+        multi.replace(
+            "    (random.random(), random.random()) for _ in range(40)\n",
+            "    (random.random(), random.random()) for _ in range(40)\n    if True\n",
+        )
+    )
     line = one_line_error(invoke("replay", "train.py"))
     assert "FT021" in line or "FT002" in line or "FT020" in line
 
 
 def test_probe_that_rebinds_a_training_name_is_refused(work: Path) -> None:
     assert invoke("record", "train.py").exit_code == 0
-    (work / "train.py").write_text(SCRIPT.replace("    history.append(total)\n", "    history.append(total)\n    total = 0\n"))
+    (work / "train.py").write_text(
+        SCRIPT.replace("    history.append(total)\n", "    history.append(total)\n    total = 0\n")
+    )
     assert "FT023" in one_line_error(invoke("replay", "train.py"))
 
 
@@ -255,7 +288,9 @@ def test_probe_that_changes_training_state_is_refused(work: Path, probe: str, sa
     # checkpoints overwrite the change, while `python` on the probed script trains differently:
     # a silent disagreement with the ground truth.
     assert invoke("record", "train.py").exit_code == 0
-    (work / "train.py").write_text(SCRIPT.replace("    history.append(total)\n", f"    history.append(total)\n    {probe}\n"))
+    (work / "train.py").write_text(
+        SCRIPT.replace("    history.append(total)\n", f"    history.append(total)\n    {probe}\n")
+    )
     line = one_line_error(invoke("replay", "train.py"))
     assert "train.py:18:1: FT025" in line and says in line, line
 
@@ -270,7 +305,9 @@ def test_probe_that_changes_training_state_is_refused(work: Path, probe: str, sa
 )
 def test_probes_that_only_observe_replay(work: Path, probe: str) -> None:
     assert invoke("record", "train.py").exit_code == 0
-    (work / "train.py").write_text(SCRIPT.replace("    history.append(total)\n", f"    history.append(total)\n    {probe}\n"))
+    (work / "train.py").write_text(
+        SCRIPT.replace("    history.append(total)\n", f"    history.append(total)\n    {probe}\n")
+    )
     r = invoke("replay", "train.py")
     assert r.exit_code == 0, r.stderr
     assert probe_lines(r.stdout) and "FT025" not in r.stderr
@@ -304,31 +341,56 @@ def test_runs_on_a_store_that_is_not_a_directory_is_an_error(work: Path, as_json
     # database is still not one
     assert "FT015" in one_line_error(invoke("--store", "garbage", "runs", *args[3:]))
     assert "FT010" in one_line_error(invoke("--trust", "--store", "garbage", "runs", *args[3:]))
-    assert invoke("--store", "absent", *args[2:]).stdout.strip() in ("[]", f"no runs in {work / 'absent'}")
+    assert invoke("--store", "absent", *args[2:]).stdout.strip() in (
+        "[]",
+        f"no runs in {work / 'absent'}",
+    )
 
 
 @pytest.mark.parametrize(
     "args",
-    [["instrument"], ["diff", "abc"], ["replay", "train.py", "--jobs", "x"], ["replay", "train.py", "--nope"], ["frobnicate"]],
+    [
+        ["instrument"],
+        ["diff", "abc"],
+        ["replay", "train.py", "--jobs", "x"],
+        ["replay", "train.py", "--nope"],
+        ["frobnicate"],
+    ],
 )
 def test_usage_errors_are_one_line(work: Path, args: list[str]) -> None:
     line = one_line_error(invoke(*args))
     assert line.startswith("flortrain: ") and "--help" in line
 
 
-@pytest.mark.parametrize(("var", "value"), [("FLORTRAIN_EPSILON", "abc"), ("FLORTRAIN_EPSILON", "-1"), ("FLORTRAIN_PERIOD", "often"), ("FLORTRAIN_COMMIT_INTERVAL", "-2"), ("FLORTRAIN_WRITER_BACKLOG_MB", "lots"), ("FLORTRAIN_ARENA_WARM_MB", "-5")])
-def test_bad_knobs_fail_before_running(work: Path, monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("FLORTRAIN_EPSILON", "abc"),
+        ("FLORTRAIN_EPSILON", "-1"),
+        ("FLORTRAIN_PERIOD", "often"),
+        ("FLORTRAIN_COMMIT_INTERVAL", "-2"),
+        ("FLORTRAIN_WRITER_BACKLOG_MB", "lots"),
+        ("FLORTRAIN_ARENA_WARM_MB", "-5"),
+    ],
+)
+def test_bad_knobs_fail_before_running(
+    work: Path, monkeypatch: pytest.MonkeyPatch, var: str, value: str
+) -> None:
     monkeypatch.setenv(var, value)
     assert "FT050" in one_line_error(invoke("record", "train.py"))
     assert runs_json() == []
 
 
-def test_parallel_replay_with_nothing_to_divide_runs_serially(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_parallel_replay_with_nothing_to_divide_runs_serially(
+    work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert invoke("record", "train.py").exit_code == 0
     rep = invoke("replay", "train.py", "--jobs", "2")  # too small a loop to pay for workers
     assert rep.exit_code == 0, rep.stderr
     assert "replaying serially: dividing main loop" in rep.stderr and "cannot pay" in rep.stderr
-    monkeypatch.setenv("FLORTRAIN_SEGMENTS", "even")  # divide whatever the costs: the planner decides
+    monkeypatch.setenv(
+        "FLORTRAIN_SEGMENTS", "even"
+    )  # divide whatever the costs: the planner decides
     rep = invoke("replay", "train.py", "--jobs", "2")  # no probe: nothing worth dividing
     assert rep.exit_code == 0, rep.stderr
     assert "replaying serially: no probes" in rep.stderr
@@ -349,7 +411,9 @@ def test_diff_reports_a_nondeterministic_script(work: Path) -> None:
     assert "RNG streams differ at the start of M9 iteration 0" in d.stdout
 
 
-def test_a_replay_that_finds_itself_unfaithful_exits_1(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_replay_that_finds_itself_unfaithful_exits_1(
+    work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Training reads an environment variable that changed since the record: the inner loop the
     # probe makes execute trains with another rate, and the replay's own check sees it. It must
     # print every probe line (what this run computes) and say what differed, and exit 1 as
@@ -360,13 +424,17 @@ def test_a_replay_that_finds_itself_unfaithful_exits_1(work: Path, monkeypatch: 
     (work / "train.py").write_text(text)
     assert invoke("record", "train.py").stdout == plain_output(work / "train.py")
     probe = "        if (x, y) == data[0]: print('PROBE', epoch, err)\n"
-    (work / "train.py").write_text(text.replace("        total += err * err\n", "        total += err * err\n" + probe))
+    (work / "train.py").write_text(
+        text.replace("        total += err * err\n", "        total += err * err\n" + probe)
+    )
     monkeypatch.setenv("LR", "0.2")
     rep = invoke("replay", "train.py")
     assert rep.exit_code == 1, rep.stderr
     assert probe_lines(rep.stdout) == probe_lines(plain_output(work / "train.py"))
     assert len(probe_lines(rep.stdout)) == 4
-    assert "differs from record 1" in rep.stderr and "record: epoch 0 loss" in rep.stderr, rep.stderr
+    assert "differs from record 1" in rep.stderr and "record: epoch 0 loss" in rep.stderr, (
+        rep.stderr
+    )
     assert "state differs from the record's checkpoint" in rep.stderr
     assert "warning: the replay is not faithful" in rep.stderr
     assert invoke("diff").exit_code == 1
@@ -405,7 +473,9 @@ def test_diff_shows_loop_context_of_a_tampered_line(work: Path) -> None:
     assert invoke("record", "train.py").exit_code == 0
     assert invoke("replay", "train.py").exit_code == 0
     db = sqlite3.connect(os.environ["FLORTRAIN_STORE"] + "/flortrain.db")
-    db.execute("UPDATE logs SET text='epoch 2 loss tampered' WHERE run_id=1 AND text LIKE 'epoch 2 %'")
+    db.execute(
+        "UPDATE logs SET text='epoch 2 loss tampered' WHERE run_id=1 AND text LIKE 'epoch 2 %'"
+    )
     db.commit()
     db.close()
     d = invoke("diff", "2")
@@ -414,7 +484,10 @@ def test_diff_shows_loop_context_of_a_tampered_line(work: Path) -> None:
 
 
 def test_script_exit_code_and_traceback_point_at_user_file(work: Path) -> None:
-    bad = SCRIPT.replace("        total += err * err\n", "        total += err * err\n        if epoch == 1:\n            raise ValueError('boom')\n")
+    bad = SCRIPT.replace(
+        "        total += err * err\n",
+        "        total += err * err\n        if epoch == 1:\n            raise ValueError('boom')\n",
+    )
     (work / "train.py").write_text(bad)
     r = invoke("record", "train.py")
     assert r.exit_code == 1
@@ -427,7 +500,9 @@ def test_script_exit_code_and_traceback_point_at_user_file(work: Path) -> None:
     assert truth.err in r.stderr
     assert "flortrain/" not in r.stderr.split("Traceback")[1].split("ValueError")[0]
     assert runs_json()[0]["status"] == "failed"
-    (work / "train.py").write_text(SCRIPT.replace('print("done", len(history))', "raise SystemExit(3)"))
+    (work / "train.py").write_text(
+        SCRIPT.replace('print("done", len(history))', "raise SystemExit(3)")
+    )
     assert invoke("record", "train.py").exit_code == 3
 
 
@@ -489,7 +564,9 @@ def test_lines_that_span_regions_and_probes(work: Path, marker: str, probe: str)
     (work / "train.py").write_text(DOTS)
     assert invoke("record", "train.py").exit_code == 0
     indent = " " * (8 if marker == "#INNER" else 4)
-    probed = DOTS.replace(indent + marker, indent + probe).replace("#INNER", "").replace("#OUTER", "")
+    probed = (
+        DOTS.replace(indent + marker, indent + probe).replace("#INNER", "").replace("#OUTER", "")
+    )
     (work / "train.py").write_text(probed)
     rep = invoke("replay", "train.py")
     assert rep.exit_code == 0, rep.stderr
@@ -526,7 +603,9 @@ def test_while_inner_loop_is_skipped_and_restored(work: Path) -> None:
     assert invoke("record", "train.py").exit_code == 0
     # the probe reads what the loop leaves for the code after it (`i` is reset before any read,
     # so no checkpoint holds it, and a probe of it would execute the loop: test_liveness.py)
-    (work / "train.py").write_text(WHILE_INNER.replace("    #PROBE", "    print('PROBE', repr(w), steps)"))
+    (work / "train.py").write_text(
+        WHILE_INNER.replace("    #PROBE", "    print('PROBE', repr(w), steps)")
+    )
     rep = invoke("replay", "train.py")
     assert rep.exit_code == 0, rep.stderr
     want = probe_lines(plain_output(work / "train.py"))
@@ -593,10 +672,15 @@ def test_instrument_output_of_a_latin1_file_runs_as_printed(work: Path) -> None:
     assert plain(work / "printed.py").out == "café\n"
 
 
-def test_executed_instances_are_compared_with_the_checkpointed_state(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_executed_instances_are_compared_with_the_checkpointed_state(
+    work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FLORTRAIN_PERIOD", "every")
     assert invoke("record", "train.py").exit_code == 0
-    probed = SCRIPT.replace("        total += err * err\n", "        total += err * err\n        print('PROBE', round(err, 9))\n")
+    probed = SCRIPT.replace(
+        "        total += err * err\n",
+        "        total += err * err\n        print('PROBE', round(err, 9))\n",
+    )
     (work / "train.py").write_text(probed)
     assert invoke("replay", "train.py").exit_code == 0
     d = invoke("diff")
@@ -604,7 +688,9 @@ def test_executed_instances_are_compared_with_the_checkpointed_state(work: Path,
     assert "state equal at 4 checkpoints" in d.stdout
     # a record whose checkpoint of epoch 2 held other weights than the replay computes
     db = sqlite3.connect(os.environ["FLORTRAIN_STORE"] + "/flortrain.db")
-    (key, sha), = db.execute("SELECT key, state_sha FROM blocks WHERE run_id=1 AND iteration=2 AND state != 'boundary'").fetchall()
+    ((key, sha),) = db.execute(
+        "SELECT key, state_sha FROM blocks WHERE run_id=1 AND iteration=2 AND state != 'boundary'"
+    ).fetchall()
     parts = json.loads(sha)
     parts["objects:w"] = parts["objects:w"][:1] + "0" * 32  # same kind of digest, other state
     db.execute("UPDATE blocks SET state_sha=? WHERE run_id=1 AND key=?", (json.dumps(parts), key))
@@ -648,7 +734,9 @@ def test_a_broken_install_is_one_line_not_a_traceback(work: Path) -> None:
         main()
         """
     )
-    proc = subprocess.run([sys.executable, "-c", breaker], cwd=work, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", breaker], cwd=work, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
         "flortrain: internal error: SyntaxError: '(' was never closed (FLORTRAIN_DEBUG=1 shows the traceback)"

@@ -19,8 +19,12 @@ def _start(cwd: Path, *args: str) -> subprocess.Popen[str]:
     import os
 
     return subprocess.Popen(
-        [sys.executable, "-m", "flortrain", *args], cwd=cwd, env={**os.environ, **EVERY},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "flortrain", *args],
+        cwd=cwd,
+        env={**os.environ, **EVERY},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -37,10 +41,13 @@ def test_two_records_at_once_then_a_replay_while_a_third_records(tmp_path: Path)
     truth = plain(script)
     # a third script that holds in its second epoch until released: recording while we replay
     gated = tmp_path / "gated.py"
-    gated.write_text("import os, time\n" + text.replace(
-        "    scheduler.step()\n",
-        "    scheduler.step()\n    while epoch == 1 and not os.path.exists('release'):\n        time.sleep(0.05)\n",
-    ))
+    gated.write_text(
+        "import os, time\n"
+        + text.replace(
+            "    scheduler.step()\n",
+            "    scheduler.step()\n    while epoch == 1 and not os.path.exists('release'):\n        time.sleep(0.05)\n",
+        )
+    )
     (tmp_path / "release").touch()
     gated_truth = plain(gated)
     (tmp_path / "release").unlink()
@@ -64,7 +71,9 @@ def test_two_records_at_once_then_a_replay_while_a_third_records(tmp_path: Path)
         rep = flortrain(tmp_path, "replay", script.name, "--run", str(run), env=EVERY)
         assert rep.code == 0 and probe_lines(rep.out) == want, rep.err
         assert "replay run" in rep.err and "matches record" in rep.err, rep.err
-    assert c.poll() is None and _runs(tmp_path)[2]["status"] == "running"  # the replays overlapped it
+    assert (
+        c.poll() is None and _runs(tmp_path)[2]["status"] == "running"
+    )  # the replays overlapped it
     (tmp_path / "release").touch()
     out, err = c.communicate(timeout=300)
     assert c.returncode == 0 and out == gated_truth.out, err

@@ -80,6 +80,7 @@ def test_a_filesystem_without_o_direct_gets_a_buffered_write() -> None:
 
 def test_a_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A disk that fills up half-way (the real ENOSPC is the fault harness's, on a tmpfs)."""
+
     def full(fd: int, data: memoryview) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 

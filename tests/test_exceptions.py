@@ -64,7 +64,9 @@ def test_output_after_an_exception_left_a_loop_is_compared(work: Path) -> None:
 def test_a_difference_after_an_exception_left_a_loop_is_reported(work: Path) -> None:
     # A line printed after the caught exception differs between record and replay: diff must see
     # it, not drop it as output of a block instance that never ended.
-    (work / "train.py").write_text(SCRIPT.replace("STAMP", "__import__('time').time_ns() if epoch == 1 else ''"))
+    (work / "train.py").write_text(
+        SCRIPT.replace("STAMP", "__import__('time').time_ns() if epoch == 1 else ''")
+    )
     assert invoke("record", "train.py").exit_code == 0
     invoke("replay", "train.py")
     d = invoke("diff")
@@ -131,7 +133,10 @@ def test_a_record_killed_midway_is_compared_up_to_where_it_stopped(tmp_path: Pat
     d = flortrain(tmp_path, "diff")
     assert d.code == 0, d.out
     # the store commits output at iteration boundaries: the kill loses the line of epoch 2
-    assert "2 output lines compared" in d.out and "2 replay lines past its end were not compared" in d.out
+    assert (
+        "2 output lines compared" in d.out
+        and "2 replay lines past its end were not compared" in d.out
+    )
 
 
 def test_ctrl_c_ends_flortrain_the_way_it_ends_python(tmp_path: Path) -> None:
@@ -143,9 +148,17 @@ def test_ctrl_c_ends_flortrain_the_way_it_ends_python(tmp_path: Path) -> None:
     )
     env = {**os.environ, "FLORTRAIN_STORE": str(tmp_path / ".flortrain")}
     codes = []
-    for cmd in ([sys.executable, "train.py"], [sys.executable, "-m", "flortrain", "record", "train.py"]):
+    for cmd in (
+        [sys.executable, "train.py"],
+        [sys.executable, "-m", "flortrain", "record", "train.py"],
+    ):
         p = subprocess.Popen(
-            cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cmd,
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             # a runner that ignores SIGINT would pass that on, and Python would not raise on it
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
@@ -157,4 +170,6 @@ def test_ctrl_c_ends_flortrain_the_way_it_ends_python(tmp_path: Path) -> None:
         codes.append(p.returncode)
     assert codes == [-signal.SIGINT, -signal.SIGINT]
     run = latest_run(tmp_path)
-    assert run["status"] == "interrupted" and run["exit_code"] == 130  # which record --resume continues
+    assert (
+        run["status"] == "interrupted" and run["exit_code"] == 130
+    )  # which record --resume continues

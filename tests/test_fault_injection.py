@@ -22,7 +22,9 @@ def _check(tally: Tally, figures: list[dict[str, Any]]) -> None:
     assert tally.later_records_ok == tally.later_records, tally.figures()
 
 
-@pytest.mark.parametrize(("seed", "fixtures"), [(1, ("while_early_stop",)), (2, ("dataloader_workers",))])
+@pytest.mark.parametrize(
+    ("seed", "fixtures"), [(1, ("while_early_stop",)), (2, ("dataloader_workers",))]
+)
 def test_records_killed_at_random_moments(
     seed: int, fixtures: tuple[str, ...], tmp_path: Path, fault_figures: list[dict[str, Any]]
 ) -> None:
@@ -37,17 +39,30 @@ DAMAGE = tuple(f for f in STORE_FAULTS if f.startswith(("blob-", "object-")))
 DATABASE = tuple(f for f in STORE_FAULTS if f not in DAMAGE)
 
 
-def test_damaged_checkpoints_are_re_executed_with_a_warning(tmp_path: Path, fault_figures: list[dict[str, Any]]) -> None:
-    tally = run_suite(tmp_path, 3, kills=0, store_faults=len(DAMAGE), fixtures=("module_level",), faults=DAMAGE)
+def test_damaged_checkpoints_are_re_executed_with_a_warning(
+    tmp_path: Path, fault_figures: list[dict[str, Any]]
+) -> None:
+    tally = run_suite(
+        tmp_path, 3, kills=0, store_faults=len(DAMAGE), fixtures=("module_level",), faults=DAMAGE
+    )
     _check(tally, fault_figures)
     assert [t.outcome for t in tally.trials] == ["exact"] * len(DAMAGE), tally.trials
     assert tally.warnings_naming_damage == len(DAMAGE), tally.trials
 
 
-def test_database_and_filesystem_faults(tmp_path: Path, fault_figures: list[dict[str, Any]]) -> None:
+def test_database_and_filesystem_faults(
+    tmp_path: Path, fault_figures: list[dict[str, Any]]
+) -> None:
     if not namespaces_available():
         pytest.skip("no unprivileged user namespaces here: enospc and read-only need `unshare -rm`")
-    tally = run_suite(tmp_path, 4, kills=0, store_faults=len(DATABASE), fixtures=("module_level",), faults=DATABASE)
+    tally = run_suite(
+        tmp_path,
+        4,
+        kills=0,
+        store_faults=len(DATABASE),
+        fixtures=("module_level",),
+        faults=DATABASE,
+    )
     _check(tally, fault_figures)
     outcome = {t.fault: t.outcome for t in tally.trials}
     assert set(outcome) == set(DATABASE)

@@ -48,7 +48,9 @@ def test_identities_name_each_object_by_the_path_capture_gives_it() -> None:
     for expr, o in roots.items():
         capture(o, memo, expr)
     # a module's plain attributes are restored in place, unwalked (``identity``'s docstring)
-    captured = {path: i for i, path in memo.items() if path not in roots and not path.startswith("net.")}
+    captured = {
+        path: i for i, path in memo.items() if path not in roots and not path.startswith("net.")
+    }
     assert {p: id(o) for p, o in identities(roots).items()} == captured
     assert "by_key[('x', 1)]" not in captured  # the row's second sighting is a ref to rows[0]
     assert "by_key['h'].stats" in captured and "rows[1]['b'][0]" in captured

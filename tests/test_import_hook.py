@@ -149,7 +149,13 @@ def run_meta(store: Path, run_id: int) -> dict[str, object]:
 def block_ids(store: Path, run_id: int) -> set[str]:
     db = sqlite3.connect(store / "flortrain.db")
     try:
-        return {b for (b,) in db.execute("SELECT DISTINCT block_id FROM blocks WHERE run_id=? AND state != 'boundary'", (run_id,))}
+        return {
+            b
+            for (b,) in db.execute(
+                "SELECT DISTINCT block_id FROM blocks WHERE run_id=? AND state != 'boundary'",
+                (run_id,),
+            )
+        }
     finally:
         db.close()
 
@@ -187,7 +193,11 @@ def test_changed_module_is_refused(tmp_path: Path) -> None:
     package(tmp_path, "from pkg import run\n\nrun(2)\n")
     record_matches_plain(tmp_path)
     loops = tmp_path / "pkg" / "loops.py"
-    loops.write_text(LOOPS.replace('        print("epoch"', '        print("PROBE", epoch)\n        print("epoch"'))
+    loops.write_text(
+        LOOPS.replace(
+            '        print("epoch"', '        print("PROBE", epoch)\n        print("epoch"'
+        )
+    )
     rep = flortrain(tmp_path, "replay", "train.py")
     assert rep.code == 2
     assert rep.err.count("\n") == 1 and "Traceback" not in rep.err, rep.err
@@ -210,7 +220,9 @@ def test_module_attributes_and_relative_imports_are_pythons(tmp_path: Path) -> N
         print(a.run(2), xxsubtype.__name__, hasattr(xxsubtype, "bench"))
         """
     package(tmp_path, script)
-    (tmp_path / "xxsubtype.py").write_text(LOOPS.replace("from . import helpers", "from pkg import helpers"))
+    (tmp_path / "xxsubtype.py").write_text(
+        LOOPS.replace("from . import helpers", "from pkg import helpers")
+    )
     rec, record_id = record_matches_plain(tmp_path)
     assert "module pkg.loops (pkg/loops.py): 1 main loop(s), 1 memoized loop(s)" in rec.err, rec.err
     assert block_ids(tmp_path / ".flortrain", record_id) == {"pkg.loops:L7"}
@@ -230,11 +242,15 @@ def test_modules_outside_the_project_are_not_instrumented(tmp_path: Path) -> Non
     outside = tmp_path / "outside"
     vendored = project / "vendor" / "site-packages"
     loops = LOOPS.replace("from . import helpers", "from pkg import helpers")
-    extra = 'print(__name__, type(__loader__).__name__)\n'
+    extra = "print(__name__, type(__loader__).__name__)\n"
     write_project(outside, {"extlib.py": extra + loops})
     write_project(vendored, {"vendlib.py": extra + loops})
     package(project, "import extlib\nimport vendlib\n\nextlib.run(2)\nvendlib.run(2)\n")
-    env = {"PYTHONPATH": os.pathsep.join([str(outside), str(vendored), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        "PYTHONPATH": os.pathsep.join(
+            [str(outside), str(vendored), os.environ.get("PYTHONPATH", "")]
+        )
+    }
     truth = run([sys.executable, "train.py"], project, env)
     assert "extlib SourceFileLoader" in truth.out and "vendlib SourceFileLoader" in truth.out
     rec = flortrain(project, "record", "train.py", env=env)
@@ -285,7 +301,9 @@ def test_installed_code_reached_through_a_symlink_is_passed_over_by_its_prefix(
     assert module.__file__ not in asked
 
 
-def test_the_audits_project_modules_follow_every_change_to_sys_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_audits_project_modules_follow_every_change_to_sys_modules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``project_modules`` answers again from its last answer while ``sys.modules`` is as it was
     then; a project module imported, removed or replaced under its name since must show."""
     import types

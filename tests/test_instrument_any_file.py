@@ -51,7 +51,9 @@ def assert_contract(result: Result, path: Path | str) -> str:
     Returns "ok" or the error line."""
     # (stdout may legitimately contain the word: it is the user's code)
     assert "Traceback (most recent call last)" not in result.stderr, result.stderr
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(
+        result.exception
+    )
     if result.exit_code == 0:
         assert result.stderr == ""
         compile(result.stdout, str(path), "exec", dont_inherit=True)
@@ -100,7 +102,9 @@ def test_stdlib_file(path: Path) -> None:
         assert _normalised(original[line - 1]) == _normalised(instrumented[j]), (j + 1, line)
 
 
-@pytest.mark.parametrize("path", SAMPLE[::10], ids=[str(p.relative_to(STDLIB)) for p in SAMPLE[::10]])
+@pytest.mark.parametrize(
+    "path", SAMPLE[::10], ids=[str(p.relative_to(STDLIB)) for p in SAMPLE[::10]]
+)
 def test_stdlib_file_explain(path: Path) -> None:
     result = run_instrument(path, "--explain")
     if assert_contract_explain(result) == "ok":
@@ -123,9 +127,14 @@ def assert_contract_explain(result: Result) -> str:
 NASTY: dict[str, tuple[bytes, int, str | None]] = {
     # name: (content, expected exit code, expected stderr line with {path} for the file)
     "syntax_error.py": (b"x = (\n", 2, "{path}:1:5: FT002 syntax error: '(' was never closed"),
-    "syntax_error_def.py": (b"def f(:\n    pass\n", 2, "{path}:1:7: FT002 syntax error: invalid syntax"),
+    "syntax_error_def.py": (
+        b"def f(:\n    pass\n",
+        2,
+        "{path}:1:7: FT002 syntax error: invalid syntax",
+    ),
     "syntax_error_indent.py": (
-        b"for i in x:\nprint(i)\n", 2,
+        b"for i in x:\nprint(i)\n",
+        2,
         "{path}:2:1: FT002 syntax error: expected an indented block after 'for' statement on line 1",
     ),
     "empty.py": (b"", 0, None),
@@ -133,7 +142,11 @@ NASTY: dict[str, tuple[bytes, int, str | None]] = {
     "binary.py": (b"\xff\xfe\x00\x01\x80binary", 2, None),
     "latin1_undeclared.py": (b"s = '\xe9'\n", 2, None),
     "nul_byte.py": (b"x = 1\n\x00\n", 2, None),
-    "bom.py": (b"\xef\xbb\xbfx = 1\nfor e in range(2):\n    for b in [x]:\n        x = b\n", 0, None),
+    "bom.py": (
+        b"\xef\xbb\xbfx = 1\nfor e in range(2):\n    for b in [x]:\n        x = b\n",
+        0,
+        None,
+    ),
     "latin1_declared.py": (b"# -*- coding: latin-1 -*-\ns = '\xe9'\nprint(s)\n", 0, None),
     "unknown_encoding.py": (b"# -*- coding: no-such-codec -*-\nx = 1\n", 2, None),
     "async_for.py": (
@@ -143,7 +156,8 @@ NASTY: dict[str, tuple[bytes, int, str | None]] = {
         b"            await b\n"
         b"        async with stream as s:\n"
         b"            pass\n",
-        0, None,
+        0,
+        None,
     ),
     "class_body_loops.py": (
         b"class Table:\n"
@@ -152,7 +166,8 @@ NASTY: dict[str, tuple[bytes, int, str | None]] = {
         b"        for j in range(3):\n"
         b"            rows.append((i, j))\n"
         b"    del i, j\n",
-        0, None,
+        0,
+        None,
     ),
     "walrus.py": (
         b"data = [1, 2, 3]\n"
@@ -161,7 +176,8 @@ NASTY: dict[str, tuple[bytes, int, str | None]] = {
         b"        data.pop()\n"
         b"    if (m := n + 1) > 1:\n"
         b"        print(m)\n",
-        0, None,
+        0,
+        None,
     ),
     "match.py": (
         b"def f(cmds):\n"
@@ -177,13 +193,22 @@ NASTY: dict[str, tuple[bytes, int, str | None]] = {
         b"    match cmds:\n"
         b"        case []:\n"
         b"            return 0\n",
-        0, None,
+        0,
+        None,
     ),
-    "nested_lambdas.py": (b"f = " + b"lambda: " * 150 + b"0\n" + b"for e in range(2):\n    for b in [f]:\n        f = b\n", 0, None),
+    "nested_lambdas.py": (
+        b"f = "
+        + b"lambda: " * 150
+        + b"0\n"
+        + b"for e in range(2):\n    for b in [f]:\n        f = b\n",
+        0,
+        None,
+    ),
     "nested_parens.py": (b"x = " + b"(" * 150 + b"1" + b")" * 150 + b"\n", 0, None),
     "too_many_parens.py": (b"x = " + b"(" * 300 + b"1" + b")" * 300 + b"\n", 2, None),
     "long_string_concat.py": (
-        b"doc = (\n" + b"".join(b"    'part %d'\n" % i for i in range(3000)) + b")\n", 2,
+        b"doc = (\n" + b"".join(b"    'part %d'\n" % i for i in range(3000)) + b")\n",
+        2,
         "{path}: FT004 too deeply nested for the static pass",
     ),
     "for_else.py": (
@@ -195,7 +220,8 @@ NASTY: dict[str, tuple[bytes, int, str | None]] = {
         b"        print('no break')\n"
         b"else:\n"
         b"    print('done')\n",
-        0, None,
+        0,
+        None,
     ),
     "generators_and_returns.py": (
         b"def gen(xs):\n"
@@ -203,7 +229,8 @@ NASTY: dict[str, tuple[bytes, int, str | None]] = {
         b"        for x in xs:\n"
         b"            yield x\n"
         b"        return\n",
-        0, None,
+        0,
+        None,
     ),
     "global_nonlocal.py": (
         b"g = 0\n"
@@ -218,10 +245,19 @@ NASTY: dict[str, tuple[bytes, int, str | None]] = {
         b"                n += b\n"
         b"    inner()\n"
         b"    return n\n",
-        0, None,
+        0,
+        None,
     ),
-    "one_line_everything.py": (b"for e in range(2):\n    for b in range(2): print(b); e += b\n", 0, None),
-    "crlf_tabs_formfeed.py": (b"\x0c\r\nfor e in range(2):\r\n\tfor b in [1]:\r\n\t\tt = b\r\n\x0c\r\n\tprint(t)\r\n", 0, None),
+    "one_line_everything.py": (
+        b"for e in range(2):\n    for b in range(2): print(b); e += b\n",
+        0,
+        None,
+    ),
+    "crlf_tabs_formfeed.py": (
+        b"\x0c\r\nfor e in range(2):\r\n\tfor b in [1]:\r\n\t\tt = b\r\n\x0c\r\n\tprint(t)\r\n",
+        0,
+        None,
+    ),
     "type_hints_and_decorators.py": (
         b"import functools\n"
         b"@functools.cache\n"
@@ -231,7 +267,8 @@ NASTY: dict[str, tuple[bytes, int, str | None]] = {
         b"        for b in range(e):\n"
         b"            out.append(b)\n"
         b"    return out\n",
-        0, None,
+        0,
+        None,
     ),
     "try_star.py": (
         b"for e in range(2):\n"
@@ -240,7 +277,8 @@ NASTY: dict[str, tuple[bytes, int, str | None]] = {
         b"            pass\n"
         b"        except* ValueError as eg:\n"
         b"            pass\n",
-        0, None,
+        0,
+        None,
     ),
 }
 

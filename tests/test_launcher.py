@@ -78,8 +78,12 @@ def _committed(tmp: Path) -> int:
 
 def _record(tmp: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "flortrain", "record", "train.py"], cwd=tmp, env={**os.environ, **env},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "flortrain", "record", "train.py"],
+        cwd=tmp,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -97,13 +101,17 @@ def _gone(pid: int, within: float) -> bool:
     return False
 
 
-def test_the_training_process_exits_before_the_writer_is_done_and_the_launcher_commits_it_all(tmp_path: Path) -> None:
+def test_the_training_process_exits_before_the_writer_is_done_and_the_launcher_commits_it_all(
+    tmp_path: Path,
+) -> None:
     """A writer slowed to 0.3 s a checkpoint is still writing when the training process exits:
     at that exit the store has committed fewer checkpoints than it ends with. The launcher
     commits every one, counts them in the last line, and the replay restores from them."""
     script = _write(tmp_path)
     truth = plain(script)
-    rec = flortrain(tmp_path, "record", "train.py", env={**EVERY, "FLORTRAIN_INJECT": "writer-delay=0.3"})
+    rec = flortrain(
+        tmp_path, "record", "train.py", env={**EVERY, "FLORTRAIN_INJECT": "writer-delay=0.3"}
+    )
     assert rec.code == 0 and rec.out == truth.out, rec.err
     at_exit = json.loads((tmp_path / "exit.json").read_text())
     final = _committed(tmp_path)
@@ -112,22 +120,30 @@ def test_the_training_process_exits_before_the_writer_is_done_and_the_launcher_c
     assert "5 of 5 block instances checkpointed" in rec.err, rec.err
     assert rec.err.rstrip().splitlines()[-1].startswith("flortrain: record run 1 complete"), rec.err
     assert block_states(tmp_path / ".flortrain", 1) == {"checkpointed": 5}
-    script.write_text(SCRIPT.replace("    #PROBE", "    print('PROBE', epoch, model.weight.grad.norm().item())"))
+    script.write_text(
+        SCRIPT.replace("    #PROBE", "    print('PROBE', epoch, model.weight.grad.norm().item())")
+    )
     rep = flortrain(tmp_path, "replay", "train.py")
     assert rep.code == 0 and "5 block instances skipped, 0 executed" in rep.err, rep.err
     assert probe_lines(rep.out) == probe_lines(plain(script).out)
     assert flortrain(tmp_path, "diff").code == 0
 
 
-def test_the_launcher_commits_what_was_handed_over_while_the_training_process_is_still_exiting(tmp_path: Path) -> None:
+def test_the_launcher_commits_what_was_handed_over_while_the_training_process_is_still_exiting(
+    tmp_path: Path,
+) -> None:
     """A torch script's interpreter takes half a second to tear down after its last line. The
     launcher commits the writer's last checkpoints as soon as they are written, during that
     teardown, not after it: a script whose exit takes 6 s (its atexit sleeps) finds every
     checkpoint of its run committed before it ends, and the record ends as usual."""
     script = _write(tmp_path)
     truth = plain(script)
-    rec = flortrain(tmp_path, "record", "train.py",
-                    env={**EVERY, "FLORTRAIN_INJECT": "writer-delay=0.3", "EXIT_WAIT": "6"})
+    rec = flortrain(
+        tmp_path,
+        "record",
+        "train.py",
+        env={**EVERY, "FLORTRAIN_INJECT": "writer-delay=0.3", "EXIT_WAIT": "6"},
+    )
     assert rec.code == 0 and rec.out == truth.out, rec.err
     assert "5 of 5 block instances checkpointed" in rec.err, rec.err
     at_exit = json.loads((tmp_path / "exit.json").read_text())
@@ -142,10 +158,14 @@ def test_the_script_runs_in_a_child_of_the_launcher_unless_it_is_turned_off(tmp_
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
         at_exit = json.loads((tmp_path / "exit.json").read_text())
-        assert (at_exit["ppid"] == p.pid) is parent_is_flortrain and (at_exit["pid"] == p.pid) is not parent_is_flortrain
+        assert (at_exit["ppid"] == p.pid) is parent_is_flortrain and (
+            at_exit["pid"] == p.pid
+        ) is not parent_is_flortrain
 
 
-def test_a_writer_killed_after_the_handoff_loses_what_it_held_with_a_warning_and_claims_nothing_of_it(tmp_path: Path) -> None:
+def test_a_writer_killed_after_the_handoff_loses_what_it_held_with_a_warning_and_claims_nothing_of_it(
+    tmp_path: Path,
+) -> None:
     """The writer is slowed to 1 s a checkpoint and killed once the training process has exited:
     what it had written is committed, the rest is reported lost and has no row, and the record
     still exits 0 with the script's output; the replay re-executes what was lost and is exact."""
@@ -156,7 +176,9 @@ def test_a_writer_killed_after_the_handoff_loses_what_it_held_with_a_warning_and
     first = p.stdout.readline()
     training = descendants(p.pid)[0]
     writer = writer_below(training)
-    rest = "".join(p.stdout.readline() for _ in range(4))  # the launcher holds stdout open: read lines
+    rest = "".join(
+        p.stdout.readline() for _ in range(4)
+    )  # the launcher holds stdout open: read lines
     assert _gone(training, 60)
     os.kill(writer, signal.SIGKILL)
     _, err = p.communicate(timeout=120)
@@ -167,7 +189,9 @@ def test_a_writer_killed_after_the_handoff_loses_what_it_held_with_a_warning_and
     assert 0 <= committed < 9, err
     states = block_states(tmp_path / ".flortrain", 1)
     assert states.get("checkpointed", 0) < 5 and sum(states.values()) == 5, states
-    script.write_text(SCRIPT.replace("    #PROBE", "    print('PROBE', epoch, model.weight.sum().item())"))
+    script.write_text(
+        SCRIPT.replace("    #PROBE", "    print('PROBE', epoch, model.weight.sum().item())")
+    )
     rep = flortrain(tmp_path, "replay", "train.py")
     assert rep.code == 0, rep.err
     assert probe_lines(rep.out) == probe_lines(plain(script).out)
@@ -201,7 +225,12 @@ def test_a_signal_sent_to_flortrain_reaches_the_training_process_once(tmp_path: 
 def test_a_training_process_killed_by_a_signal_is_reported_with_how_to_resume_and_flortrain_dies_of_it(
     tmp_path: Path,
 ) -> None:
-    _write(tmp_path, SCRIPT.replace("    #PROBE", "    if epoch == 1:\n        os.kill(os.getpid(), signal.SIGKILL)"))
+    _write(
+        tmp_path,
+        SCRIPT.replace(
+            "    #PROBE", "    if epoch == 1:\n        os.kill(os.getpid(), signal.SIGKILL)"
+        ),
+    )
     p = _record(tmp_path, EVERY)
     out, err = p.communicate(timeout=300)
     assert p.returncode == -signal.SIGKILL, err
@@ -217,10 +246,19 @@ def test_the_script_gets_the_sigchld_disposition_it_was_started_with(tmp_path: P
     SIGCHLD is never delivered), the script must still see it ignored, as under ``python``."""
     script = _write(tmp_path)
     seen = {}
-    for cmd in ([sys.executable, "train.py"], [sys.executable, "-m", "flortrain", "record", "train.py"]):
+    for cmd in (
+        [sys.executable, "train.py"],
+        [sys.executable, "-m", "flortrain", "record", "train.py"],
+    ):
         p = subprocess.run(
-            cmd, cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "EPOCHS": "1"}, timeout=300,
-            preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN), check=False,
+            cmd,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "EPOCHS": "1"},
+            timeout=300,
+            preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN),
+            check=False,
         )
         assert p.returncode == 0, p.stderr
         seen[cmd[1]] = json.loads((tmp_path / "exit.json").read_text())["sigchld"]
@@ -228,17 +266,28 @@ def test_the_script_gets_the_sigchld_disposition_it_was_started_with(tmp_path: P
     assert script.exists()
 
 
-def test_a_launcher_that_fails_still_waits_for_training_and_exits_with_its_status(tmp_path: Path) -> None:
+def test_a_launcher_that_fails_still_waits_for_training_and_exits_with_its_status(
+    tmp_path: Path,
+) -> None:
     """A bug in the launcher (injected) must not kill training, which dies with it: it says so,
     waits for the training process, and exits as it did. The checkpoints it would have committed
     stay unclaimed, and the replay is exact all the same."""
     script = _write(tmp_path)
     truth = plain(script)
-    rec = flortrain(tmp_path, "record", "train.py", env={**EVERY, "FLORTRAIN_INJECT": "launcher-fail=1,writer-delay=0.2"})
+    rec = flortrain(
+        tmp_path,
+        "record",
+        "train.py",
+        env={**EVERY, "FLORTRAIN_INJECT": "launcher-fail=1,writer-delay=0.2"},
+    )
     assert rec.code == 0 and rec.out == truth.out, rec.err
-    assert "the launcher failed (RuntimeError: injected); waiting for the training process" in rec.err, rec.err
+    assert (
+        "the launcher failed (RuntimeError: injected); waiting for the training process" in rec.err
+    ), rec.err
     assert _committed(tmp_path) < 9
-    script.write_text(SCRIPT.replace("    #PROBE", "    print('PROBE', epoch, model.bias.sum().item())"))
+    script.write_text(
+        SCRIPT.replace("    #PROBE", "    print('PROBE', epoch, model.bias.sum().item())")
+    )
     rep = flortrain(tmp_path, "replay", "train.py")
     assert rep.code == 0, rep.err
     assert probe_lines(rep.out) == probe_lines(plain(script).out)

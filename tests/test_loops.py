@@ -412,7 +412,10 @@ def test_the_loop_that_trains_is_the_main_loop_not_the_inference_nest() -> None:
     assert (main.function, main.span.line) == ("Layer.train_layer", 3)
     assert "training step (line 6)" in main.why
     explain = plan.explain()
-    assert "train.py:13:9 loop in Net.predict not memoized: not a main loop: it does not train" in explain
+    assert (
+        "train.py:13:9 loop in Net.predict not memoized: not a main loop: it does not train"
+        in explain
+    )
     assert "train.py:15:13 loop in Net.predict not memoized: inside the loop at line 13" in explain
 
 
@@ -462,6 +465,8 @@ def test_explain_says_why_every_other_loop_is_plain_code() -> None:
     """)
     explain = plan.explain()
     assert "train.py:2:1 loop in <module> not memoized: outside every main loop" in explain
-    assert "train.py:5:5 loop in evaluate not memoized: not a main loop: it does not train" in explain
+    assert (
+        "train.py:5:5 loop in evaluate not memoized: not a main loop: it does not train" in explain
+    )
     assert "train.py:6:9 loop in evaluate not memoized: inside the loop at line 5" in explain
     assert "train.py:11:9 loop in <module> not memoized: part of memoized loop L9" in explain

@@ -123,7 +123,9 @@ def test_objects_go_around_the_page_cache_whether_training_runs_or_the_run_waits
         assert torch.is_tensor(_load(store, key)["objects"]["t"]["value"])  # type: ignore[index]
 
 
-def test_the_writer_is_reaped_by_pid_after_its_goodbye_and_the_scripts_children_are_left_alone(tmp_path: Path) -> None:
+def test_the_writer_is_reaped_by_pid_after_its_goodbye_and_the_scripts_children_are_left_alone(
+    tmp_path: Path,
+) -> None:
     """``flush`` returns once the writer said goodbye (all it wrote committed) and reaps it in the
     background: no zombie is left behind in a process that lives on, and a child the script
     started keeps its exit status for the script (never ``waitpid(-1)``)."""
@@ -133,7 +135,9 @@ def test_the_writer_is_reaped_by_pid_after_its_goodbye_and_the_scripts_children_
     m = BackgroundMaterializer(store, run, results.callbacks())
     writer = m.pid
     assert writer is not None
-    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5); raise SystemExit(3)"])
+    sibling = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(1.5); raise SystemExit(3)"]
+    )
     m.submit("k0", "B", {"objects": {"t": {"kind": "tensor", "value": torch.randn(EXTERNAL_MIN)}}})
     m.flush()
     assert list(results.committed) == ["k0"] and results.warnings == []
@@ -145,7 +149,9 @@ def test_the_writer_is_reaped_by_pid_after_its_goodbye_and_the_scripts_children_
     assert sibling.wait(timeout=30) == 3
 
 
-def test_held_claims_are_written_in_order_at_the_commit_and_before_the_run_completes(tmp_path: Path) -> None:
+def test_held_claims_are_written_in_order_at_the_commit_and_before_the_run_completes(
+    tmp_path: Path,
+) -> None:
     """A record holds its block rows and checkpoint claims for one transaction per commit
     interval: another connection sees none of them before, all of them after, the row's update
     applied after its insert; finishing the run writes what is still held."""
@@ -154,15 +160,21 @@ def test_held_claims_are_written_in_order_at_the_commit_and_before_the_run_compl
     store.hold_claims()
     other = sqlite3.connect(tmp_path / "s" / "flortrain.db")
     try:
-        store.put_block(run, "L1@M.0.1#0", "L1", "M", 0, 1, 0, "recorded", note="checkpoint pending")
+        store.put_block(
+            run, "L1@M.0.1#0", "L1", "M", 0, 1, 0, "recorded", note="checkpoint pending"
+        )
         store.commit_checkpoint(run, "L1@M.0.1#0", "blobs/x", "ab" * 32, 10)
         store.mark_checkpointed(run, "L1@M.0.1#0", {"objects:m": "f1"})
         assert other.execute("SELECT COUNT(*) FROM blocks").fetchone() == (0,)
         assert other.execute("SELECT COUNT(*) FROM checkpoints").fetchone() == (0,)
         store.write_held()
-        assert other.execute("SELECT state, note FROM blocks").fetchall() == [("checkpointed", None)]
+        assert other.execute("SELECT state, note FROM blocks").fetchall() == [
+            ("checkpointed", None)
+        ]
         assert other.execute("SELECT key FROM checkpoints").fetchall() == [("L1@M.0.1#0",)]
-        store.put_block(run, "L1@M.0.2#0", "L1", "M", 0, 2, 0, "recorded", note="checkpoint pending")
+        store.put_block(
+            run, "L1@M.0.2#0", "L1", "M", 0, 2, 0, "recorded", note="checkpoint pending"
+        )
         store.commit_checkpoint(run, "L1@M.0.2#0", "blobs/y", "cd" * 32, 10)
         store.finish_run(run, "complete", 0)
         assert other.execute("SELECT COUNT(*) FROM checkpoints").fetchone() == (2,)
@@ -188,12 +200,16 @@ def test_a_run_whose_held_claims_fail_to_write_is_not_marked_complete(tmp_path: 
     db = sqlite3.connect(tmp_path / "s" / "flortrain.db")
     try:
         assert db.execute("SELECT status FROM runs WHERE id=?", (run,)).fetchone() == ("running",)
-        assert db.execute("SELECT COUNT(*) FROM checkpoints").fetchone() == (0,)  # rolled back together
+        assert db.execute("SELECT COUNT(*) FROM checkpoints").fetchone() == (
+            0,
+        )  # rolled back together
     finally:
         db.close()
 
 
-def test_a_reallocated_tensor_at_the_same_address_is_not_mistaken_for_the_old_one(tmp_path: Path) -> None:
+def test_a_reallocated_tensor_at_the_same_address_is_not_mistaken_for_the_old_one(
+    tmp_path: Path,
+) -> None:
     """A gradient freed and re-allocated every step often lands at the same address with the same
     version: the tracker keeps the old one alive, so the new one cannot look unchanged."""
     store = Store(tmp_path / "s")
@@ -212,7 +228,9 @@ def test_a_reallocated_tensor_at_the_same_address_is_not_mistaken_for_the_old_on
         assert torch.equal(_load(store, f"k{step}")["objects"]["g"]["value"], expect[step])  # type: ignore[index]
 
 
-def test_a_checkpoint_larger_than_the_buffer_is_written_on_the_training_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_larger_than_the_buffer_is_written_on_the_training_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FLORTRAIN_BUFFER_MB", "1")
     store = Store(tmp_path / "s")
     run = store.begin_run("record", "x.py", [], "", None, None, {})
@@ -255,7 +273,10 @@ def test_a_frozen_table_is_named_not_written_and_replays_exactly(tmp_path: Path)
     assert "4 main-loop iterations jumped over" in rep.err, rep.err
     table_bytes = 4096 * 128 * 4
     assert not [p for p in _objects(tmp_path / ".flortrain") if p.stat().st_size == table_bytes]
-    assert sum(p.stat().st_size for p in (tmp_path / ".flortrain" / "blobs").rglob("*") if p.is_file()) < table_bytes
+    assert (
+        sum(p.stat().st_size for p in (tmp_path / ".flortrain" / "blobs").rglob("*") if p.is_file())
+        < table_bytes
+    )
     db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
     (n,) = db.execute("SELECT COUNT(*) FROM checkpoints WHERE run_id=1").fetchone()
     assert n >= 6  # 6 blocks and 5 boundaries checkpointed, and not one copy of the table
@@ -266,17 +287,28 @@ def test_a_tensor_the_replay_made_differently_is_not_restored(tmp_path: Path) ->
     unseeded initialization in life): the boundaries that name the record's table cannot be
     used, the replay says why and runs the iterations instead of restoring the rest of the state
     around the wrong table."""
-    text = FROZEN.replace("torch.manual_seed(0)\n", 'import os\ntorch.manual_seed(int(os.environ.get("TABLE_SEED", "0")))\n', 1)
+    text = FROZEN.replace(
+        "torch.manual_seed(0)\n",
+        'import os\ntorch.manual_seed(int(os.environ.get("TABLE_SEED", "0")))\n',
+        1,
+    )
     text = text.replace("head = torch.nn.Linear", "torch.manual_seed(0)\nhead = torch.nn.Linear")
     script = tmp_path / "train.py"
     script.write_text(text)
     env = {"FLORTRAIN_PERIOD": "every"}
     assert flortrain(tmp_path, "record", "train.py", env=env).code == 0
-    script.write_text(text.replace("    #PROBE", '    if epoch == 4: print(f"PROBE {table.weight.sum().item():.4f}")'))
+    script.write_text(
+        text.replace(
+            "    #PROBE", '    if epoch == 4: print(f"PROBE {table.weight.sum().item():.4f}")'
+        )
+    )
     own = probe_lines(run([sys.executable, "train.py"], tmp_path, {"TABLE_SEED": "1"}).out)
     rep = flortrain(tmp_path, "replay", "train.py", env={**env, "TABLE_SEED": "1"})
     assert rep.code == 0, rep.err
-    assert "that no live module tensor matches: the code before the loop made it differently" in rep.err, rep.err
+    assert (
+        "that no live module tensor matches: the code before the loop made it differently"
+        in rep.err
+    ), rep.err
     assert "iterations jumped over" not in rep.err, rep.err
     assert probe_lines(rep.out) == own and own != probe_lines(plain(script).out)
 
@@ -296,7 +328,9 @@ for epoch in range(5):
 
 def test_writes_through_data_turn_off_the_unchanged_tensor_shortcut(tmp_path: Path) -> None:
     env = {"FLORTRAIN_PERIOD": "every"}
-    rec, rep = record_and_replay_match_plain(tmp_path, DATA_WRITES, 'print(f"PROBE {w[0, 0].item():.1f}")', env)
+    rec, rep = record_and_replay_match_plain(
+        tmp_path, DATA_WRITES, 'print(f"PROBE {w[0, 0].item():.1f}")', env
+    )
     assert rep.code == 0
     assert "train.py:7:9: writes a tensor through `.data`" in rec.err, rec.err
 
@@ -319,14 +353,20 @@ for epoch in range(8):
 """
 
 
-def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_completes(tmp_path: Path) -> None:
+def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_completes(
+    tmp_path: Path,
+) -> None:
     script = tmp_path / "train.py"
     script.write_text(KILLABLE)
     truth = plain(script)
     env = {**os.environ, "FLORTRAIN_PERIOD": "every", "FLORTRAIN_INJECT": "writer-delay=0.5"}
     p = subprocess.Popen(
-        [sys.executable, "-m", "flortrain", "record", "train.py"], cwd=tmp_path, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "flortrain", "record", "train.py"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert p.stdout is not None
     first = p.stdout.readline()  # epoch 0 done: its checkpoints are staged, the writer is sleeping
@@ -337,7 +377,12 @@ def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_comple
     assert "checkpoint writer died (killed by signal 9)" in err and "checkpoint(s) lost" in err, err
     store = Store(tmp_path / ".flortrain")
     ck = store.checkpoints(1)
-    lost = {k for (k, note) in store.db.execute("SELECT key, note FROM blocks WHERE run_id=1 AND note LIKE 'checkpoint lost%'")}
+    lost = {
+        k
+        for (k, note) in store.db.execute(
+            "SELECT key, note FROM blocks WHERE run_id=1 AND note LIKE 'checkpoint lost%'"
+        )
+    }
     assert lost, "the killed writer held staged checkpoints"
     assert not lost & set(ck), "a lost checkpoint has a commit row"
     assert len(ck) > 0, "a new writer took over after the kill"
@@ -346,7 +391,9 @@ def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_comple
         assert data is not None
         deserialize(data, store.read_object)
     # and the record replays exactly, re-executing what was lost
-    script.write_text(KILLABLE.replace("    #PROBE", '    print(f"PROBE {model[0].weight.sum().item():.6f}")'))
+    script.write_text(
+        KILLABLE.replace("    #PROBE", '    print(f"PROBE {model[0].weight.sum().item():.6f}")')
+    )
     want = [ln for ln in plain(script).out.splitlines() if ln.startswith("PROBE")]
     rep = flortrain(tmp_path, "replay", "train.py")
     assert rep.code == 0, rep.err
@@ -354,23 +401,41 @@ def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_comple
     assert flortrain(tmp_path, "diff").code == 0
 
 
-def test_a_writer_whose_every_write_fails_leaves_a_complete_run_with_no_checkpoint_claimed(tmp_path: Path) -> None:
+def test_a_writer_whose_every_write_fails_leaves_a_complete_run_with_no_checkpoint_claimed(
+    tmp_path: Path,
+) -> None:
     """``FLORTRAIN_INJECT=writer-fail=1`` (a full disk for every item; ``record_variants.py``
     uses it to time the training side of a record alone): each staged checkpoint is reported
     lost, none has a commit row, the output is untouched, and the replay re-executes all."""
     script = tmp_path / "train.py"
-    script.write_text(KILLABLE.replace("    time.sleep(0.25)   # training goes on after the kill: a new writer must take over\n", ""))
+    script.write_text(
+        KILLABLE.replace(
+            "    time.sleep(0.25)   # training goes on after the kill: a new writer must take over\n",
+            "",
+        )
+    )
     truth = plain(script)
-    rec = flortrain(tmp_path, "record", "train.py", env={"FLORTRAIN_PERIOD": "every", "FLORTRAIN_INJECT": "writer-fail=1"})
+    rec = flortrain(
+        tmp_path,
+        "record",
+        "train.py",
+        env={"FLORTRAIN_PERIOD": "every", "FLORTRAIN_INJECT": "writer-fail=1"},
+    )
     assert rec.code == 0, rec.err
     assert rec.out == truth.out
     assert "0 of 8 block instances checkpointed" in rec.err, rec.err
-    lost = re.findall(r"checkpoint \S+ not written: No space left on device \(injected: writer-fail\)", rec.err)
+    lost = re.findall(
+        r"checkpoint \S+ not written: No space left on device \(injected: writer-fail\)", rec.err
+    )
     assert len(lost) >= 8, rec.err  # the loop's 8 instances, and the boundaries staged
     store = Store(tmp_path / ".flortrain")
     assert store.checkpoints(1) == {}
     assert _objects(tmp_path / ".flortrain") == []
-    script.write_text(script.read_text().replace("    #PROBE", '    print(f"PROBE {model[0].weight.sum().item():.6f}")'))
+    script.write_text(
+        script.read_text().replace(
+            "    #PROBE", '    print(f"PROBE {model[0].weight.sum().item():.6f}")'
+        )
+    )
     want = [ln for ln in plain(script).out.splitlines() if ln.startswith("PROBE")]
     rep = flortrain(tmp_path, "replay", "train.py")
     assert rep.code == 0, rep.err
@@ -401,7 +466,11 @@ def test_a_failed_write_loses_that_checkpoint_only(tmp_path: Path) -> None:
     rows = store.db.execute("SELECT key, state, note FROM blocks WHERE run_id=1").fetchall()
     assert len([r for r in rows if r[1] != "boundary"]) == 8, rows  # one row per epoch's block
     for key, state, note in rows:
-        assert state != "checkpointed" and (note or "").startswith("checkpoint lost: "), (key, state, note)
+        assert state != "checkpointed" and (note or "").startswith("checkpoint lost: "), (
+            key,
+            state,
+            note,
+        )
         assert f"checkpoint {key} not written: " in rec.err, rec.err
     assert store.checkpoints(1) == {}
 
@@ -457,7 +526,9 @@ def _worker_crash(attempt: Callable[[], Result], tries: int = 3) -> Result:
         if HANDLER in result.err:
             return result
         assert FALLBACK in result.err, result.err
-    raise AssertionError(f"the dead worker was reported {tries} times by the fallback, never by the handler:\n{result.err}")
+    raise AssertionError(
+        f"the dead worker was reported {tries} times by the fallback, never by the handler:\n{result.err}"
+    )
 
 
 def test_a_dataloader_worker_crash_is_still_reported_under_record(tmp_path: Path) -> None:
@@ -481,21 +552,34 @@ def test_epsilon_is_settable_and_c_is_refined_from_the_last_replay(tmp_path: Pat
     assert bad.code == 2 and len(bad.err.strip().splitlines()) == 1, bad.err
     first = flortrain(tmp_path, "record", "--epsilon", "0.5", "train.py")
     assert first.code == 0 and "restore/materialize ratio" not in first.err, first.err
-    script.write_text(FROZEN.replace("    #PROBE\n", '    print(f"PROBE {head.weight.sum().item():.6f}")\n'))
+    script.write_text(
+        FROZEN.replace("    #PROBE\n", '    print(f"PROBE {head.weight.sum().item():.6f}")\n')
+    )
     assert flortrain(tmp_path, "replay", "train.py").code == 0
     store = Store(tmp_path / ".flortrain")
     measured = store.restore_ratio(str(script))
     assert measured is not None and measured[0] > 0 and measured[1] == 2
     script.write_text(FROZEN.replace("    #PROBE\n", ""))
     again = flortrain(tmp_path, "record", "train.py")
-    assert f"restore/materialize ratio c = {measured[0]:.2f} (measured by replay run 2)" in again.err, again.err
+    assert (
+        f"restore/materialize ratio c = {measured[0]:.2f} (measured by replay run 2)" in again.err
+    ), again.err
     # the replay plan prices its restores with the same c, and says so before its estimate
-    script.write_text(FROZEN.replace("    #PROBE\n", '    print(f"PROBE {head.weight.sum().item():.6f}")\n'))
+    script.write_text(
+        FROZEN.replace("    #PROBE\n", '    print(f"PROBE {head.weight.sum().item():.6f}")\n')
+    )
     replay = flortrain(tmp_path, "replay", "train.py")
     assert replay.code == 0, replay.err
-    plan = [line for line in replay.err.splitlines() if line.startswith("flortrain: ") and "replay plan" not in line]
+    plan = [
+        line
+        for line in replay.err.splitlines()
+        if line.startswith("flortrain: ") and "replay plan" not in line
+    ]
     estimate = next(i for i, line in enumerate(plan) if "estimated block time" in line)
-    assert plan[estimate - 1] == f"flortrain: restore/materialize ratio c = {measured[0]:.2f} (measured by replay run 2)", plan
+    assert (
+        plan[estimate - 1]
+        == f"flortrain: restore/materialize ratio c = {measured[0]:.2f} (measured by replay run 2)"
+    ), plan
 
 
 def test_objects_of_an_item_are_hashed_and_written_once_each(tmp_path: Path) -> None:
@@ -508,7 +592,9 @@ def test_objects_of_an_item_are_hashed_and_written_once_each(tmp_path: Path) -> 
     a, b = os.urandom(3 << 20), os.urandom(1 << 20)
     objects = Objects(blobs, threads=2)
     try:
-        first = objects.store([(memoryview(a), False), (memoryview(b), False), (memoryview(a), False)])
+        first = objects.store(
+            [(memoryview(a), False), (memoryview(b), False), (memoryview(a), False)]
+        )
         again = objects.store([(memoryview(b), False)])
     finally:
         objects.close()
@@ -531,7 +617,9 @@ def test_writer_speed_is_timed_on_scratch_objects_it_removes(tmp_path: Path) -> 
     assert list(blobs.iterdir()) == []
 
 
-def test_writer_speed_keeps_the_fastest_of_its_tries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_writer_speed_keeps_the_fastest_of_its_tries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One slow try (here the first hash, held up 50 ms: 25 ns a byte of its 2 MB) is the
     machine's moment, not what a byte costs: the fastest try is kept, so that one outlier does
     not price checkpoints too high and halve them."""
@@ -594,7 +682,11 @@ def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
     finally:
         s.flush()
     assert [k.split("@")[1] for k in store.checkpoints(run)] == ["M1.0.3#0"]
-    assert s.adaptive.costs["M1"].k == 1 and s.adaptive.costs["M1"].materialize > 0 and s.adaptive.spent > spent
+    assert (
+        s.adaptive.costs["M1"].k == 1
+        and s.adaptive.costs["M1"].materialize > 0
+        and s.adaptive.spent > spent
+    )
 
 
 def test_flortrains_hooks_defer_garbage_collection_and_are_timed(tmp_path: Path) -> None:
@@ -647,7 +739,9 @@ def test_an_iterations_training_time_is_net_of_what_flortrain_held_in_it(tmp_pat
         s.flush()
     costs = s.adaptive.costs["M1"]
     assert costs.n == 2 and costs.compute < 0.3 and s.adaptive.training < 0.3, costs
-    assert s.held >= 1.0 and s.adaptive.spent == 0.0  # held, reported; no checkpoint: nothing charged
+    assert (
+        s.held >= 1.0 and s.adaptive.spent == 0.0
+    )  # held, reported; no checkpoint: nothing charged
 
 
 _HELD = re.compile(
@@ -694,8 +788,12 @@ def test_record_says_how_much_it_held_at_exit_for_a_writer_behind(tmp_path: Path
     wait = float(m.group(5))
     assert 1.0 <= wait <= held and held - wait < 0.5, m.group(0)
     handed, m = _held_line(tmp_path, inject)
-    assert float(m.group(5) or 0) < 0.1 and handed < held - 1.0, m.group(0)  # the handoff: unmapping
-    assert m.group(7) is not None, m.group(0)  # the launcher says how long it waited once training had exited
+    assert float(m.group(5) or 0) < 0.1 and handed < held - 1.0, m.group(
+        0
+    )  # the handoff: unmapping
+    assert m.group(7) is not None, m.group(
+        0
+    )  # the launcher says how long it waited once training had exited
     counted = re.search(r"([0-9]+) of ([0-9]+) block instances checkpointed", m.string)
     assert counted is not None and counted.group(1) == counted.group(2) != "0", m.string
 
@@ -715,7 +813,9 @@ def test_the_writer_competes_for_the_cpu_once_its_backlog_reaches_the_threshold(
     assert pace.update(1, stopping=True)
 
 
-def test_the_idle_lane_runs_under_sched_idle_and_the_busy_and_drain_lanes_do_not(tmp_path: Path) -> None:
+def test_the_idle_lane_runs_under_sched_idle_and_the_busy_and_drain_lanes_do_not(
+    tmp_path: Path,
+) -> None:
     from flortrain.runtime.writer import BUSY, DRAIN, Objects
 
     objects = Objects(tmp_path / "blobs", threads=2)
@@ -730,7 +830,9 @@ def test_the_idle_lane_runs_under_sched_idle_and_the_busy_and_drain_lanes_do_not
         objects.close()
     assert idle_objects == os.SCHED_IDLE
     assert busy_objects == drain_objects == os.sched_getscheduler(0) != os.SCHED_IDLE
-    assert drain._max_workers == 4, "training has ended: twice the threads overlap the disk's time per object"
+    assert drain._max_workers == 4, (
+        "training has ended: twice the threads overlap the disk's time per object"
+    )
 
 
 # A checkpoint of about 2 MB (weights, gradients, Adam's two moments): under the writer's
@@ -758,11 +860,14 @@ for epoch in range(4):
 def _writer_threads(pid: int, deadline: float) -> tuple[int, list[tuple[int, int]]]:
     """The recording process's writer (it has the comm ``flortrain-ckpt``): its own thread's
     scheduling policy, and (policy, voluntary context switches) of each of its other threads."""
+
     def policy(task: Path) -> int:  # field 41 of stat, counted after the ")" ending the comm
         return int((task / "stat").read_text().rsplit(")", 1)[1].split()[38])
 
     def woken(task: Path) -> int:
-        line = next(x for x in (task / "status").read_text().splitlines() if x.startswith("voluntary_ctxt"))
+        line = next(
+            x for x in (task / "status").read_text().splitlines() if x.startswith("voluntary_ctxt")
+        )
         return int(line.split()[1])
 
     while time.monotonic() < deadline:
@@ -775,7 +880,9 @@ def _writer_threads(pid: int, deadline: float) -> tuple[int, list[tuple[int, int
 
 
 @pytest.mark.parametrize("backlog_mb, busy", [("0", True), ("1024", False)])
-def test_a_recorded_run_writes_on_the_lane_its_backlog_calls_for(tmp_path: Path, backlog_mb: str, busy: bool) -> None:
+def test_a_recorded_run_writes_on_the_lane_its_backlog_calls_for(
+    tmp_path: Path, backlog_mb: str, busy: bool
+) -> None:
     """Real record: the writer's own thread, which wakes for every message, runs at SCHED_IDLE
     however large the backlog; with a threshold of 0 every checkpoint is written by its busy
     thread (normal policy, niced), which a large threshold never wakes. Either way the replay is
@@ -784,8 +891,13 @@ def test_a_recorded_run_writes_on_the_lane_its_backlog_calls_for(tmp_path: Path,
     script.write_text(PACED)
     env = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_WRITER_BACKLOG_MB": backlog_mb}
     p = subprocess.Popen(
-        [sys.executable, "-m", "flortrain", "record", "train.py"], cwd=tmp_path, env={**os.environ, **env, "PACE_WAIT": "1"},
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "flortrain", "record", "train.py"],
+        cwd=tmp_path,
+        env={**os.environ, **env, "PACE_WAIT": "1"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert p.stdin is not None and p.stdout is not None
     try:
@@ -840,12 +952,19 @@ def test_regions_the_ring_hands_out_never_overlap_one_in_flight() -> None:
         for step in range(200):
             if flights and rng.random() < 0.4:
                 flights.popleft()  # the writer finished the oldest
-            n = rng.choice([64, 128, rng.randrange(64, size, 64), size - flights[0].start if flights else size])
+            n = rng.choice(
+                [64, 128, rng.randrange(64, size, 64), size - flights[0].start if flights else size]
+            )
             start = ring_fit(flights, size, n)
             if start is None:
                 continue
             assert start >= 0 and start + n <= size
-            assert not any(_overlaps((start, start + n), (f.start, f.end)) for f in flights), (step, start, n, flights)
+            assert not any(_overlaps((start, start + n), (f.start, f.end)) for f in flights), (
+                step,
+                start,
+                n,
+                flights,
+            )
             flights.append(_Flight(f"k{step}", start, start + n, 0))
             placed += 1
         assert placed > 50
@@ -863,11 +982,19 @@ for epoch in range(10):
 """
 
 
-def test_a_small_staging_buffer_and_a_slow_writer_keep_every_checkpoint_its_own(tmp_path: Path) -> None:
+def test_a_small_staging_buffer_and_a_slow_writer_keep_every_checkpoint_its_own(
+    tmp_path: Path,
+) -> None:
     """The ring wraps and fills while the writer lags 0.3 s per checkpoint: each checkpoint
     still holds its own epoch's state (epoch 1 must not restore epoch 6's)."""
-    env = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_BUFFER_MB": "1", "FLORTRAIN_INJECT": "writer-delay=0.3"}
-    rep = replay_matches_plain(tmp_path, SMALL_RING, 'print(f"PROBE {epoch} {w.sum().item():.1f}")', env)
+    env = {
+        "FLORTRAIN_PERIOD": "every",
+        "FLORTRAIN_BUFFER_MB": "1",
+        "FLORTRAIN_INJECT": "writer-delay=0.3",
+    }
+    rep = replay_matches_plain(
+        tmp_path, SMALL_RING, 'print(f"PROBE {epoch} {w.sum().item():.1f}")', env
+    )
     assert "10 block instances skipped, 0 executed" in rep.err, rep.err
 
 
@@ -883,7 +1010,9 @@ def test_an_object_left_truncated_by_a_crash_is_written_again(tmp_path: Path) ->
     assert damaged
     for p in damaged:
         p.write_bytes(b"")
-    rep = replay_matches_plain(tmp_path, SMALL_RING, 'print(f"PROBE {epoch} {w.sum().item():.1f}")', env)
+    rep = replay_matches_plain(
+        tmp_path, SMALL_RING, 'print(f"PROBE {epoch} {w.sum().item():.1f}")', env
+    )
     assert "10 block instances skipped, 0 executed" in rep.err and "corrupt" not in rep.err, rep.err
     for p in damaged:
         assert xxhash.xxh3_128_hexdigest(p.read_bytes()) == p.name
@@ -916,7 +1045,9 @@ def test_an_item_whose_object_fails_ends_only_after_its_other_objects_are_done(
     objects.lane = BUSY  # a lane without SCHED_IDLE: this test's process is not a writer
     try:
         with pytest.raises(OSError, match="No space left"):
-            objects.store([(memoryview(os.urandom(1 << 20)), False), (memoryview(os.urandom(2 << 20)), False)])
+            objects.store(
+                [(memoryview(os.urandom(1 << 20)), False), (memoryview(os.urandom(2 << 20)), False)]
+            )
         assert finished == [2 << 20]
     finally:
         objects.close()

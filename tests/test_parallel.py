@@ -97,7 +97,9 @@ def _setup(tmp_path: Path, text: str, probe: str, env: dict[str, str]) -> tuple[
 def _meta(tmp_path: Path) -> dict[str, object]:
     db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
     try:
-        (meta,) = db.execute("SELECT meta FROM runs WHERE kind='replay' ORDER BY id DESC LIMIT 1").fetchone()
+        (meta,) = db.execute(
+            "SELECT meta FROM runs WHERE kind='replay' ORDER BY id DESC LIMIT 1"
+        ).fetchone()
         return dict(json.loads(meta))
     finally:
         db.close()
@@ -116,7 +118,10 @@ def test_direct_resume_restores_the_carried_state_and_the_code_after_the_loop_ru
     assert par.out == want
     assert "worker 2/2 done" in par.err and "direct resume at iteration 3" in par.err, par.err
     # the plan, before running: its segments, how each resumes, and an estimate
-    assert "segment 2: iterations 3..the end and the code after the loop (direct resume at boundary 3)" in par.err
+    assert (
+        "segment 2: iterations 3..the end and the code after the loop (direct resume at boundary 3)"
+        in par.err
+    )
     assert "estimated" in par.err
     assert (tmp_path / "after.log").read_text() == "after the loop\n"  # the last worker only
     assert _meta(tmp_path)["jobs"] == 2
@@ -126,7 +131,9 @@ def test_direct_resume_restores_the_carried_state_and_the_code_after_the_loop_ru
 
 def test_outer_probe_with_two_workers_restores_every_block(tmp_path: Path) -> None:
     outer = 'print(f"PROBE {epoch} {lr} {best_val_loss:.10f} {sum(p.abs().sum().item() for p in model.parameters()):.10f}")'
-    text = CARRIED.replace("        #PROBE\n", "").replace('    print(f"epoch {epoch}', '    #PROBE\n    print(f"epoch {epoch}')
+    text = CARRIED.replace("        #PROBE\n", "").replace(
+        '    print(f"epoch {epoch}', '    #PROBE\n    print(f"epoch {epoch}'
+    )
     assert text.count("#PROBE") == 1
     _, want = _setup(tmp_path, text, outer, EVERY)
     par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
@@ -169,7 +176,9 @@ def test_pseudoresume_from_an_earlier_boundary(tmp_path: Path) -> None:
     _, want = _setup(tmp_path, CARRIED, INNER, EVERY)
     db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
     with db:
-        db.execute("DELETE FROM checkpoints WHERE key LIKE 'M%@M%' AND CAST(substr(key, instr(key, '.0.') + 3, 1) AS INT) >= 2")
+        db.execute(
+            "DELETE FROM checkpoints WHERE key LIKE 'M%@M%' AND CAST(substr(key, instr(key, '.0.') + 3, 1) AS INT) >= 2"
+        )
     db.close()
     par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
     assert par.code == 0, par.err
@@ -226,17 +235,28 @@ def test_workers_sharing_the_cores_are_priced_as_queueing(tmp_path: Path) -> Non
         assert sharing.slowdown(busy, main_id, 2, cores=2) == 2.0
         assert sharing.slowdown(idle, main_id, 2, cores=2) == 1.0
         assert sharing.concurrency(busy, main_id, 4, cores=8) == 4.0
-        assert sharing.cannot_pay(store, busy, 2, cores=2) is not None  # one worker's worth of cores
+        assert (
+            sharing.cannot_pay(store, busy, 2, cores=2) is not None
+        )  # one worker's worth of cores
     finally:
         store.close()
 
 
-def _replay_watching(tmp_path: Path, args: list[str], env: dict[str, str], mark: str) -> tuple[Result, set[int]]:
+def _replay_watching(
+    tmp_path: Path, args: list[str], env: dict[str, str], mark: str
+) -> tuple[Result, set[int]]:
     """``flortrain replay train.py ARGS``, and the pids of the replay workers (processes marked
     ``mark`` running ``flortrain.replay.worker``) seen while it ran, polled every 10 ms: a
     worker lives for its import of torch at least, about a second."""
     cmd = [sys.executable, "-m", "flortrain", "replay", "train.py", *args]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     workers: set[int] = set()
     while proc.poll() is None:
         for pid in _processes_marked(mark):
@@ -308,7 +328,11 @@ def test_divide_prefers_boundaries_when_pseudoresume_is_dear() -> None:
 
 def test_divide_without_boundaries_pseudoresumes_and_may_not_divide() -> None:
     cheap = divide(_loop(10, pseudo=0.1), [], 2)
-    assert len(cheap.workers) == 2 and cheap.workers[1].resume == "pseudo" and cheap.workers[1].resume_from == -1
+    assert (
+        len(cheap.workers) == 2
+        and cheap.workers[1].resume == "pseudo"
+        and cheap.workers[1].resume_from == -1
+    )
     dear = divide(_loop(10, pseudo=1.0), [], 2)  # resuming costs what it saves
     assert len(dear.workers) == 1
 
@@ -316,7 +340,9 @@ def test_divide_without_boundaries_pseudoresumes_and_may_not_divide() -> None:
 def test_divide_charges_worker_start_up_against_a_serial_replay() -> None:
     # Restoring checkpoints is cheap, so the loop costs 1.2 s to replay: halving it saves 0.6 s,
     # and each worker process's own start-up (serial replay pays none) eats that.
-    loop = LoopCosts("M1", 0, 2.0, [0.1] * 12, [0.05] * 12, dict.fromkeys(range(12), 0.01), startup=0.5)
+    loop = LoopCosts(
+        "M1", 0, 2.0, [0.1] * 12, [0.05] * 12, dict.fromkeys(range(12), 0.01), startup=0.5
+    )
     plan = divide(loop, list(range(12)), 2)
     assert plan.serial == pytest.approx(3.2)
     assert len(plan.workers) == 1 or plan.parallel > 0.9 * plan.serial
@@ -350,7 +376,9 @@ def test_blob_reader_verifies_what_it_reads(tmp_path: Path, as_url: bool) -> Non
     reader = BlobReader(f"file://{tmp_path}" if as_url else tmp_path)
     assert reader.read_blob("1/k.ft", sha) == data
     assert reader.read_object(name) == data
-    assert reader.read_object(xxhash.xxh3_128_hexdigest(b"other bytes")) is None  # bytes not its name's
+    assert (
+        reader.read_object(xxhash.xxh3_128_hexdigest(b"other bytes")) is None
+    )  # bytes not its name's
     assert reader.read_object(sha) is None  # no such object
     assert reader.read_blob("1/missing.ft", sha) is None
     (tmp_path / "1" / "k.ft").write_bytes(b"checkpoint bytez")  # a flipped byte

@@ -28,7 +28,9 @@ def cluster() -> Iterator[None]:
     ray.shutdown()
 
 
-def test_ray_backend_replays_exactly(cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ray_backend_replays_exactly(
+    cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Both fixtures in one test, so that one Ray cluster serves them (starting one is ~15 s)."""
     for name, through_url in (("while_early_stop", False), ("functions_main", True)):
         work = tmp_path / name
@@ -36,7 +38,9 @@ def test_ray_backend_replays_exactly(cluster: None, tmp_path: Path, monkeypatch:
         _protocol_on_ray(name, through_url, work, monkeypatch)
 
 
-def _protocol_on_ray(name: str, through_url: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _protocol_on_ray(
+    name: str, through_url: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = copy_fixture(name, tmp_path)
     original = script.read_text()
     truth = plain(script)
@@ -48,9 +52,13 @@ def _protocol_on_ray(name: str, through_url: bool, tmp_path: Path, monkeypatch: 
     for kind in ("inner", "outer"):
         script.write_text(with_probe(original, kind))
         want = probe_lines(plain(script).out)
-        r = CliRunner().invoke(cli, ["replay", script.name, "--jobs", "2", "--backend", "ray", *blobs])
+        r = CliRunner().invoke(
+            cli, ["replay", script.name, "--jobs", "2", "--backend", "ray", *blobs]
+        )
         assert r.exit_code == 0, r.stderr
-        assert "in 2 segments on ray workers" in r.stderr and "worker 2/2 done" in r.stderr, r.stderr
+        assert "in 2 segments on ray workers" in r.stderr and "worker 2/2 done" in r.stderr, (
+            r.stderr
+        )
         assert probe_lines(r.stdout) == want
         d = flortrain(tmp_path, "diff")  # the latest replay: the one the Ray workers ran
         assert d.code == 0, d.out + d.err

@@ -43,7 +43,9 @@ def _record(
     m.flush()
     assert list(results.committed) == [f"L1@M1.0.{i}#0" for i in range(_N)]
     checkpoints = store.checkpoints(run)
-    assert list(checkpoints) == list(results.committed)  # the order they were committed in, not the keys' order
+    assert list(checkpoints) == list(
+        results.committed
+    )  # the order they were committed in, not the keys' order
     return store, list(checkpoints.values()), values
 
 
@@ -97,7 +99,9 @@ def test_read_ahead_serves_the_same_bytes_from_the_first_one_asked_for_within_it
     assert not ahead.blobs
 
 
-def test_a_checkpoint_the_replay_passes_over_is_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_the_replay_passes_over_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store, order, values = _record(tmp_path)
     monkeypatch.setattr(blobs, "READ_AHEAD_BYTES", int(1.5 * order[0][2]))
     reader = BlobReader(store.blobs)
@@ -108,7 +112,9 @@ def test_a_checkpoint_the_replay_passes_over_is_dropped(tmp_path: Path, monkeypa
     _settle(ahead)
     assert set(ahead.blobs) == {order[1][0], order[2][0]}
     data = reader.read_blob(order[4][0], order[4][1])  # a jump over 1 to 3
-    assert data is not None and torch.equal(deserialize(data, reader.read_object)["objects"]["t"]["value"], values[4])
+    assert data is not None and torch.equal(
+        deserialize(data, reader.read_object)["objects"]["t"]["value"], values[4]
+    )
     _settle(ahead)
     assert set(ahead.blobs) == {order[5][0]}  # 1 and 2 dropped, 5 read ahead of 4
 
@@ -153,7 +159,9 @@ def test_objects_a_restore_used_up_leave_the_cache_and_a_shared_one_stays(
         data = reader.read_blob(order[i][0], order[i][1])
         assert data is not None
         objects = deserialize(data, reader.read_object)["objects"]
-        assert torch.equal(objects["t"]["value"], values[i]) and torch.equal(objects["f"]["value"], frozen)
+        assert torch.equal(objects["t"]["value"], values[i]) and torch.equal(
+            objects["f"]["value"], frozen
+        )
         refs = set(blobformat.object_refs(data))
         assert shared in refs and len(refs) == 2
         own.extend(refs - {shared})

@@ -38,7 +38,9 @@ def _states(tmp: Path, which: str = "replay") -> dict[str, int]:
 
 
 # -- a probe that calls the script's own function holding a memoized loop ----------------------------
-EVALUATE = PRELUDE + """
+EVALUATE = (
+    PRELUDE
+    + """
 def evaluate(data):
     total = 0.0
     with torch.no_grad():
@@ -55,10 +57,13 @@ for epoch in range(3):
     #PROBE
     print(epoch, f"{evaluate(val):.6f}")
 """
+)
 
 
 def test_probe_calling_a_memoized_function_does_not_take_its_checkpoints(tmp_path: Path) -> None:
-    rep = replay_matches_plain(tmp_path, EVALUATE, 'print("PROBE", f"{evaluate(train):.6f}")', env=EVERY)
+    rep = replay_matches_plain(
+        tmp_path, EVALUATE, 'print("PROBE", f"{evaluate(train):.6f}")', env=EVERY
+    )
     # the script's own evaluate() calls and the training loop are all restored; the probe's
     # evaluate() loops ran inside the probe and took no block instance of the record
     assert _states(tmp_path) == {"skipped": 6}
@@ -66,7 +71,9 @@ def test_probe_calling_a_memoized_function_does_not_take_its_checkpoints(tmp_pat
 
 
 # -- tensors carrying an autograd graph out of a loop -------------------------------------------------
-REINFORCE = PRELUDE + """
+REINFORCE = (
+    PRELUDE
+    + """
 for episode in range(4):
     log_probs = []
     for x, y in train:
@@ -78,8 +85,11 @@ for episode in range(4):
     #PROBE
     print(episode, f"{loss.item():.6f}")
 """
+)
 
-ACCUMULATE = PRELUDE + """
+ACCUMULATE = (
+    PRELUDE
+    + """
 for epoch in range(4):
     total = 0
     for x, y in train:
@@ -90,6 +100,7 @@ for epoch in range(4):
     #PROBE
     print(epoch, f"{total.item():.6f}")
 """
+)
 
 WEIGHT_PROBE = 'print("PROBE", f"{model.weight.sum().item():.8f}", f"{model.bias.item():.8f}")'
 
@@ -106,7 +117,9 @@ def test_graph_carrying_name_used_by_backward_is_not_restored_detached(tmp_path:
     assert _states(tmp_path) == {"executed": 4}
 
 
-MICRO_STEPS = PRELUDE + """
+MICRO_STEPS = (
+    PRELUDE
+    + """
 for it in range(4):
     for micro in range(4):
         x, y = train[micro]
@@ -120,6 +133,7 @@ for it in range(4):
     #PROBE
     print(it, f"{lossf:.6f}")
 """
+)
 
 
 def test_graph_carrying_name_read_only_as_a_value_is_memoized(tmp_path: Path) -> None:
@@ -131,7 +145,9 @@ def test_graph_carrying_name_read_only_as_a_value_is_memoized(tmp_path: Path) ->
 
 
 # -- names bound only in a branch the run never takes ------------------------------------------------
-UNTAKEN = PRELUDE + """
+UNTAKEN = (
+    PRELUDE
+    + """
 ddp = False
 use_other = False
 for it in range(4):
@@ -149,6 +165,7 @@ for it in range(4):
 if use_other:
     print(other)
 """
+)
 
 
 def test_names_bound_only_in_untaken_branches_are_restored_absent(tmp_path: Path) -> None:
@@ -158,7 +175,9 @@ def test_names_bound_only_in_untaken_branches_are_restored_absent(tmp_path: Path
 
 
 # -- numpy scalars and dtypes are immutable values ---------------------------------------------------
-NUMPY_VALUES = PRELUDE + """
+NUMPY_VALUES = (
+    PRELUDE
+    + """
 import numpy as np
 
 stats = {"count": np.int64(0), "dtype": np.dtype("float32"), "history": []}
@@ -173,6 +192,7 @@ for epoch in range(3):
     #PROBE
     print(epoch, stats["count"], repr(stats["history"][-1]), stats["dtype"])
 """
+)
 
 
 def test_numpy_scalars_and_dtypes_are_captured_as_values(tmp_path: Path) -> None:
@@ -238,14 +258,23 @@ print(net.predict(x).tolist())
 
 
 def test_the_training_loop_not_the_inference_nest_is_the_main_loop(tmp_path: Path) -> None:
-    replay_matches_plain(tmp_path, FORWARD_FORWARD, 'print("PROBE", i, f"{loss.item():.8f}")', env=EVERY)
+    replay_matches_plain(
+        tmp_path, FORWARD_FORWARD, 'print("PROBE", i, f"{loss.item():.8f}")', env=EVERY
+    )
     explain = flortrain(tmp_path, "instrument", "--explain", "train.py")
     first = explain.out.splitlines()[0]
-    assert first.startswith("train.py:12:9 main loop M12 (for) in Layer.train_layer: its body is the training step")
-    assert "train.py:29:9 loop in Net.predict not memoized: not a main loop: it does not train" in explain.out
+    assert first.startswith(
+        "train.py:12:9 main loop M12 (for) in Layer.train_layer: its body is the training step"
+    )
+    assert (
+        "train.py:29:9 loop in Net.predict not memoized: not a main loop: it does not train"
+        in explain.out
+    )
 
 
-ALIASING_LIST = PRELUDE + """\
+ALIASING_LIST = (
+    PRELUDE
+    + """\
 snaps = []
 for epoch in range(4):
     for i, (x, y) in enumerate(train):
@@ -259,13 +288,16 @@ for epoch in range(4):
     print(f"epoch {epoch} {loss.item():.6f} {snaps[0].sum().item():.6f}")
 print("same storage", all(s.data_ptr() == model.weight.data_ptr() for s in snaps))
 """
+)
 
 
 def test_a_container_of_views_of_a_parameter_is_not_restored_as_copies(tmp_path: Path) -> None:
     """``snaps.append(model.weight.detach())`` inside the loop. A checkpoint holding ``snaps``
     by value would leave, in a skipped instance, copies that no longer follow training (the last
     line would read False). Such an instance is not memoized, and record says why."""
-    rec, rep = record_and_replay_match_plain(tmp_path, ALIASING_LIST, 'print(f"PROBE {epoch} {snaps[-1].sum().item():.6f}")', EVERY)
+    rec, rep = record_and_replay_match_plain(
+        tmp_path, ALIASING_LIST, 'print(f"PROBE {epoch} {snaps[-1].sum().item():.6f}")', EVERY
+    )
     assert "same storage True" in rep.out, rep.out
     assert "`snaps[0]` shares memory with a model parameter" in rec.err, rec.err
 
@@ -296,7 +328,9 @@ def test_a_loader_whose_workers_outlive_an_epoch_is_named_at_record(tmp_path: Pa
     (tmp_path / "train.py").write_text(PERSISTENT_WORKERS.replace("PERSISTENT", "True"))
     rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert rec.code == 0, rec.err
-    assert rec.err.count("with persistent_workers=True: its workers' random streams carry over") == 1, rec.err
+    assert (
+        rec.err.count("with persistent_workers=True: its workers' random streams carry over") == 1
+    ), rec.err
     (tmp_path / "train.py").write_text(PERSISTENT_WORKERS.replace("PERSISTENT", "False"))
     rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert rec.code == 0 and "persistent_workers" not in rec.err, rec.err
@@ -332,7 +366,9 @@ JUMP_GUARD = """\
 """
 
 
-def _restore_case(setup: str, body: str, *, epochs: int = 4, jump: bool = False, after: str = "") -> str:
+def _restore_case(
+    setup: str, body: str, *, epochs: int = 4, jump: bool = False, after: str = ""
+) -> str:
     """A script with the SGD loop over ``epochs`` epochs of 8 steps, ``body`` at the end of each
     step (8 spaces) or epoch (4 spaces): probed at every epoch's end, or, with ``jump``, at the
     start of every fourth (:data:`JUMP_GUARD`); ``after`` follows the loop."""
@@ -341,7 +377,9 @@ def _restore_case(setup: str, body: str, *, epochs: int = 4, jump: bool = False,
     return RESTORE_PRELUDE + setup + head + STEPS + body + "\n" + tail + after
 
 
-def test_a_slot_that_held_none_before_the_loop_is_restored_with_the_loops_dict(tmp_path: Path) -> None:
+def test_a_slot_that_held_none_before_the_loop_is_restored_with_the_loops_dict(
+    tmp_path: Path,
+) -> None:
     """Restoring a dict into a slot that held None must not crash the replay with a TypeError
     in the user's line."""
     text = _restore_case(
@@ -383,7 +421,9 @@ def test_namedtuples_and_counters_come_back_with_their_types(tmp_path: Path) -> 
 
 
 # -- identity: objects the loop replaced, and objects held in two places ---------------------------
-def test_an_object_the_loop_replaced_is_made_anew_and_its_other_names_keep_the_old_one(tmp_path: Path) -> None:
+def test_an_object_the_loop_replaced_is_made_anew_and_its_other_names_keep_the_old_one(
+    tmp_path: Path,
+) -> None:
     """``tracker["best"] = Best(..)`` puts a new object in the dict; ``initial`` still names the
     old one. Writing the new state into the old object would change ``initial`` on replay, with
     ``diff`` passing. Likewise a list slot holding a view of ``base``: writing into it would
@@ -408,7 +448,9 @@ def test_an_object_the_loop_replaced_is_made_anew_and_its_other_names_keep_the_o
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
 
 
-def test_one_object_in_two_containers_and_a_name_is_one_object_after_a_restore(tmp_path: Path) -> None:
+def test_one_object_in_two_containers_and_a_name_is_one_object_after_a_restore(
+    tmp_path: Path,
+) -> None:
     """``rows.append(row); by_step[k] = row; last = row``: the restore must rebuild ``by_step``
     (not fail with "cannot rebuild a ref") and give ``last`` the same row, not a copy, so that
     ``last["end"] = True`` after the loop reaches ``rows[-1]``."""
@@ -451,7 +493,9 @@ def test_a_jump_over_iterations_makes_anew_what_they_replaced(tmp_path: Path) ->
         'initial = tracker["best"]\n',
         '    if loss.item() < tracker["best"].v:\n'
         '        tracker["best"] = Box(round(loss.item(), 6))',
-        epochs=10, jump=True, after='print("w", round(model.weight.sum().item(), 6))\n',
+        epochs=10,
+        jump=True,
+        after='print("w", round(model.weight.sum().item(), 6))\n',
     )
     probe = 'print("PROBE", epoch, initial.v, tracker["best"].v, initial is tracker["best"])'
     rep = replay_matches_plain(tmp_path, text, probe, EVERY)
@@ -475,11 +519,15 @@ def test_rebound_views_of_one_tensor_stay_views_and_keep_their_strides(tmp_path:
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
 
 
-def test_a_file_read_line_by_line_in_the_loop_continues_where_the_record_left_it(tmp_path: Path) -> None:
+def test_a_file_read_line_by_line_in_the_loop_continues_where_the_record_left_it(
+    tmp_path: Path,
+) -> None:
     """``f.readline()`` inside the loop: a skipped instance that left the file at the prologue's
     position would make the next executed instance read the first lines again. The checkpoint
     holds the position of a file open for reading."""
-    (tmp_path / "data.csv").write_text("".join(f"{i % 7 * 0.1:.1f},{i % 3 * 0.5:.1f},1.0,2.0\n" for i in range(64)))
+    (tmp_path / "data.csv").write_text(
+        "".join(f"{i % 7 * 0.1:.1f},{i % 3 * 0.5:.1f},1.0,2.0\n" for i in range(64))
+    )
     text = _restore_case(
         'f = open("data.csv")\n',
         "        vals = [float(v) for v in f.readline().split(',')]",
@@ -489,7 +537,9 @@ def test_a_file_read_line_by_line_in_the_loop_continues_where_the_record_left_it
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
 
 
-def test_a_name_for_an_optimizer_group_still_drives_the_optimizer_after_a_restore(tmp_path: Path) -> None:
+def test_a_name_for_an_optimizer_group_still_drives_the_optimizer_after_a_restore(
+    tmp_path: Path,
+) -> None:
     """``group = opt.param_groups[0]`` before the loop, ``group["lr"] *= 0.5`` after each epoch:
     ``load_state_dict`` makes new group dicts, so after a plain restore the decay would change a
     dict the optimizer no longer reads."""
@@ -497,12 +547,16 @@ def test_a_name_for_an_optimizer_group_still_drives_the_optimizer_after_a_restor
         "group = opt.param_groups[0]\ngroups = opt.param_groups\n",
         '    group["lr"] *= 0.5',
     )
-    probe = 'print("PROBE", epoch, opt.param_groups[0]["lr"], group["lr"], groups is opt.param_groups)'
+    probe = (
+        'print("PROBE", epoch, opt.param_groups[0]["lr"], group["lr"], groups is opt.param_groups)'
+    )
     rep = replay_matches_plain(tmp_path, text, probe, EVERY)
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
 
 
-def test_a_name_updated_in_place_still_shares_its_object_after_a_restore_or_a_jump(tmp_path: Path) -> None:
+def test_a_name_updated_in_place_still_shares_its_object_after_a_restore_or_a_jump(
+    tmp_path: Path,
+) -> None:
     """``gsum = buffers["gsum"]`` before the loop, ``gsum += g`` in it: ``+=`` on an array or a
     list keeps the object, which ``buffers`` shares. Stored by value and rebound, the name would
     leave ``buffers["gsum"]`` behind after a restore. Probed every fourth
@@ -513,14 +567,18 @@ def test_a_name_updated_in_place_still_shares_its_object_after_a_restore_or_a_ju
         "        gsum += model.weight.grad.numpy()[0]\n"
         "        log += [round(loss.item(), 6)]\n"
         "        t += model.bias.detach()",
-        epochs=10, jump=True, after='print("w", round(model.weight.sum().item(), 6))\n',
+        epochs=10,
+        jump=True,
+        after='print("w", round(model.weight.sum().item(), 6))\n',
     )
     probe = (
         'print("PROBE", epoch, buffers["gsum"].round(5).tolist(), len(buffers["log"]), gsum is buffers["gsum"],'
         ' log is buffers["log"], buffers["t"].tolist(), t is buffers["t"])'
     )
     rep = replay_matches_plain(tmp_path, text, probe, EVERY)
-    assert "3 block instances skipped, 0 executed, 7 main-loop iterations jumped over" in rep.err, rep.err
+    assert "3 block instances skipped, 0 executed, 7 main-loop iterations jumped over" in rep.err, (
+        rep.err
+    )
 
 
 def test_a_rebound_name_holding_rows_the_state_holds_gives_back_those_rows(tmp_path: Path) -> None:
@@ -536,7 +594,8 @@ def test_a_rebound_name_holding_rows_the_state_holds_gives_back_those_rows(tmp_p
         "    for r in top:\n"
         '        r["in_top"] = r.get("in_top", 0) + 1\n'
         '    last[1]["last"] = True',
-        epochs=8, jump=True,
+        epochs=8,
+        jump=True,
         after='print("top", [(h["e"], h["s"], h.get("in_top"), h.get("last")) for h in history if len(h) > 3])\n',
     )
     probe = 'print("PROBE", epoch, [(h["e"], h["s"], h.get("in_top"), h.get("last")) for h in history if len(h) > 3])'
@@ -544,7 +603,9 @@ def test_a_rebound_name_holding_rows_the_state_holds_gives_back_those_rows(tmp_p
     assert "main-loop iterations jumped over" in rep.err and "0 executed" in rep.err, rep.err
 
 
-def test_a_view_the_loop_replaces_is_not_written_into_when_its_address_is_reused(tmp_path: Path) -> None:
+def test_a_view_the_loop_replaces_is_not_written_into_when_its_address_is_reused(
+    tmp_path: Path,
+) -> None:
     """``bufs = [table[epoch], ...]`` each epoch, replaced out of place in the loop: CPython can
     put the new tensor at the freed view's address, and a slot judged by address would read as
     kept, so the restore would write into the view, and so into ``table``."""
@@ -580,7 +641,9 @@ EMA = (
 EMA_PROBE = 'print("PROBE", epoch, round(sum(e.sum().item() for e in ema), 6), p is model.bias, round(p.sum().item(), 6))'
 
 
-def test_a_loop_variable_left_on_a_model_parameter_is_memoized_as_that_parameter(tmp_path: Path) -> None:
+def test_a_loop_variable_left_on_a_model_parameter_is_memoized_as_that_parameter(
+    tmp_path: Path,
+) -> None:
     """``for e, p in zip(ema, model.parameters())`` leaves ``p`` on the model's last parameter:
     refusing the loop ("`p` shares memory with a model parameter") would refuse every loop
     keeping an EMA this way. A rebound name holding a live module's own tensor is restored as
@@ -592,9 +655,13 @@ def test_a_loop_variable_left_on_a_model_parameter_is_memoized_as_that_parameter
 
 
 def test_a_loop_variable_left_on_a_model_parameter_survives_a_jump(tmp_path: Path) -> None:
-    text = _restore_case(*EMA, epochs=10, jump=True, after='print("last", p is model.bias, p.requires_grad)\n')
+    text = _restore_case(
+        *EMA, epochs=10, jump=True, after='print("last", p is model.bias, p.requires_grad)\n'
+    )
     rep = replay_matches_plain(tmp_path, text, EMA_PROBE, EVERY)
-    assert "3 block instances skipped, 0 executed, 7 main-loop iterations jumped over" in rep.err, rep.err
+    assert "3 block instances skipped, 0 executed, 7 main-loop iterations jumped over" in rep.err, (
+        rep.err
+    )
 
 
 def test_modules_imported_inside_the_loop_keep_its_checkpoints(tmp_path: Path) -> None:
@@ -608,7 +675,8 @@ def test_modules_imported_inside_the_loop_keep_its_checkpoints(tmp_path: Path) -
         "        loss = loss * math.sqrt(1.0)\n"
         "    import sys as _s\n"
         '    _s.stdout.write("tick\\n")',
-        epochs=10, jump=True,
+        epochs=10,
+        jump=True,
     )
     probe = 'print("PROBE", epoch, round(model.weight.sum().item(), 6), _s.__name__)'
     rec, rep = record_and_replay_match_plain(tmp_path, text, probe, EVERY)
@@ -625,7 +693,7 @@ def test_a_module_inside_a_container_the_loop_rebinds_is_kept_by_name(tmp_path: 
         'import math\ncfg = {"lib": math, "scale": 1.0}\nlog = []\n',
         '        loss = loss * cfg["lib"].sqrt(cfg["scale"])\n'
         '        cfg = {"lib": math, "scale": cfg["scale"] + 1.0, "all": [math, np]}\n'
-        '        log.append((step, math))',
+        "        log.append((step, math))",
         after='print("same", cfg["lib"] is math, cfg["all"][1] is np, log[-1][1] is math)\n',
     )
     probe = 'print("PROBE", epoch, cfg["scale"], cfg["lib"] is math, cfg["all"][1] is np, len(log), log[-1][1] is math)'

@@ -35,7 +35,9 @@ def _shapes() -> list[tuple[str, tuple[str, ...]]]:
     """Each real-code shape with the probe kinds it marks."""
     out = []
     for p in sorted(REALCODE.glob("*.py")):
-        kinds = sorted({m.group("kind") for line in p.read_text().splitlines() if (m := MARKER.match(line))})
+        kinds = sorted(
+            {m.group("kind") for line in p.read_text().splitlines() if (m := MARKER.match(line))}
+        )
         out.append((p.stem, tuple(kinds)))
     return out
 
@@ -44,7 +46,9 @@ def _probed(text: str, kind: str) -> str:
     lines = []
     for line in text.splitlines(keepends=True):
         m = MARKER.match(line.rstrip("\n"))
-        lines.append(f"{m.group('indent')}{m.group('stmt')}\n" if m and m.group("kind") == kind else line)
+        lines.append(
+            f"{m.group('indent')}{m.group('stmt')}\n" if m and m.group("kind") == kind else line
+        )
     return "".join(lines)
 
 
@@ -76,16 +80,22 @@ def test_realcode_replay_is_exact(name: str, kinds: tuple[str, ...], tmp_path: P
         _replay_kind(name, kind, script, original, truth, tmp_path)
 
 
-def _replay_kind(name: str, kind: str, script: Path, original: str, truth: str, tmp_path: Path) -> None:
+def _replay_kind(
+    name: str, kind: str, script: Path, original: str, truth: str, tmp_path: Path
+) -> None:
     script.write_text(_probed(original, kind))
     expected = plain(script)
     assert expected.code == 0, expected.err
     want = probe_lines(expected.out)
     assert want, f"the {kind} probe printed nothing in a plain run"
     # the probed script prints the same non-probe lines: the probe only observes
-    assert [ln for ln in expected.out.splitlines() if not ln.startswith("PROBE")] == truth.splitlines()
+    assert [
+        ln for ln in expected.out.splitlines() if not ln.startswith("PROBE")
+    ] == truth.splitlines()
 
-    rep = flortrain(tmp_path, "replay", script.name, env=EVERY)  # 2. the probe sees what python shows
+    rep = flortrain(
+        tmp_path, "replay", script.name, env=EVERY
+    )  # 2. the probe sees what python shows
     assert rep.code == 0, rep.err
     assert probe_lines(rep.out) == want, rep.err
     replay = latest_run(tmp_path)
@@ -100,8 +110,17 @@ def _replay_kind(name: str, kind: str, script: Path, original: str, truth: str, 
     d = flortrain(tmp_path, "diff")  # 3. diff proves the replay faithful
     assert d.code == 0, d.out + d.err
 
-    if kind == "inner" and name in PARALLEL:  # where parallel replay pays: two workers, the same output
-        par = flortrain(tmp_path, "replay", script.name, "--jobs", "2", env={**EVERY, "FLORTRAIN_SEGMENTS": "even"})
+    if (
+        kind == "inner" and name in PARALLEL
+    ):  # where parallel replay pays: two workers, the same output
+        par = flortrain(
+            tmp_path,
+            "replay",
+            script.name,
+            "--jobs",
+            "2",
+            env={**EVERY, "FLORTRAIN_SEGMENTS": "even"},
+        )
         assert par.code == 0, par.err
         assert "worker 2/2 done" in par.err, par.err
         assert par.out == rep.out, par.err

@@ -20,7 +20,11 @@ from tests.protocol import copy_fixture, flortrain, latest_run, plain, probe_lin
 
 #: every boundary checkpointed and committed before training goes on, so where the kill leaves
 #: the run does not depend on timing
-KILLABLE = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_COMMIT_INTERVAL": "0", "FLORTRAIN_MATERIALIZER": "sync"}
+KILLABLE = {
+    "FLORTRAIN_PERIOD": "every",
+    "FLORTRAIN_COMMIT_INTERVAL": "0",
+    "FLORTRAIN_MATERIALIZER": "sync",
+}
 
 SCRIPT = textwrap.dedent(
     """\
@@ -52,7 +56,9 @@ SCRIPT = textwrap.dedent(
 def _log(tmp: Path, run_id: int) -> list[str]:
     db = sqlite3.connect(tmp / ".flortrain" / "flortrain.db")
     try:
-        return [t for (t,) in db.execute("SELECT text FROM logs WHERE run_id=? ORDER BY seq", (run_id,))]
+        return [
+            t for (t,) in db.execute("SELECT text FROM logs WHERE run_id=? ORDER BY seq", (run_id,))
+        ]
     finally:
         db.close()
 
@@ -77,7 +83,7 @@ def test_a_killed_record_resumes_where_it_stopped(tmp_path: Path) -> None:
     assert res.code == 0, res.err
     assert "resumes at main loop M9 iteration 3" in res.err
     # the rest of python's output, from the start of the resumed iteration (random draws included)
-    assert res.out == truth[truth.index("epoch 3 loss"):]
+    assert res.out == truth[truth.index("epoch 3 loss") :]
     run = latest_run(tmp_path)
     assert run["id"] == 1 and run["status"] == "complete"
     assert _log(tmp_path, 1) == truth.splitlines()  # one run, one whole log
@@ -92,19 +98,19 @@ def test_a_killed_record_resumes_where_it_stopped(tmp_path: Path) -> None:
 def test_a_killed_torch_record_resumes_with_its_arguments(tmp_path: Path) -> None:
     script = copy_fixture("module_level", tmp_path)
     text = "import os, signal\n" + script.read_text().replace(
-        "\nprint(f\"final weight sum",
+        '\nprint(f"final weight sum',
         "\n    if epoch == 1 and os.path.exists('KILL'):\n        os.kill(os.getpid(), signal.SIGKILL)\n"
-        "print(f\"final weight sum",
+        'print(f"final weight sum',
     )
     assert text.count("os.kill") == 1
     script, truth = _killed(tmp_path, text, "--epochs", "4")
     res = flortrain(tmp_path, "record", "--resume", "1", "train.py", env=KILLABLE)
     assert res.code == 0, res.err
-    assert res.out == truth[truth.index("epoch 1 step 0"):]  # the recorded --epochs 4 is reused
+    assert res.out == truth[truth.index("epoch 1 step 0") :]  # the recorded --epochs 4 is reused
     assert _log(tmp_path, 1) == truth.splitlines()
     marker = "        # flortrain-probe inner: "
     line = next(ln for ln in text.splitlines() if ln.startswith(marker))
-    script.write_text(text.replace(line, "        " + line[len(marker):]))
+    script.write_text(text.replace(line, "        " + line[len(marker) :]))
     want = probe_lines(plain(script, ["--epochs", "4"]).out)
     rep = flortrain(tmp_path, "replay", "train.py", env=KILLABLE)
     assert rep.code == 0 and probe_lines(rep.out) == want, rep.err
@@ -119,10 +125,16 @@ def _refused(r: object, code: str, says: str) -> None:
 def test_what_cannot_be_resumed_is_refused(tmp_path: Path) -> None:
     # killed in its first iteration: no boundary was committed (iteration 0's is never taken)
     _killed(tmp_path, SCRIPT.replace("KILL_AT", "0"))
-    _refused(flortrain(tmp_path, "record", "--resume", "1", "train.py"), "FT042", "no main-loop boundary")
-    _refused(flortrain(tmp_path, "record", "--resume", "1", "train.py", "--x"), "FT040", "give none")
+    _refused(
+        flortrain(tmp_path, "record", "--resume", "1", "train.py"), "FT042", "no main-loop boundary"
+    )
+    _refused(
+        flortrain(tmp_path, "record", "--resume", "1", "train.py", "--x"), "FT040", "give none"
+    )
     (tmp_path / "train.py").write_text(SCRIPT.replace("KILL_AT", "0") + "print('more')\n")
-    _refused(flortrain(tmp_path, "record", "--resume", "1", "train.py"), "FT040", "changed since run 1")
+    _refused(
+        flortrain(tmp_path, "record", "--resume", "1", "train.py"), "FT040", "changed since run 1"
+    )
     (tmp_path / "train.py").write_text(SCRIPT.replace("KILL_AT", "0"))
     assert flortrain(tmp_path, "record", "train.py").code == 0
     _refused(flortrain(tmp_path, "record", "--resume", "2", "train.py"), "FT040", "is complete")
@@ -151,7 +163,9 @@ COVERED = textwrap.dedent(
 
 
 def _boundaries(tmp: Path) -> int:
-    return store_count(tmp / ".flortrain", "SELECT COUNT(*) FROM blocks WHERE run_id=1 AND state='boundary'")
+    return store_count(
+        tmp / ".flortrain", "SELECT COUNT(*) FROM blocks WHERE run_id=1 AND state='boundary'"
+    )
 
 
 def test_a_loop_its_blocks_cover_still_gets_boundaries_to_resume_from(tmp_path: Path) -> None:
@@ -165,25 +179,35 @@ def test_a_loop_its_blocks_cover_still_gets_boundaries_to_resume_from(tmp_path: 
     background writer at idle priority under a loaded machine may not have reported any when
     the kill comes). ε is 0.2: at the default, how many boundaries the budget affords depends
     too much on the machine's speed and load."""
-    env = {"FLORTRAIN_COMMIT_INTERVAL": "0", "FLORTRAIN_MATERIALIZER": "sync", "FLORTRAIN_EPSILON": "0.2"}
+    env = {
+        "FLORTRAIN_COMMIT_INTERVAL": "0",
+        "FLORTRAIN_MATERIALIZER": "sync",
+        "FLORTRAIN_EPSILON": "0.2",
+    }
     script = tmp_path / "train.py"
     script.write_text(COVERED)
     truth = plain(script).out
     (tmp_path / "KILL").touch()
-    rec = flortrain(tmp_path, "record", "train.py", env={**env, "FLORTRAIN_BOUNDARY_INTERVAL": "0.001"})
+    rec = flortrain(
+        tmp_path, "record", "train.py", env={**env, "FLORTRAIN_BOUNDARY_INTERVAL": "0.001"}
+    )
     assert rec.code == -9 and truth.startswith(rec.out), rec.err
     (tmp_path / "KILL").unlink()
     db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
     try:
-        (n,) = db.execute("SELECT COUNT(*) FROM blocks WHERE run_id=1 AND state='boundary'").fetchone()
+        (n,) = db.execute(
+            "SELECT COUNT(*) FROM blocks WHERE run_id=1 AND state='boundary'"
+        ).fetchone()
     finally:
         db.close()
     assert n >= 2, n
     res = flortrain(tmp_path, "record", "--resume", "1", "train.py", env=env)
     assert res.code == 0, res.err
-    k = int(res.err.split("resumes at main loop ")[1].split(" iteration ")[1].split()[0].rstrip(":,."))
+    k = int(
+        res.err.split("resumes at main loop ")[1].split(" iteration ")[1].split()[0].rstrip(":,.")
+    )
     assert 1 <= k <= 6
-    assert res.out == truth[truth.index(f"epoch {k} loss"):]
+    assert res.out == truth[truth.index(f"epoch {k} loss") :]
     assert _log(tmp_path, 1) == truth.splitlines()
 
 
@@ -207,13 +231,20 @@ STOPPED = textwrap.dedent(
 )
 
 
-def _stop_after(tmp: Path, epochs: int, sig: signal.Signals, group: bool, env: dict[str, str]) -> tuple[int, str, str]:
+def _stop_after(
+    tmp: Path, epochs: int, sig: signal.Signals, group: bool, env: dict[str, str]
+) -> tuple[int, str, str]:
     """Record in a session of its own; once ``epochs`` lines are printed, send ``sig`` to the
     launcher, or to its whole process group as a terminal's Ctrl-C or a scheduler does (the
     training process and the checkpoint writer get it too). Its exit status, stdout, stderr."""
     p = subprocess.Popen(
-        [sys.executable, "-m", "flortrain", "record", "train.py"], cwd=tmp, env={**os.environ, **env},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [sys.executable, "-m", "flortrain", "record", "train.py"],
+        cwd=tmp,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert p.stdout is not None
@@ -228,7 +259,8 @@ def _stop_after(tmp: Path, epochs: int, sig: signal.Signals, group: bool, env: d
 
 
 @pytest.mark.parametrize(
-    ("sig", "group"), [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True)],
+    ("sig", "group"),
+    [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True)],
     ids=["sigint-group", "sigterm", "sigterm-group"],
 )
 def test_a_record_stopped_by_a_signal_resumes_after_its_last_checkpointed_epoch(
@@ -252,11 +284,17 @@ def test_a_record_stopped_by_a_signal_resumes_after_its_last_checkpointed_epoch(
     assert "record --resume 1 train.py" in err, err
     res = flortrain(tmp_path, "record", "--resume", "1", "train.py", env=env)
     assert res.code == 0, res.err
-    k = int(res.err.split("resumes at main loop ")[1].split(" iteration ")[1].split()[0].rstrip(":,."))
+    k = int(
+        res.err.split("resumes at main loop ")[1].split(" iteration ")[1].split()[0].rstrip(":,.")
+    )
     # the epoch the signal interrupted, whose boundary checkpoint was handed to the writer; a
     # Ctrl-C (not deferred in flortrain's hooks) that lands in that boundary's own hook leaves
     # the one before
-    assert k == len(printed) or (sig == signal.SIGINT and k == len(printed) - 1), (k, printed, res.err)
-    assert res.out == truth[truth.index(f"epoch {k} loss"):]
+    assert k == len(printed) or (sig == signal.SIGINT and k == len(printed) - 1), (
+        k,
+        printed,
+        res.err,
+    )
+    assert res.out == truth[truth.index(f"epoch {k} loss") :]
     assert latest_run(tmp_path)["status"] == "complete"
     assert _log(tmp_path, 1) == truth.splitlines()

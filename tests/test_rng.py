@@ -59,7 +59,9 @@ def test_a_stream_the_script_draws_from_gets_a_new_digest_with_the_memo() -> Non
     np.random.standard_normal()  # numpy moves, and caches the second Gaussian of its pair
     second = rng.digest_map(rng.capture(), memo)
     assert second["numpy"] != first["numpy"]
-    assert {k: v for k, v in second.items() if k != "numpy"} == {k: v for k, v in first.items() if k != "numpy"}
+    assert {k: v for k, v in second.items() if k != "numpy"} == {
+        k: v for k, v in first.items() if k != "numpy"
+    }
     torch.rand(3)
     random.random()
     third = rng.digest_map(rng.capture(), memo)

@@ -61,7 +61,13 @@ def test_probe_is_isolated_from_rng_and_module_mode(tmp_path: Path) -> None:
     assert flortrain(tmp_path, "record", "train.py", env=EVERY).out == truth
     # A careless probe: switches the model to eval mode, draws random numbers. In a plain run it
     # would change training; under replay it must not.
-    _write(tmp_path, BASE.replace("    #PROBE", "    print('PROBE', model.eval() is model, torch.rand(1).item() < 2, float(model(X[:2]).sum()) == float(model(X[:2]).sum()))"))
+    _write(
+        tmp_path,
+        BASE.replace(
+            "    #PROBE",
+            "    print('PROBE', model.eval() is model, torch.rand(1).item() < 2, float(model(X[:2]).sum()) == float(model(X[:2]).sum()))",
+        ),
+    )
     rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
     assert rep.code == 0, rep.err
     assert probe_lines(rep.out) == ["PROBE True True True"] * 4
@@ -115,13 +121,17 @@ def test_state_changed_through_an_unseen_alias_is_not_missed(tmp_path: Path) -> 
     rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert rec.out == truth
     assert "changed a Linear" in rec.err
-    probed = HIDDEN.replace("    #PROBE", "    print('PROBE', repr(model.weight.sum().item()), repr(model.bias.item()))")
+    probed = HIDDEN.replace(
+        "    #PROBE", "    print('PROBE', repr(model.weight.sum().item()), repr(model.bias.item()))"
+    )
     _write(tmp_path, probed)
     want = probe_lines(plain(script).out)
     rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
     assert rep.code == 0, rep.err
     assert probe_lines(rep.out) == want
-    assert block_states(tmp_path / ".flortrain", int(latest_run(tmp_path)["id"])).get("skipped") == 4  # type: ignore[arg-type]
+    assert (
+        block_states(tmp_path / ".flortrain", int(latest_run(tmp_path)["id"])).get("skipped") == 4
+    )  # type: ignore[arg-type]
     assert flortrain(tmp_path, "diff").code == 0
 
 
@@ -154,7 +164,9 @@ ACCUMULATE = textwrap.dedent(
 )
 
 
-def test_a_loop_that_only_accumulates_gradients_does_not_carry_the_optimizer(tmp_path: Path) -> None:
+def test_a_loop_that_only_accumulates_gradients_does_not_carry_the_optimizer(
+    tmp_path: Path,
+) -> None:
     # The micro-step loop changes gradients through `loss.backward()`, which no changeset rule
     # can follow to the tensors it writes: the alias watch learns what changed. The optimizer
     # that will step the model's gradients is not changed by the loop: its momentum is
@@ -166,7 +178,11 @@ def test_a_loop_that_only_accumulates_gradients_does_not_carry_the_optimizer(tmp
     rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
     assert rec.code == 0, rec.err
     assert rec.out == truth
-    learned = {ln.split(" changed a ", 1)[1].split(")", 1)[0] + ")" for ln in rec.err.splitlines() if " changed a " in ln}
+    learned = {
+        ln.split(" changed a ", 1)[1].split(")", 1)[0] + ")"
+        for ln in rec.err.splitlines()
+        if " changed a " in ln
+    }
     assert "SGD (registry #2)" in learned and "SGD (registry #1)" not in learned, rec.err
     probed = ACCUMULATE.replace(
         "    #PROBE",
@@ -178,7 +194,9 @@ def test_a_loop_that_only_accumulates_gradients_does_not_carry_the_optimizer(tmp
     rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
     assert rep.code == 0, rep.err
     assert probe_lines(rep.out) == want
-    assert block_states(tmp_path / ".flortrain", int(latest_run(tmp_path)["id"])).get("skipped", 0) > 0  # type: ignore[arg-type]
+    assert (
+        block_states(tmp_path / ".flortrain", int(latest_run(tmp_path)["id"])).get("skipped", 0) > 0
+    )  # type: ignore[arg-type]
     assert flortrain(tmp_path, "diff").code == 0
 
 
@@ -208,15 +226,22 @@ def test_killed_record_stays_readable_and_replayable(tmp_path: Path) -> None:
     states = block_states(tmp_path / ".flortrain", int(run["id"]))  # type: ignore[arg-type]
     assert states.get("checkpointed", 0) >= 2, states
     db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
-    logged = [t for (t,) in db.execute("SELECT text FROM logs WHERE run_id=? ORDER BY seq", (run["id"],))]
+    logged = [
+        t for (t,) in db.execute("SELECT text FROM logs WHERE run_id=? ORDER BY seq", (run["id"],))
+    ]
     db.close()
     # everything printed before the last iteration boundary was committed
     assert logged == truth.out.splitlines()[:2]
-    _write(tmp_path, KILLED.replace("    #PROBE", "    print('PROBE', repr(model[0].weight.sum().item()))"))
+    _write(
+        tmp_path,
+        KILLED.replace("    #PROBE", "    print('PROBE', repr(model[0].weight.sum().item()))"),
+    )
     want = probe_lines(plain(script).out)
     rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
     assert "incomplete" in rep.err
-    assert probe_lines(rep.out) == want and len(want) == 2  # the kill comes before the probe in epoch 2
+    assert (
+        probe_lines(rep.out) == want and len(want) == 2
+    )  # the kill comes before the probe in epoch 2
 
 
 def test_corrupt_checkpoint_is_reexecuted_not_trusted(tmp_path: Path) -> None:
@@ -229,7 +254,10 @@ def test_corrupt_checkpoint_is_reexecuted_not_trusted(tmp_path: Path) -> None:
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
-    _write(tmp_path, BASE.replace("    #PROBE", "    print('PROBE', repr(model[2].weight.sum().item()))"))
+    _write(
+        tmp_path,
+        BASE.replace("    #PROBE", "    print('PROBE', repr(model[2].weight.sum().item()))"),
+    )
     want = probe_lines(plain(script).out)
     rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
     assert "missing or corrupt" in rep.err
@@ -250,7 +278,10 @@ def test_adaptive_period_checkpoints_fewer_and_replays_exactly(tmp_path: Path) -
     assert flortrain(tmp_path, "record", "train.py", env=tight).out == truth
     states = block_states(tmp_path / ".flortrain", int(latest_run(tmp_path)["id"]))  # type: ignore[arg-type]
     assert states == {"checkpointed": 1, "recorded": 5}, states
-    _write(tmp_path, text.replace("    #PROBE", "    print('PROBE', repr(model[2].weight.sum().item()))"))
+    _write(
+        tmp_path,
+        text.replace("    #PROBE", "    print('PROBE', repr(model[2].weight.sum().item()))"),
+    )
     want = probe_lines(plain(script).out)
     rep = flortrain(tmp_path, "replay", "train.py")
     assert probe_lines(rep.out) == want
@@ -283,7 +314,9 @@ FUTILE = textwrap.dedent(
 )
 
 
-def test_a_loop_cheaper_than_its_restore_is_checkpointed_once_and_replays_exactly(tmp_path: Path) -> None:
+def test_a_loop_cheaper_than_its_restore_is_checkpointed_once_and_replays_exactly(
+    tmp_path: Path,
+) -> None:
     """The learning-rate loop takes microseconds and its changeset reaches the model and the
     optimizer: a restore would cost more than running it, so after its first (forced) checkpoint
     and the alias watch's instances its instances are futile (``AdaptivePeriod.futile``): not
@@ -291,7 +324,9 @@ def test_a_loop_cheaper_than_its_restore_is_checkpointed_once_and_replays_exactl
     and runs the rest, on the adaptive period, exactly. (Eq. 4 alone would not checkpoint it again
     in 12 instances either: the in-process test below shows what the rule changes.)"""
     rec, rep = record_and_replay_match_plain(
-        tmp_path, FUTILE, "print('PROBE', epoch, repr(opt.param_groups[0]['lr']), repr(model[0].weight.sum().item()))",
+        tmp_path,
+        FUTILE,
+        "print('PROBE', epoch, repr(opt.param_groups[0]['lr']), repr(model[0].weight.sum().item()))",
         {"FLORTRAIN_EPSILON": "0.5"},
     )
     db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
@@ -299,15 +334,26 @@ def test_a_loop_cheaper_than_its_restore_is_checkpointed_once_and_replays_exactl
         "SELECT run_id, block_id, state, COUNT(*) FROM blocks WHERE state != 'boundary' GROUP BY run_id, block_id, state"
     ).fetchall()
     # the instances after the alias watch's are futile, and say so
-    futile = db.execute("SELECT iteration FROM blocks WHERE run_id = 1 AND block_id = 'L10' AND note = ?", (FUTILE_NOTE,))
+    futile = db.execute(
+        "SELECT iteration FROM blocks WHERE run_id = 1 AND block_id = 'L10' AND note = ?",
+        (FUTILE_NOTE,),
+    )
     futile_iterations = sorted(i for (i,) in futile.fetchall())
     db.close()
     lr_loop = {(run, state): n for run, block, state, n in rows if block == "L10"}
-    assert lr_loop == {(1, "checkpointed"): 1, (1, "recorded"): 11, (2, "skipped"): 1, (2, "executed"): 11}, rows
+    assert lr_loop == {
+        (1, "checkpointed"): 1,
+        (1, "recorded"): 11,
+        (2, "skipped"): 1,
+        (2, "executed"): 11,
+    }, rows
     # every instance after the alias watch's, but for one or two a garbage collection may have
     # made dear (C is the larger of the mean and the latest instance)
     watched = knobs.ALIAS_WATCH_INSTANCES
-    assert set(futile_iterations) <= set(range(watched, 12)) and len(futile_iterations) >= 12 - watched - 2, futile_iterations
+    assert (
+        set(futile_iterations) <= set(range(watched, 12))
+        and len(futile_iterations) >= 12 - watched - 2
+    ), futile_iterations
     assert "L10 (<module>): skip 1 of 12 instance(s)" in rep.err, rep.err
     assert f"the others execute: not checkpointed at record: {FUTILE_NOTE}" in rep.err, rep.err
     assert rec.code == 0 and rep.code == 0
@@ -337,16 +383,24 @@ def test_a_futile_instance_is_neither_walked_nor_watched_nor_checkpointed(
         s.main[2] = 0  # type: ignore[index]  # inside the loop's first iteration
         objects = {"opt.param_groups": lambda: opt.param_groups}
         # both blocks checkpointed once (held 1 ms) and past the alias watch's instances
-        s.adaptive.costs["cheap"] = BlockCosts(n=2, k=1, compute=4e-6, last=2e-6, materialize=1e-3, least=1e-3, outer=False)
-        s.adaptive.costs["dear"] = BlockCosts(n=2, k=1, compute=0.02, last=0.01, materialize=1e-3, least=1e-3, outer=False)
+        s.adaptive.costs["cheap"] = BlockCosts(
+            n=2, k=1, compute=4e-6, last=2e-6, materialize=1e-3, least=1e-3, outer=False
+        )
+        s.adaptive.costs["dear"] = BlockCosts(
+            n=2, k=1, compute=0.02, last=0.01, materialize=1e-3, least=1e-3, outer=False
+        )
         walked: list[object] = []
         asked: list[str] = []
         entry = identity.entry
         monkeypatch.setattr(identity, "entry", lambda *a: walked.append(a) or entry(*a))
-        monkeypatch.setattr(s.adaptive, "should_materialize", lambda b, *a: asked.append(b) or False)
+        monkeypatch.setattr(
+            s.adaptive, "should_materialize", lambda b, *a: asked.append(b) or False
+        )
 
         def opened(block_id: str) -> SkipBlock:
-            return (lambda: SkipBlock(s, block_id, (0, 0), (), objects, {}))()  # the frames a hook has
+            return (
+                lambda: SkipBlock(s, block_id, (0, 0), (), objects, {})
+            )()  # the frames a hook has
 
         cheap = opened("cheap")
         assert cheap.futile and cheap.entry is None and cheap.light is None and cheap.watch is None
@@ -354,7 +408,12 @@ def test_a_futile_instance_is_neither_walked_nor_watched_nor_checkpointed(
         cheap.end(objects, {})
         assert asked == [] and s.counts == {"recorded": 1}
         dear = opened("dear")
-        assert not dear.futile and dear.entry is not None and dear.light is not None and len(walked) == 1
+        assert (
+            not dear.futile
+            and dear.entry is not None
+            and dear.light is not None
+            and len(walked) == 1
+        )
         dear.end(objects, {})
         assert asked == ["dear"] and s.counts == {"recorded": 2}
     finally:
@@ -386,7 +445,9 @@ def test_a_module_flortrain_cannot_capture_never_stops_training(tmp_path: Path) 
         "        raise RuntimeError('no state_dict for you')\n"
         "model = Opaque(nn.Linear(8, 16), nn.Dropout(0.2), nn.Linear(16, 1))\n",
     )
-    rep = replay_matches_plain(tmp_path, text, "print('PROBE', repr(model[2].weight.sum().item()))", EVERY)
+    rep = replay_matches_plain(
+        tmp_path, text, "print('PROBE', repr(model[2].weight.sum().item()))", EVERY
+    )
     record = flortrain(tmp_path, "runs", "--json")
     assert [r["status"] for r in json.loads(record.out)] == ["complete", "complete"]
     states = block_states(tmp_path / ".flortrain", 1)
@@ -423,7 +484,12 @@ def test_a_probe_iterating_a_seeded_loader_does_not_shift_training(tmp_path: Pat
     script = _write(tmp_path, text)
     truth = plain(script).out
     assert flortrain(tmp_path, "record", "train.py", env=EVERY).out == truth
-    _write(tmp_path, text.replace("        #PROBE", "        print('PROBE', next(iter(loader))[0].sum().item())"))
+    _write(
+        tmp_path,
+        text.replace(
+            "        #PROBE", "        print('PROBE', next(iter(loader))[0].sum().item())"
+        ),
+    )
     rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
     assert rep.code == 0, rep.err
     assert len(probe_lines(rep.out)) == 12
@@ -461,7 +527,9 @@ def test_the_scripts_objects_are_collected_and_finalized_as_in_a_plain_run(tmp_p
     script's exit then costs what a plain run's does. What the script and torch make must still
     be collected as in a plain run: a cycle with a finalizer, freed by the collections at
     interpreter exit, prints the same line under record and replay."""
-    rep = replay_matches_plain(tmp_path, FINALIZED_AT_EXIT, 'print("PROBE", epoch, w.tolist())', EVERY)
+    rep = replay_matches_plain(
+        tmp_path, FINALIZED_AT_EXIT, 'print("PROBE", epoch, w.tolist())', EVERY
+    )
     assert rep.out.splitlines()[-1] == "finalized module global", rep.out
     assert "torch's objects collected as in a plain run: True" in rep.out, rep.out
     script = tmp_path / "set_aside.py"

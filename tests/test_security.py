@@ -67,8 +67,11 @@ def test_the_store_is_private_whatever_the_umask(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     p = subprocess.run(
-        ["sh", "-c", f"umask 000; {sys.executable} -m flortrain record train.py"], cwd=tmp_path,
-        capture_output=True, text=True, env={**os.environ, "FLORTRAIN_PERIOD": "every"},
+        ["sh", "-c", f"umask 000; {sys.executable} -m flortrain record train.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "FLORTRAIN_PERIOD": "every"},
     )
     assert p.returncode == 0, p.stderr
     store = tmp_path / ".flortrain"
@@ -118,7 +121,10 @@ def _crafted(store: Path, marker: Path) -> None:
     db = sqlite3.connect(store / "flortrain.db")
     for key, rel in db.execute("SELECT key, path FROM checkpoints").fetchall():
         (store / "blobs" / rel).write_bytes(data)
-        db.execute("UPDATE checkpoints SET sha256=?, nbytes=? WHERE key=?", (hashlib.sha256(data).hexdigest(), len(data), key))
+        db.execute(
+            "UPDATE checkpoints SET sha256=?, nbytes=? WHERE key=?",
+            (hashlib.sha256(data).hexdigest(), len(data), key),
+        )
     db.commit()
     db.close()
 
@@ -170,7 +176,12 @@ def test_a_tampered_manifest_does_not_verify(tmp_path: Path) -> None:
 
 def test_a_killed_run_is_incomplete_even_when_its_pid_is_reused(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT.replace("    #PROBE", "    if epoch == 2:\n        import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
+    script.write_text(
+        SCRIPT.replace(
+            "    #PROBE",
+            "    if epoch == 2:\n        import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+        )
+    )
     rec = flortrain(tmp_path, "record", "train.py")
     assert rec.code == -signal.SIGKILL
     run = latest_run(tmp_path)
@@ -191,8 +202,13 @@ def test_a_killed_run_is_incomplete_even_when_its_pid_is_reused(tmp_path: Path) 
 def test_a_running_record_reads_as_running(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("import time\nfor i in range(200):\n    time.sleep(0.05)\nprint('done')\n")
-    p = subprocess.Popen([sys.executable, "-m", "flortrain", "record", "train.py"], cwd=tmp_path,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "flortrain", "record", "train.py"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not (tmp_path / ".flortrain" / "flortrain.db").exists() or not json.loads(

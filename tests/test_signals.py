@@ -67,7 +67,9 @@ def test_without_a_signal_the_handlers_are_only_put_back(stop_on_usr1: None) -> 
         _busy()
 
 
-def test_outside_the_main_thread_or_the_training_process_nothing_is_deferred(stop_on_usr1: None) -> None:
+def test_outside_the_main_thread_or_the_training_process_nothing_is_deferred(
+    stop_on_usr1: None,
+) -> None:
     got: list[object] = []
     t = threading.Thread(target=lambda: got.append(signals.defer(os.getpid())))
     t.start()
@@ -101,8 +103,13 @@ def test_a_handler_that_runs_inside_defer_raises_from_it_and_leaves_no_note(
     try:
         with pytest.raises(TimeoutError):
             signals.defer(os.getpid())
-        assert not any(isinstance(signal.getsignal(s), signals.Note) for s in signal.valid_signals())
-        assert signal.getsignal(signal.SIGUSR1) is _stop and signal.getsignal(signal.SIGUSR2) is timeout
+        assert not any(
+            isinstance(signal.getsignal(s), signals.Note) for s in signal.valid_signals()
+        )
+        assert (
+            signal.getsignal(signal.SIGUSR1) is _stop
+            and signal.getsignal(signal.SIGUSR2) is timeout
+        )
     finally:
         signal.signal(signal.SIGUSR2, old)
 
@@ -126,7 +133,9 @@ def test_every_signal_that_arrived_reaches_its_handler_and_the_first_exception_p
         signal.signal(signal.SIGUSR2, old)
 
 
-def test_a_note_an_interrupted_put_back_left_hands_the_signal_to_the_script(stop_on_usr1: None) -> None:
+def test_a_note_an_interrupted_put_back_left_hands_the_signal_to_the_script(
+    stop_on_usr1: None,
+) -> None:
     d = signals.defer(os.getpid())
     assert d is not None
     d.open = False  # the hook is over, but its put-back did not get to SIGUSR1
@@ -205,7 +214,10 @@ def test_a_signal_during_a_checkpoint_stops_the_script_as_under_python(tmp_path:
     script.write_text(SCRIPT)
     truth = plain(script, ["send"])
     assert truth.code == 0 and truth.out == "stopped\n", truth
-    env = {"FLORTRAIN_INJECT": f"checkpoint-signal={int(signal.SIGUSR1)}", "FLORTRAIN_PERIOD": "every"}
+    env = {
+        "FLORTRAIN_INJECT": f"checkpoint-signal={int(signal.SIGUSR1)}",
+        "FLORTRAIN_PERIOD": "every",
+    }
     rec = flortrain(tmp_path, "record", "train.py", env=env)
     assert rec.code == 0, rec.err
     assert rec.out == truth.out, rec.err

@@ -85,7 +85,10 @@ def test_guarded_probe_in_an_epoch_loop_skips_the_iterator_too(tmp_path: Path) -
 
 
 def test_an_enclosing_if_and_an_else_branch_are_guards(tmp_path: Path) -> None:
-    text = STEPS.replace("    #PROBE\n", "    if iter_num % 7 == 0:\n        pass\n    else:\n        pass\n        #PROBE\n")
+    text = STEPS.replace(
+        "    #PROBE\n",
+        "    if iter_num % 7 == 0:\n        pass\n    else:\n        pass\n        #PROBE\n",
+    )
     probe = 'if iter_num > 20: print("PROBE", iter_num, f"{model.bias.item():.10f}")'
     rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
     # fires at 22..27 and 29 (not 21, 28: multiples of 7): 0..21 jump to 22, 28 to 29
@@ -94,18 +97,27 @@ def test_an_enclosing_if_and_an_else_branch_are_guards(tmp_path: Path) -> None:
 
 def test_a_probe_after_the_main_loop_jumps_to_its_last_iteration(tmp_path: Path) -> None:
     text = STEPS.replace("    #PROBE\n", "").replace('print("final"', '#PROBE\nprint("final"')
-    rep = replay_matches_plain(tmp_path, text, 'print("PROBE", f"{model.weight.norm().item():.10f}")', env=EVERY)
+    rep = replay_matches_plain(
+        tmp_path, text, 'print("PROBE", f"{model.weight.norm().item():.10f}")', env=EVERY
+    )
     assert _jumped(rep.err) == 29, rep.err
 
 
 def test_an_unguarded_probe_runs_every_iteration_and_says_why(tmp_path: Path) -> None:
-    rep = replay_matches_plain(tmp_path, STEPS, 'print("PROBE", iter_num, f"{loss.item():.10f}")', env=EVERY)
+    rep = replay_matches_plain(
+        tmp_path, STEPS, 'print("PROBE", iter_num, f"{loss.item():.10f}")', env=EVERY
+    )
     assert _jumped(rep.err) == 0
-    assert "every iteration runs: the probe at line 18 cannot be told off a run: nothing guards it" in rep.err
+    assert (
+        "every iteration runs: the probe at line 18 cannot be told off a run: nothing guards it"
+        in rep.err
+    )
 
 
 def test_a_guard_on_a_name_the_iteration_rebinds_first_is_not_trusted(tmp_path: Path) -> None:
-    text = STEPS.replace("    opt.zero_grad()\n", "    opt.zero_grad()\n    step_loss = loss.item()\n")
+    text = STEPS.replace(
+        "    opt.zero_grad()\n", "    opt.zero_grad()\n    step_loss = loss.item()\n"
+    )
     probe = 'if step_loss > 0: print("PROBE", iter_num, f"{step_loss:.10f}")'
     rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
     assert _jumped(rep.err) == 0
@@ -233,7 +245,9 @@ def test_a_data_loader_built_every_epoch_does_not_block_jumps(tmp_path: Path) ->
     """Jumped iterations create loaders the replay never has: their registry ids are reserved,
     and the loaders themselves (not carried) are left out of the restore."""
     text = EPOCHS.replace(
-        "import torch\n", "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n", 1
+        "import torch\n",
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n",
+        1,
     ).replace(
         "    perm = torch.randperm(64)\n    for b in range(4):\n        i = perm[b * 16:(b + 1) * 16]\n"
         "        loss = ((model(data[i]) - target[i]) ** 2).mean()\n",
@@ -258,7 +272,6 @@ def test_a_guard_may_read_an_argparse_namespace(tmp_path: Path) -> None:
 # -- shapes that would replay wrongly (silently) if checkpointed naively ---------------------------
 
 
-
 def test_a_probe_reading_a_name_bound_only_in_some_iterations_stops_jumps(tmp_path: Path) -> None:
     """`val` is bound every third epoch; the boundary does not hold it (the recorded script
     never reads it across iterations), so a jump would leave a stale `val` for the probe."""
@@ -276,9 +289,13 @@ def test_a_probe_reading_a_name_bound_only_in_some_iterations_stops_jumps(tmp_pa
             #PROBE
         print("final", model.weight.sum().item())
     """)
-    rep = replay_matches_plain(tmp_path, text, 'if epoch % 6 == 4: print("PROBE", epoch, f"{val:.10f}")', env=EVERY)
+    rep = replay_matches_plain(
+        tmp_path, text, 'if epoch % 6 == 4: print("PROBE", epoch, f"{val:.10f}")', env=EVERY
+    )
     assert _jumped(rep.err) == 0
-    assert "reads `val`, which an iteration binds and the boundary checkpoints do not hold" in rep.err
+    assert (
+        "reads `val`, which an iteration binds and the boundary checkpoints do not hold" in rep.err
+    )
 
 
 def test_a_probe_printing_a_carried_tensor_stops_jumps(tmp_path: Path) -> None:
@@ -295,7 +312,9 @@ def test_a_probe_printing_a_carried_tensor_stops_jumps(tmp_path: Path) -> None:
             opt.step(); opt.zero_grad()
         print("final", model.weight.sum().item(), prev)
     """)
-    rep = replay_matches_plain(tmp_path, text, 'if step % 10 == 5: print("PROBE", step, loss)', env=EVERY)
+    rep = replay_matches_plain(
+        tmp_path, text, 'if step % 10 == 5: print("PROBE", step, loss)', env=EVERY
+    )
     assert _jumped(rep.err) == 0
     assert "reads `loss` as a tensor" in rep.err
 
@@ -340,7 +359,12 @@ def test_a_guard_on_a_match_capture_is_not_taken_from_the_iteration_start(tmp_pa
             #PROBE
         print("final", model.weight.sum().item())
     """)
-    rep = replay_matches_plain(tmp_path, text, 'if r == 2: print("PROBE", step, r, f"{model.weight.sum().item():.10f}")', env=EVERY)
+    rep = replay_matches_plain(
+        tmp_path,
+        text,
+        'if r == 2: print("PROBE", step, r, f"{model.weight.sum().item():.10f}")',
+        env=EVERY,
+    )
     assert _jumped(rep.err) == 0
     assert "its guard reads `r`, which the iteration rebinds before it" in rep.err
 
@@ -379,7 +403,10 @@ def test_a_guard_on_an_attribute_of_a_model_is_not_trusted_at_run_time(tmp_path:
 def test_a_rebound_name_holding_the_model_gets_the_live_model_back(tmp_path: Path) -> None:
     """`model = model.eval()` rebinds `model` every epoch: after a jump it must be the module
     the optimizer updates, not a copy."""
-    text = HEADER.replace("model = torch.nn.Linear(4, 1)", "model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))") + textwrap.dedent("""\
+    text = HEADER.replace(
+        "model = torch.nn.Linear(4, 1)",
+        "model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))",
+    ) + textwrap.dedent("""\
         for epoch in range(20):
             model = model.train()
             perm = torch.randperm(64)
@@ -411,7 +438,9 @@ def test_a_rebound_view_of_a_parameter_is_not_restored_as_a_copy(tmp_path: Path)
     """)
     probe = 'if step % 10 == 7: print("PROBE", step, f"{snap.sum().item():.8f}", f"{model.weight.sum().item():.8f}")'
     rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
-    assert "`snap` shares memory with a model parameter" in rep.err or _jumped(rep.err) == 0, rep.err
+    assert "`snap` shares memory with a model parameter" in rep.err or _jumped(rep.err) == 0, (
+        rep.err
+    )
 
 
 def test_a_scheduler_created_in_the_loop_is_not_restored_as_a_copy(tmp_path: Path) -> None:

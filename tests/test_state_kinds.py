@@ -32,7 +32,12 @@ def test_parameters_that_belong_to_no_module(tmp_path: Path) -> None:
             #PROBE
         """
     )
-    rep = replay_matches_plain(tmp_path, text, 'print("PROBE", epoch, W.sum().item(), b.item(), W.grad.norm().item())', EVERY)
+    rep = replay_matches_plain(
+        tmp_path,
+        text,
+        'print("PROBE", epoch, W.sum().item(), b.item(), W.grad.norm().item())',
+        EVERY,
+    )
     assert "4 block instances skipped" in rep.err
 
 
@@ -67,7 +72,12 @@ def test_module_attributes_and_non_persistent_buffers(tmp_path: Path) -> None:
             #PROBE
         """
     )
-    replay_matches_plain(tmp_path, text, 'print("PROBE", model.calls, model.seen.item(), model.fc.bias.item())', EVERY)
+    replay_matches_plain(
+        tmp_path,
+        text,
+        'print("PROBE", model.calls, model.seen.item(), model.fc.bias.item())',
+        EVERY,
+    )
 
 
 def test_module_containers_and_private_generators_changed_in_forward(tmp_path: Path) -> None:
@@ -138,7 +148,9 @@ def test_modules_created_inside_a_skipped_loop_keep_ids_aligned(tmp_path: Path) 
             #PROBE
         """
     )
-    rep = replay_matches_plain(tmp_path, text, 'print("PROBE", fold, model.weight.sum().item())', EVERY)
+    rep = replay_matches_plain(
+        tmp_path, text, 'print("PROBE", fold, model.weight.sum().item())', EVERY
+    )
     assert "re-executing" not in rep.err
 
 
@@ -177,11 +189,16 @@ def test_containers_filled_by_library_functions_and_rng_in_expressions(tmp_path:
         """
     )
     replay_matches_plain(
-        tmp_path, text, 'print("PROBE", epoch, worst[0], list(window), confusion.tolist(), rng.bit_generator.state["state"]["state"])', EVERY
+        tmp_path,
+        text,
+        'print("PROBE", epoch, worst[0], list(window), confusion.tolist(), rng.bit_generator.state["state"]["state"])',
+        EVERY,
     )
     # and with the default adaptive period, where un-checkpointed instances re-execute after
     # restored ones: the RNG object must have been restored for them to draw the same numbers
-    replay_matches_plain(tmp_path, text, 'print("PROBE", epoch, worst[0], list(window), confusion.tolist())')
+    replay_matches_plain(
+        tmp_path, text, 'print("PROBE", epoch, worst[0], list(window), confusion.tolist())'
+    )
 
 
 def test_generators_a_data_loader_draws_from(tmp_path: Path) -> None:
@@ -344,4 +361,6 @@ def test_objects_changed_through_a_loop_over_a_literal(tmp_path: Path) -> None:
         """
     )
     for env in (EVERY, {}):
-        replay_matches_plain(tmp_path, text, 'print("PROBE", epoch, b, loss_m.count, n_m.count)', env)
+        replay_matches_plain(
+            tmp_path, text, 'print("PROBE", epoch, b, loss_m.count, n_m.count)', env
+        )

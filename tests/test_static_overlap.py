@@ -30,21 +30,26 @@ LOOP = textwrap.dedent("""\
         #PROBE
         print(f"epoch {epoch} loss {loss.item():.6f}")
 """)
-SCRIPT = textwrap.dedent("""\
+SCRIPT = (
+    textwrap.dedent("""\
     import sys
     import torch
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.randn(32, 4)
-""") + LOOP
+""")
+    + LOOP
+)
 #: the script, telling whether the training process imported libcst
 TELLS = SCRIPT + 'print("libcst imported:", "libcst" in sys.modules)\n'
 
 FELL_BACK = "the static pass ran in this process instead"
 
 #: the child path needs a second CPU (on one, the pass runs inline: tested below)
-two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the static pass forks only with two CPUs")
+two_cpus = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="the static pass forks only with two CPUs"
+)
 
 
 def _record_line(err: str) -> str:
@@ -62,7 +67,9 @@ def test_a_pass_in_a_child_records_and_replays_what_python_prints(tmp_path: Path
     """The default path on this 2-CPU machine, for record and for replay: the plans the children
     sent back drive a faithful record and replay, and neither training process imports libcst
     (a plain run prints False; the record's last line and the replay's probe must too)."""
-    rep = replay_matches_plain(tmp_path, TELLS, 'print("PROBE", "libcst" in sys.modules, model.weight.norm().item())')
+    rep = replay_matches_plain(
+        tmp_path, TELLS, 'print("PROBE", "libcst" in sys.modules, model.weight.norm().item())'
+    )
     assert "PROBE False" in rep.out
     assert "libcst imported: False" in plain(tmp_path / "train.py").out
     assert FELL_BACK not in rep.err
@@ -81,8 +88,13 @@ def test_one_cpu_runs_the_pass_in_the_process(tmp_path: Path) -> None:
     """On one CPU a child would only take turns with torch's import: no fork."""
     _script_in(tmp_path)
     p = subprocess.run(
-        [sys.executable, "-m", "flortrain", "record", "train.py"], cwd=tmp_path, capture_output=True, text=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}), timeout=300, check=False,
+        [sys.executable, "-m", "flortrain", "record", "train.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
+        timeout=300,
+        check=False,
     )
     assert p.returncode == 0, p.stderr
     assert p.stdout.endswith("libcst imported: True\n"), p.stdout
@@ -94,11 +106,16 @@ def test_a_killed_child_leaves_the_pass_to_the_parent(tmp_path: Path) -> None:
     and records the same plan, printing what python prints (but for libcst, now imported)."""
     script = _script_in(tmp_path)
     truth = plain(script)
-    normal = flortrain(tmp_path, "record", "train.py", env={"FLORTRAIN_STORE": str(tmp_path / "normal")})
+    normal = flortrain(
+        tmp_path, "record", "train.py", env={"FLORTRAIN_STORE": str(tmp_path / "normal")}
+    )
     assert normal.code == 0 and FELL_BACK not in normal.err, normal.err
     rec = flortrain(tmp_path, "record", "train.py", env={"FLORTRAIN_INJECT": "static-child-kill=1"})
     assert rec.code == 0, rec.err
-    assert f"flortrain: the static pass's child was killed by signal 9; {FELL_BACK}" in rec.err.splitlines()
+    assert (
+        f"flortrain: the static pass's child was killed by signal 9; {FELL_BACK}"
+        in rec.err.splitlines()
+    )
     assert rec.out == truth.out.replace("libcst imported: False", "libcst imported: True")
     assert _record_line(rec.err) == _record_line(normal.err)  # the same main loops and blocks
     script.write_text(TELLS.replace("#PROBE", 'print("PROBE", model.weight.norm().item())'))
@@ -107,7 +124,9 @@ def test_a_killed_child_leaves_the_pass_to_the_parent(tmp_path: Path) -> None:
     # the script tells where the pass ran, and the replay's ran in a child: its check finds the
     # record's last line differs, which is true, and exits 1
     assert rep.code == 1 and want and probe_lines(rep.out) == want, rep.err
-    assert "record: libcst imported: True\nflortrain:     replay: libcst imported: False" in rep.err, rep.err
+    assert (
+        "record: libcst imported: True\nflortrain:     replay: libcst imported: False" in rep.err
+    ), rep.err
 
 
 @two_cpus
@@ -120,8 +139,13 @@ def test_a_killed_replay_child_leaves_the_plan_to_the_parent(tmp_path: Path) -> 
     # the replay's pass ran in its own process, which the script tells: the last line truly
     # differs from the record's, and the replay says so with exit 1
     assert rep.code == 1 and want and probe_lines(rep.out) == want, rep.err
-    assert "record: libcst imported: False\nflortrain:     replay: libcst imported: True" in rep.err, rep.err
-    assert f"flortrain: the static pass's child was killed by signal 9; {FELL_BACK}" in rep.err.splitlines()
+    assert (
+        "record: libcst imported: False\nflortrain:     replay: libcst imported: True" in rep.err
+    ), rep.err
+    assert (
+        f"flortrain: the static pass's child was killed by signal 9; {FELL_BACK}"
+        in rep.err.splitlines()
+    )
 
 
 @two_cpus
@@ -192,7 +216,9 @@ def test_a_project_modules_pass_is_done_in_the_child_too(tmp_path: Path) -> None
     in the training process; record and replay print what python prints."""
     (tmp_path / "trainer.py").write_text(TRAINER)
     rep = replay_matches_plain(
-        tmp_path, MODULE_SCRIPT.replace("EDIT\n", ""), 'print("PROBE", model.weight.sum().item())',
+        tmp_path,
+        MODULE_SCRIPT.replace("EDIT\n", ""),
+        'print("PROBE", model.weight.sum().item())',
         env={"FLORTRAIN_PERIOD": "every"},
     )
     assert "libcst imported: False" in rep.out
@@ -210,7 +236,10 @@ def test_a_module_changed_after_its_pass_is_instrumented_as_it_is_imported(tmp_p
     script = _script_in(tmp_path, MODULE_SCRIPT.replace("EDIT", edit))
     rec = flortrain(tmp_path, "record", "train.py")
     assert rec.code == 0, rec.err
-    assert "flortrain: module trainer (trainer.py): 1 main loop(s), 1 memoized loop(s), 0 refused" in rec.err
+    assert (
+        "flortrain: module trainer (trainer.py): 1 main loop(s), 1 memoized loop(s), 0 refused"
+        in rec.err
+    )
     assert rec.out.endswith("libcst imported: True\n")  # the pass ran here, on the edited text
     (tmp_path / "trainer.py").write_text(TRAINER)
     truth = plain(script)
@@ -223,8 +252,13 @@ def test_a_record_started_with_sigchld_ignored_uses_the_childs_result(tmp_path: 
     child, ``waitpid`` finds nothing, and the result it sent is used all the same."""
     script = _script_in(tmp_path)
     p = subprocess.run(
-        [sys.executable, "-m", "flortrain", "record", "train.py"], cwd=tmp_path, capture_output=True, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN), timeout=300, check=False,
+        [sys.executable, "-m", "flortrain", "record", "train.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN),
+        timeout=300,
+        check=False,
     )
     assert p.returncode == 0, p.stderr
     assert p.stdout == plain(script).out and FELL_BACK not in p.stderr, p.stderr
@@ -239,7 +273,9 @@ MYLIB = textwrap.dedent("""\
         return model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(32, 4)
 """)
 
-NAMES_NO_TORCH = "from mylib import make\nmodel, opt, data = make()\n" + LOOP.replace("    #PROBE\n", "")
+NAMES_NO_TORCH = "from mylib import make\nmodel, opt, data = make()\n" + LOOP.replace(
+    "    #PROBE\n", ""
+)
 
 
 def test_a_cli_probe_keeps_torch_found_in_an_imported_module(tmp_path: Path) -> None:
@@ -250,12 +286,18 @@ def test_a_cli_probe_keeps_torch_found_in_an_imported_module(tmp_path: Path) -> 
     (tmp_path / "train.py").write_text(NAMES_NO_TORCH)
     every = {"FLORTRAIN_PERIOD": "every"}
     assert flortrain(tmp_path, "record", "train.py", env=every).code == 0
-    rep = flortrain(tmp_path, "replay", "--probe", "9:model.weight.sum().item()", "train.py", env=every)
+    rep = flortrain(
+        tmp_path, "replay", "--probe", "9:model.weight.sum().item()", "train.py", env=every
+    )
     assert rep.code == 0, rep.err
     assert "3 block instances skipped" in rep.err, rep.err
 
 
-DEEP = "def f():\n    for i in range(2):\n        for j in range(2):\n            pass\n\nx = " + " + ".join(["1"] * 3000) + "\n"
+DEEP = (
+    "def f():\n    for i in range(2):\n        for j in range(2):\n            pass\n\nx = "
+    + " + ".join(["1"] * 3000)
+    + "\n"
+)
 
 
 @two_cpus
@@ -264,7 +306,9 @@ def test_a_module_the_child_cannot_analyse_is_left_to_the_import_hook(tmp_path: 
     other than a refusal (an expression too deep for the parser's recursion): the child skips
     it, and the record prints what python prints, as it does with the pass inline."""
     (tmp_path / "deep.py").write_text(DEEP)
-    text = TELLS.replace("    #PROBE\n", "").replace("import sys\n", "import sys\n\n\ndef never():\n    import deep\n\n\n", 1)
+    text = TELLS.replace("    #PROBE\n", "").replace(
+        "import sys\n", "import sys\n\n\ndef never():\n    import deep\n\n\n", 1
+    )
     script = tmp_path / "train.py"
     script.write_text(text)
     truth = plain(script)
@@ -287,7 +331,9 @@ def test_no_fork_while_another_thread_runs(tmp_path: Path) -> None:
         stop.set()
         t.join()
     """)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert p.returncode == 0, p.stderr
     first, second = p.stdout.splitlines()
     assert first == f"1 {len(os.sched_getaffinity(0)) >= 2}" and second == "2 False", p.stdout

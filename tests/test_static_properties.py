@@ -30,15 +30,23 @@ from flortrain.instrument import instrument_file
 pytestmark = pytest.mark.filterwarnings("ignore::SyntaxWarning")
 
 SETTINGS = settings(
-    max_examples=60, deadline=None, derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+    ],
 )
 
 
 def _instrumented_or_refused(source: str) -> int:
     """The number of memoized loops in the plan, or -1 for a clean refusal."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SyntaxWarning)  # generated `1()` and the like compile, with a warning
+        warnings.simplefilter(
+            "ignore", SyntaxWarning
+        )  # generated `1()` and the like compile, with a warning
         try:
             result = instrument_file("gen.py", source)
         except FlortrainError as e:
@@ -66,7 +74,9 @@ NAMES = st.sampled_from(["w", "b", "total", "loss", "step", "acc", "lr", "hist",
 EXPRS = st.one_of(
     st.integers(-3, 9).map(str),
     NAMES,
-    st.tuples(NAMES, st.sampled_from(["+", "-", "*"]), st.integers(1, 5)).map(lambda t: f"{t[0]} {t[1]} {t[2]}"),
+    st.tuples(NAMES, st.sampled_from(["+", "-", "*"]), st.integers(1, 5)).map(
+        lambda t: f"{t[0]} {t[1]} {t[2]}"
+    ),
     NAMES.map(lambda n: f"f({n})"),
     NAMES.map(lambda n: f"len([{n}])"),
 )
@@ -75,29 +85,50 @@ EXPRS = st.one_of(
 def _statement(depth: int) -> st.SearchStrategy[list[str]]:
     simple = st.one_of(
         st.tuples(NAMES, EXPRS).map(lambda t: [f"{t[0]} = {t[1]}"]),
-        st.tuples(NAMES, st.sampled_from(["+=", "-=", "*="]), EXPRS).map(lambda t: [f"{t[0]} {t[1]} {t[2]}"]),
+        st.tuples(NAMES, st.sampled_from(["+=", "-=", "*="]), EXPRS).map(
+            lambda t: [f"{t[0]} {t[1]} {t[2]}"]
+        ),
         NAMES.map(lambda n: [f"hist.append({n})"]),
         NAMES.map(lambda n: [f"print({n})"]),
         st.just(["state['k'] = step"]),
     )
     if depth == 0:
         return simple
-    inner = st.lists(_statement(depth - 1), min_size=1, max_size=3).map(lambda ls: [ln for s in ls for ln in s])
+    inner = st.lists(_statement(depth - 1), min_size=1, max_size=3).map(
+        lambda ls: [ln for s in ls for ln in s]
+    )
     indent = inner.map(lambda lines: ["    " + ln for ln in lines])
     return st.one_of(
         simple,
-        st.tuples(NAMES, st.integers(1, 4), indent).map(lambda t: [f"for {t[0]} in range({t[1]}):", *t[2]]),
+        st.tuples(NAMES, st.integers(1, 4), indent).map(
+            lambda t: [f"for {t[0]} in range({t[1]}):", *t[2]]
+        ),
         st.tuples(NAMES, indent).map(lambda t: [f"while {t[0]} < 3:", f"    {t[0]} += 1", *t[1]]),
         st.tuples(NAMES, indent).map(lambda t: [f"if {t[0]} > 1:", *t[1]]),
-        indent.map(lambda lines: ["for _i in range(2):", *lines, "    if _i:", "        break", "    continue"]),
-        st.tuples(NAMES, indent).map(lambda t: [f"def g_{t[0]}():", *t[1], f"    return {t[0]}", f"{t[0]} = g_{t[0]}()"]),
+        indent.map(
+            lambda lines: [
+                "for _i in range(2):",
+                *lines,
+                "    if _i:",
+                "        break",
+                "    continue",
+            ]
+        ),
+        st.tuples(NAMES, indent).map(
+            lambda t: [f"def g_{t[0]}():", *t[1], f"    return {t[0]}", f"{t[0]} = g_{t[0]}()"]
+        ),
     )
 
 
 def test_a_shaped_program_is_memoized() -> None:
     # the shaped generator's programs are the kind the static pass memoizes: not a vacuous pass
     body = "    for step in range(3):\n        loss = f(step)\n        total += loss\n        hist.append(loss)\n"
-    assert _instrumented_or_refused(PRELUDE + "for epoch in range(2):\n" + body + "    print(epoch, total)\n") == 1
+    assert (
+        _instrumented_or_refused(
+            PRELUDE + "for epoch in range(2):\n" + body + "    print(epoch, total)\n"
+        )
+        == 1
+    )
 
 
 PRELUDE = "w = b = total = loss = step = acc = lr = 0\nhist = []\nstate = {}\n\ndef f(v):\n    return v\n\n"
@@ -107,6 +138,11 @@ PRELUDE = "w = b = total = loss = step = acc = lr = 0\nhist = []\nstate = {}\n\n
 @given(st.lists(_statement(3), min_size=1, max_size=4))
 def test_training_loop_shaped_programs(body: list[list[str]]) -> None:
     lines = [ln for stmt in body for ln in stmt]
-    source = PRELUDE + "for epoch in range(2):\n" + "".join(f"    {ln}\n" for ln in lines) + "    print(epoch, total)\n"
+    source = (
+        PRELUDE
+        + "for epoch in range(2):\n"
+        + "".join(f"    {ln}\n" for ln in lines)
+        + "    print(epoch, total)\n"
+    )
     compile(source, "gen.py", "exec")  # the generator's own check: the input is valid Python
     _instrumented_or_refused(source)

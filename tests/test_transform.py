@@ -120,14 +120,17 @@ def test_in_place_only_block_has_no_restore_assignment() -> None:
 
 
 def test_probe_wrapper() -> None:
-    source = parse("train.py", src("""
+    source = parse(
+        "train.py",
+        src("""
         total = 0
         for epoch in range(2):
             for b in [1, 2]:
                 total += b
                 print("inner", total)
             print("outer", epoch)
-    """))
+    """),
+    )
     out = transform(source, Instrumentation(probes={5: 1, 6: 2}))
     assert out == src("""
         import flortrain.runtime as __flortrain__
@@ -143,14 +146,17 @@ def test_probe_wrapper() -> None:
 
 
 def test_probe_that_is_a_compound_statement_or_a_def() -> None:
-    source = parse("train.py", src("""
+    source = parse(
+        "train.py",
+        src("""
         x = 1
         if x:
             print(x)
         def show(v):
             print(v)
         show(x)
-    """))
+    """),
+    )
     out = transform(source, Instrumentation(probes={2: 1, 4: 2}))
     assert out == src("""
         import flortrain.runtime as __flortrain__
@@ -169,7 +175,9 @@ def test_probe_guard_outside_isolation_only_when_it_only_reads() -> None:
     """A test that only reads values runs outside isolation (isolation costs more than a small
     training step, and the test is false on most iterations). One that calls a function could
     draw random numbers, and an `else:` branch is probe code too: both stay inside."""
-    source = parse("train.py", src("""
+    source = parse(
+        "train.py",
+        src("""
         for i in range(10):
             if i % 4 == 0 and cfg.log: print(i)  # every 4
             if random.random() < 0.1:
@@ -178,7 +186,8 @@ def test_probe_guard_outside_isolation_only_when_it_only_reads() -> None:
                 print("late")
             else:
                 print("early")
-    """))
+    """),
+    )
     out = transform(source, Instrumentation(probes={2: 1, 3: 2, 5: 3}))
     assert out == src("""
         import flortrain.runtime as __flortrain__
@@ -199,12 +208,15 @@ def test_probe_guard_outside_isolation_only_when_it_only_reads() -> None:
 
 def test_probe_on_an_elif_is_refused_not_miscompiled() -> None:
     """Wrapping an `elif` in a `with` would detach it from its `if` chain and change what runs."""
-    source = parse("train.py", src("""
+    source = parse(
+        "train.py",
+        src("""
         if a:
             x = 1
         elif b:
             x = 2
-    """))
+    """),
+    )
     with pytest.raises(ValueError, match=r"not found at lines \[3\]"):
         transform(source, Instrumentation(probes={3: 1}))
 
@@ -399,7 +411,9 @@ def _last_frame(
 
 
 def test_traceback_points_at_the_original_line() -> None:
-    text = src(RAISES).replace('            if b < 0:\n                raise ValueError(f"negative batch {b}")\n', "")
+    text = src(RAISES).replace(
+        '            if b < 0:\n                raise ValueError(f"negative batch {b}")\n', ""
+    )
     result = instrument_file("train.py", text)
     assert result.plan.blocks
     frame = _last_frame(compile_mapped(result.code_text, text, "train.py"), "train.py")
@@ -453,12 +467,18 @@ def test_traceback_in_repetitive_code_points_at_the_original_line() -> None:
     with pytest.raises(ValueError) as info:
         _run(compile_mapped(result.code_text, text, "train.py"), "train.py")
     frames = traceback.extract_tb(info.tb)
-    assert [(f.name, f.lineno) for f in frames[-3:]] == [("<module>", 22), ("test", 10), ("check", 4)]
+    assert [(f.name, f.lineno) for f in frames[-3:]] == [
+        ("<module>", 22),
+        ("test", 10),
+        ("check", 4),
+    ]
 
 
 def test_line_map_has_one_entry_per_python_line() -> None:
     """Python ends lines only at \\n, \\r\\n and \\r; a form feed on its own line is not a break."""
-    text = "import sys\n\x0c\nfor e in range(2):\n    for b in [1]:\n        x = b\n\x0c\nprint(x)\n"
+    text = (
+        "import sys\n\x0c\nfor e in range(2):\n    for b in [1]:\n        x = b\n\x0c\nprint(x)\n"
+    )
     code = instrumented(text)
     python_lines = len(code.replace("\r\n", "\n").split("\n")) - 1
     mapping = line_map(text, code)
@@ -487,7 +507,10 @@ def test_tab_indented_and_crlf_scripts_compile_and_keep_their_style() -> None:
     tabbed = "for e in range(2):\n\tfor b in [1]:\n\t\tt = b\n\tprint(t)\n"
     out = instrumented(tabbed)
     compile(out, "t.py", "exec")
-    assert "\tif _flortrain_L2.end({}, {\"t\": lambda: t}):\n\t\tif _flortrain_L2.has(\"t\"): t = _flortrain_L2.value(\"t\")\n" in out
+    assert (
+        '\tif _flortrain_L2.end({}, {"t": lambda: t}):\n\t\tif _flortrain_L2.has("t"): t = _flortrain_L2.value("t")\n'
+        in out
+    )
     crlf = "for e in range(2):\r\n    for b in [1]:\r\n        t = b\r\n    print(t)\r\n"
     out = instrumented(crlf)
     compile(out, "t.py", "exec")

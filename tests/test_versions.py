@@ -34,12 +34,19 @@ for epoch in range(6):
 
 
 @pytest.mark.parametrize(("opt", "kw"), [("Adam", ""), ("SGD", ", momentum=0.9")])
-def test_a_fused_optimizers_parameters_are_checkpointed_at_every_epoch(tmp_path: Path, opt: str, kw: str) -> None:
+def test_a_fused_optimizers_parameters_are_checkpointed_at_every_epoch(
+    tmp_path: Path, opt: str, kw: str
+) -> None:
     """The fused kernel leaves the parameter's version where it was: trusted, every checkpoint
     named the first epoch's weights, and the replay printed them at every epoch and still said
     it matched the record."""
     env = {"FLORTRAIN_PERIOD": "every"}
-    rep = replay_matches_plain(tmp_path, FUSED.replace("OPT", opt).replace(" KW", kw), 'print(f"PROBE {epoch} {w.sum().item():.6f}")', env)
+    rep = replay_matches_plain(
+        tmp_path,
+        FUSED.replace("OPT", opt).replace(" KW", kw),
+        'print(f"PROBE {epoch} {w.sum().item():.6f}")',
+        env,
+    )
     assert "6 block instances skipped, 0 executed" in rep.err, rep.err
 
 
@@ -67,7 +74,9 @@ def test_batch_norms_running_statistics_are_checkpointed_as_they_move(tmp_path: 
     """Unchanged by epoch 0 and at their loop-entry version ever after, the statistics were named
     by the entry's hash in every checkpoint: the replay restored zeros at every epoch."""
     env = {"FLORTRAIN_PERIOD": "every"}
-    rep = replay_matches_plain(tmp_path, BATCHNORM, 'print(f"PROBE {epoch} {bn.running_mean.sum().item():.4f}")', env)
+    rep = replay_matches_plain(
+        tmp_path, BATCHNORM, 'print(f"PROBE {epoch} {bn.running_mean.sum().item():.4f}")', env
+    )
     assert "6 block instances skipped, 0 executed" in rep.err, rep.err
 
 

@@ -60,7 +60,13 @@ def _command(task_path: str, result_path: str) -> list[str]:
 def _warm_command(uses_torch: bool) -> list[str]:
     """A worker that imports what it will need, then waits on stdin for its task (see
     :class:`LocalBackend`)."""
-    return [sys.executable, "-m", "flortrain.replay.worker", "--wait", "torch" if uses_torch else "plain"]
+    return [
+        sys.executable,
+        "-m",
+        "flortrain.replay.worker",
+        "--wait",
+        "torch" if uses_torch else "plain",
+    ]
 
 
 def _env() -> dict[str, str]:
@@ -75,7 +81,9 @@ def _env() -> dict[str, str]:
 def _outcome(index: int, status: int, data: bytes | None, stderr: str) -> Outcome:
     """A finished worker process's outcome, from its exit status, result pickle (None when it
     wrote none) and stderr, the same wherever it ran."""
-    result: WorkerResult | None = pickle.loads(data) if data is not None else None  # our own worker's
+    result: WorkerResult | None = (
+        pickle.loads(data) if data is not None else None
+    )  # our own worker's
     if status < 0:
         stderr += f"flortrain: worker {index + 1} was killed by signal {-status}\n"
     elif result is None and status == 0:
@@ -104,8 +112,12 @@ class LocalBackend:
             err_path = self.dir / f"warm{k}.err"
             with open(err_path, "wb") as err:
                 proc = subprocess.Popen(
-                    _warm_command(uses_torch), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                    stderr=err, env=_env(), start_new_session=True,
+                    _warm_command(uses_torch),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    env=_env(),
+                    start_new_session=True,
                 )
             self.idle.append((proc, err_path))
 
@@ -130,8 +142,12 @@ class LocalBackend:
         with open(err_path, "wb") as err:
             self.procs[task.index] = subprocess.Popen(
                 _command(str(task_path), str(result_path)),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                cwd=task.cwd, env=_env(), start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                cwd=task.cwd,
+                env=_env(),
+                start_new_session=True,
             )
         self.errs[task.index] = err_path
 
@@ -176,8 +192,13 @@ def run_segment(task_bytes: bytes, cwd: str) -> tuple[int, bytes | None, str]:
         with open(task_path, "wb") as f:
             f.write(task_bytes)
         p = subprocess.run(
-            _command(task_path, result_path), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, cwd=cwd, env=_env(), check=False,
+            _command(task_path, result_path),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=_env(),
+            check=False,
         )
         data = Path(result_path).read_bytes() if os.path.exists(result_path) else None
         return p.returncode, data, p.stderr.decode(errors="replace")
@@ -197,8 +218,12 @@ class RayBackend:
         self.ray = ray
         self.started = False
         if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+            ray.init(
+                address=os.environ.get("RAY_ADDRESS") or None,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
             self.started = True
         self.remote = ray.remote(num_cpus=1, max_retries=0)(run_segment)
         self.refs: dict[Any, int] = {}
@@ -217,7 +242,11 @@ class RayBackend:
             try:
                 status, data, stderr = self.ray.get(ref)
             except Exception as e:  # the task itself failed (its node died): the replay fails
-                out.append(Outcome(index, 1, None, f"flortrain: Ray task of worker {index + 1} failed: {e}\n"))
+                out.append(
+                    Outcome(
+                        index, 1, None, f"flortrain: Ray task of worker {index + 1} failed: {e}\n"
+                    )
+                )
                 continue
             out.append(_outcome(index, status, data, stderr))
         return out

@@ -43,7 +43,11 @@ class DiffResult:
             out = [
                 f"replay {rep} matches record {rec}: {self.compared} output lines compared,"
                 f" RNG streams equal at {self.rng_checked} main-loop iteration boundaries"
-                + (f", state equal at {self.states_checked} checkpoints" if self.states_checked else "")
+                + (
+                    f", state equal at {self.states_checked} checkpoints"
+                    if self.states_checked
+                    else ""
+                )
             ]
             if self.beyond_record:
                 out.append(
@@ -62,7 +66,9 @@ class DiffResult:
         for m, entry, it in self.rng_mismatches[:limit]:
             out.append(f"  RNG streams differ at the start of {m} iteration {it} (entry {entry})")
         for key, part in self.state_mismatches[:limit]:
-            out.append(f"  state differs from the record's checkpoint after {key}: `{part.split(':', 1)[1]}`")
+            out.append(
+                f"  state differs from the record's checkpoint after {key}: `{part.split(':', 1)[1]}`"
+            )
         return out
 
 
@@ -70,7 +76,9 @@ def resolve_replay(store: Store, run_id: int | None) -> Run:
     if run_id is None:
         run = store.latest("replay")
         if run is None:
-            raise FlortrainError("no replay to diff; run `flortrain replay SCRIPT` first", code="FT030")
+            raise FlortrainError(
+                "no replay to diff; run `flortrain replay SCRIPT` first", code="FT030"
+            )
         return run
     run = store.run(run_id)
     if run.kind != "replay":
@@ -100,10 +108,16 @@ def comparable_lines(
             text += piece
             if i == len(pieces) - 1:
                 # where the line started (loop context) and the region whose newline ended it
-                out.append(replace(first or e, text=text, region=region, probe=False, segments=None))
+                out.append(
+                    replace(first or e, text=text, region=region, probe=False, segments=None)
+                )
                 text, first = "", None
     if text:
-        out.append(replace(first or LogEntry(-1, "", None, None, None, None, False), text=text, segments=None))
+        out.append(
+            replace(
+                first or LogEntry(-1, "", None, None, None, None, False), text=text, segments=None
+            )
+        )
     return out
 
 
@@ -111,7 +125,9 @@ def _key(e: LogEntry) -> tuple[object, ...]:
     return (e.text, e.main_id, e.main_inst, e.iteration, e.region)
 
 
-def line_differences(a: list[LogEntry], b: list[LogEntry]) -> list[tuple[LogEntry | None, LogEntry | None]]:
+def line_differences(
+    a: list[LogEntry], b: list[LogEntry]
+) -> list[tuple[LogEntry | None, LogEntry | None]]:
     """The lines that differ, by a sequence diff: a line inserted or lost is one difference, and
     the lines after it still line up (a zip would report every later line)."""
     ka, kb = [_key(e) for e in a], [_key(e) for e in b]
@@ -150,7 +166,9 @@ def diff_runs(store: Store, replay: Run) -> DiffResult:
     if replay.parent is None:
         raise FlortrainError(f"replay {replay.id} has no record", code="FT030")
     if replay.effective_status in ("running", "incomplete"):
-        raise FlortrainError(f"replay {replay.id} is {replay.effective_status}; nothing to compare yet", code="FT030")
+        raise FlortrainError(
+            f"replay {replay.id} is {replay.effective_status}; nothing to compare yet", code="FT030"
+        )
     record = store.run(replay.parent)
     executed = {b["key"] for b in store.blocks(replay.id) if b["state"] == "executed"}
 
@@ -171,11 +189,18 @@ def diff_runs(store: Store, replay: Run) -> DiffResult:
     # is absent (its module was not imported yet) or where the record had not touched it since
     # the process started: that state is OS entropy, different in every process, and a script
     # that seeds inside its main loop (`random.seed(run)`) never draws from it.
-    moving = {s for s in {s for d in ra.values() for s in d} if len({d[s] for d in ra.values() if s in d}) > 1}
+    moving = {
+        s
+        for s in {s for d in ra.values() for s in d}
+        if len({d[s] for d in ra.values() if s in d}) > 1
+    }
     for key in sorted(set(ra) & set(rb)):
         result.rng_checked += 1
         if any(
-            s in ra[key] and s in rb[key] and ra[key][s] != rng.UNTOUCHED and ra[key][s] != rb[key][s]
+            s in ra[key]
+            and s in rb[key]
+            and ra[key][s] != rng.UNTOUCHED
+            and ra[key][s] != rb[key][s]
             for s in moving
         ):
             result.rng_mismatches.append(key)

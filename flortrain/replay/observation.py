@@ -29,12 +29,36 @@ from collections.abc import Iterator
 import libcst as cst
 
 #: Methods that change their object: optimizers, modules, Python containers, generators.
-MUTATORS = frozenset({
-    "step", "zero_grad", "backward", "load_state_dict", "apply", "register_buffer",
-    "register_parameter", "add_module", "add_param_group", "append", "extend", "insert", "pop",
-    "remove", "clear", "sort", "reverse", "update", "setdefault", "popitem", "discard", "add",
-    "set_state", "set_rng_state", "shuffle", "seed",
-})
+MUTATORS = frozenset(
+    {
+        "step",
+        "zero_grad",
+        "backward",
+        "load_state_dict",
+        "apply",
+        "register_buffer",
+        "register_parameter",
+        "add_module",
+        "add_param_group",
+        "append",
+        "extend",
+        "insert",
+        "pop",
+        "remove",
+        "clear",
+        "sort",
+        "reverse",
+        "update",
+        "setdefault",
+        "popitem",
+        "discard",
+        "add",
+        "set_state",
+        "set_rng_state",
+        "shuffle",
+        "seed",
+    }
+)
 #: Functions that change an argument: ``random.shuffle(order)``, ``setattr(model, ...)``.
 ARGUMENT_MUTATORS = frozenset({"shuffle", "setattr", "delattr"})
 
@@ -60,7 +84,9 @@ def imported_names(module: cst.Module) -> set[str]:
     """Names bound by ``import`` statements anywhere in the script."""
     out: set[str] = set()
     for node in _outside_defs(module):
-        if isinstance(node, cst.Import | cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+        if isinstance(node, cst.Import | cst.ImportFrom) and not isinstance(
+            node.names, cst.ImportStar
+        ):
             for alias in node.names:
                 bound = alias.asname.name if alias.asname is not None else alias.name
                 root = _base(bound) if isinstance(bound, cst.Attribute | cst.Name) else None
@@ -71,11 +97,21 @@ def imported_names(module: cst.Module) -> set[str]:
 
 def _call(call: cst.Call, used: set[str], objects: set[str]) -> str | None:
     func = call.func
-    name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None
+    name = (
+        func.attr.value
+        if isinstance(func, cst.Attribute)
+        else func.value
+        if isinstance(func, cst.Name)
+        else None
+    )
     if name is None:
         return None
     in_place = name.endswith("_") and not name.endswith("__")
-    if isinstance(func, cst.Attribute) and _base(func.value) in objects and (in_place or name in MUTATORS):
+    if (
+        isinstance(func, cst.Attribute)
+        and _base(func.value) in objects
+        and (in_place or name in MUTATORS)
+    ):
         return f"calls `{_code(func)}()`"
     if in_place or name in ARGUMENT_MUTATORS:
         for arg in call.args:

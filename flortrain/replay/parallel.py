@@ -72,16 +72,24 @@ def loop_costs(p: Prepared) -> list[LoopCosts]:
             continue  # one iteration, or a gap (a killed record): nothing to divide
         starts = [t for _, t in rows]
         full = [b - a for a, b in itertools.pairwise(starts)]
-        full.append(end - starts[-1] if end is not None and end > starts[-1] else statistics.median(full))
+        full.append(
+            end - starts[-1] if end is not None and end > starts[-1] else statistics.median(full)
+        )
         full = [max(f, 0.0) for f in full]
 
         run = _less(full, run_saving, m, e)
         pseudo = _less(full, pseudo_saving, m, e)
-        out.append(LoopCosts(m, e, starts[0], run, pseudo, restore.get((m, e), {}), startup=WORKER_STARTUP_S))
+        out.append(
+            LoopCosts(
+                m, e, starts[0], run, pseudo, restore.get((m, e), {}), startup=WORKER_STARTUP_S
+            )
+        )
     return out
 
 
-def _less(full: list[float], saving: dict[tuple[str, int, int], float], m: str, e: int) -> list[float]:
+def _less(
+    full: list[float], saving: dict[tuple[str, int, int], float], m: str, e: int
+) -> list[float]:
     """Iteration costs less what restoring blocks saves, with a floor: nested blocks' savings
     can count twice, and an iteration is never free."""
     return [max(f - saving.get((m, e, i), 0.0), 0.05 * f) for i, f in enumerate(full)]
@@ -102,7 +110,10 @@ def plan_segments(p: Prepared, jobs: int, backend: str = "local") -> tuple[Segme
         return None, "new script arguments: the record's iterations are not this run's to divide"
     if p.files is not None and p.files.read_back:
         shown = ", ".join(p.files.shown(f) for f in p.files.read_back[:3])
-        return None, f"the script reads back files it writes ({shown}): workers in one directory would overwrite each other's"
+        return (
+            None,
+            f"the script reads back files it writes ({shown}): workers in one directory would overwrite each other's",
+        )
     loops = []
     carried = []
     for loop in loop_costs(p):
@@ -124,11 +135,19 @@ def plan_segments(p: Prepared, jobs: int, backend: str = "local") -> tuple[Segme
     marks = p.boundaries.get((loop.main_id, loop.entry), []) if _resumable(p, loop.main_id) else []
     if knobs.segments() == "even":
         plan = divide(loop, marks, jobs, shape=even(loop))
-        return (plan, "") if len(plan.workers) > 1 else (None, f"main loop {loop.main_id} has one iteration")
+        return (
+            (plan, "")
+            if len(plan.workers) > 1
+            else (None, f"main loop {loop.main_id} has one iteration")
+        )
     plan = divide(loop, marks, jobs)
     slow = slowdown(p.record, loop.main_id, len(plan.workers)) if backend == "local" else 1.0
     if len(plan.workers) < 2 or plan.parallel * slow > WORTHWHILE * plan.serial:
-        shared = f", {len(plan.workers)} workers sharing the cores" if slow > 1.0 and len(plan.workers) > 1 else ""
+        shared = (
+            f", {len(plan.workers)} workers sharing the cores"
+            if slow > 1.0 and len(plan.workers) > 1
+            else ""
+        )
         return None, (
             f"dividing main loop {loop.main_id} would not pay (estimated {plan.parallel * slow:.1f}s{shared}"
             f" against {plan.serial:.1f}s serially)"
@@ -138,19 +157,38 @@ def plan_segments(p: Prepared, jobs: int, backend: str = "local") -> tuple[Segme
 
 def _tasks(p: Prepared, plan: SegmentPlan, blobs: str) -> list[WorkerTask]:
     marks = {k: v for k, v in p.boundaries.items() if _resumable(p, k[0])}
-    guards = {m: [(g.source, g.recorded, g.live, g.through) for g in gs] for m, gs in p.rplan.spans.items()}
+    guards = {
+        m: [(g.source, g.recorded, g.live, g.through) for g in gs]
+        for m, gs in p.rplan.spans.items()
+    }
     scalars = p.store.iteration_scalars(p.record.id)
     return [
         WorkerTask(
-            k, p.script, os.getcwd(), p.args, p.record.threads, p.uses_torch,
-            p.code_text, p.disk_text, p.modules, p.record.id, frozenset(p.rplan.execute), p.checkpoints,
-            guards, scalars, marks, w.segment, blobs,
+            k,
+            p.script,
+            os.getcwd(),
+            p.args,
+            p.record.threads,
+            p.uses_torch,
+            p.code_text,
+            p.disk_text,
+            p.modules,
+            p.record.id,
+            frozenset(p.rplan.execute),
+            p.checkpoints,
+            guards,
+            scalars,
+            marks,
+            w.segment,
+            blobs,
         )
         for k, w in enumerate(plan.workers)
     ]
 
 
-def _owned(seg: Segment, main_id: str | None, entry: int | None, iteration: int | None) -> bool | None:
+def _owned(
+    seg: Segment, main_id: str | None, entry: int | None, iteration: int | None
+) -> bool | None:
     """Whether a row of this main-loop iteration belongs to the worker of ``seg`` (None: a row
     of another loop, or of no loop)."""
     if main_id is None or entry is None or iteration is None or not seg.owns(main_id, entry):
@@ -175,7 +213,9 @@ def _part(seg: Segment, r: WorkerResult, first: bool, last: bool) -> list[LogEnt
     return out
 
 
-def _rows(seg: Segment, rows: list[Any], where: Callable[[Any], tuple[Any, Any, Any]], outer: bool) -> list[Any]:
+def _rows(
+    seg: Segment, rows: list[Any], where: Callable[[Any], tuple[Any, Any, Any]], outer: bool
+) -> list[Any]:
     """A worker's rows to keep: its own iterations', and (``outer``: the first and last
     workers) those of other loops."""
     keep = []
@@ -233,7 +273,10 @@ class _Printer:
 
 
 def _run_workers(
-    plan: SegmentPlan, tasks: list[WorkerTask], backend_name: str, warm: backends.LocalBackend | None,
+    plan: SegmentPlan,
+    tasks: list[WorkerTask],
+    backend_name: str,
+    warm: backends.LocalBackend | None,
 ) -> tuple[dict[int, Outcome], int | None, _Printer]:
     """Start every worker, collect their outcomes, print in order; the first failing segment
     (in loop order) ends the replay once the segments before it are in."""
@@ -272,7 +315,9 @@ def _run_workers(
     return outcomes, failed, printer
 
 
-def _merge(p: Prepared, run: int, plan: SegmentPlan, outcomes: dict[int, Outcome], printer: _Printer) -> dict[str, int]:
+def _merge(
+    p: Prepared, run: int, plan: SegmentPlan, outcomes: dict[int, Outcome], printer: _Printer
+) -> dict[str, int]:
     """Write the merged rows under the replay run; the block and jump counts."""
     store = p.store
     n = len(plan.workers)
@@ -285,9 +330,19 @@ def _merge(p: Prepared, run: int, plan: SegmentPlan, outcomes: dict[int, Outcome
         if r is None:
             continue
         seg, outer = w.segment, k in (0, n - 1)
-        store.put_iterations(run, _rows(seg, r.iterations, lambda row: (row[0], row[1], row[2]), outer))
-        blocks.update((row[0], row) for row in _rows(seg, r.blocks, lambda row: (row[2], row[3], row[4]), outer))
-        jumps.update(((m, e, first), resumed) for m, e, first, resumed in _rows(seg, r.jumps, lambda row: (row[0], row[1], row[2]), outer))
+        store.put_iterations(
+            run, _rows(seg, r.iterations, lambda row: (row[0], row[1], row[2]), outer)
+        )
+        blocks.update(
+            (row[0], row)
+            for row in _rows(seg, r.blocks, lambda row: (row[2], row[3], row[4]), outer)
+        )
+        jumps.update(
+            ((m, e, first), resumed)
+            for m, e, first, resumed in _rows(
+                seg, r.jumps, lambda row: (row[0], row[1], row[2]), outer
+            )
+        )
     store.put_blocks(run, blocks.values())
     for row in blocks.values():
         counts[row[6]] = counts.get(row[6], 0) + 1
@@ -298,7 +353,11 @@ def _merge(p: Prepared, run: int, plan: SegmentPlan, outcomes: dict[int, Outcome
 
 
 def replay_parallel(
-    p: Prepared, jobs: int, backend_name: str, blobs: str | None, warm: backends.LocalBackend | None = None,
+    p: Prepared,
+    jobs: int,
+    backend_name: str,
+    blobs: str | None,
+    warm: backends.LocalBackend | None = None,
 ) -> int | None:
     """Run the replay on ``jobs`` workers; None when it is better run serially (said why).
     ``warm``: local workers started before planning (:class:`backends.LocalBackend`); the
@@ -317,8 +376,12 @@ def replay_parallel(
         _say(f"  segment {k + 1}: {w.describe()}")
     location = blobs or str(p.store.blobs)
     if backend_name == "ray" and blobs is None:
-        _say(f"  Ray workers read checkpoints from {location} (--blobs URL to use another location)")
-    run = begin(p, {"jobs": jobs, "backend": backend_name, "segments": [w.describe() for w in plan.workers]})
+        _say(
+            f"  Ray workers read checkpoints from {location} (--blobs URL to use another location)"
+        )
+    run = begin(
+        p, {"jobs": jobs, "backend": backend_name, "segments": [w.describe() for w in plan.workers]}
+    )
     tasks = _tasks(p, plan, location)
     t0 = time.perf_counter()
     if p.files is not None:  # every worker's prologue starts from the files the record started from

@@ -122,7 +122,9 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
                     )
                 continue
             if b.function == function:
-                tensors = sorted(v for v in b.values if v in reads and not reads_only_values(p.node, v))
+                tensors = sorted(
+                    v for v in b.values if v in reads and not reads_only_values(p.node, v)
+                )
                 if tensors:
                     execute[b.id] = (
                         f"probe at line {p.line} reads `{tensors[0]}` as a tensor; its checkpoints hold it"
@@ -132,7 +134,9 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
                 held = {c.expr.split(".")[0] for c in b.changeset}
                 only_inside = sorted((reads & set(b.bound)) - held)
                 if only_inside:
-                    execute[b.id] = f"probe at line {p.line} reads `{only_inside[0]}`, which only this loop binds"
+                    execute[b.id] = (
+                        f"probe at line {p.line} reads `{only_inside[0]}`, which only this loop binds"
+                    )
     inst = Instrumentation(
         blocks=blocks_at,
         mains=mains_at,
@@ -145,7 +149,9 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
         if isinstance(n, cst.For | cst.While) and pos[n].start.line in mains_at
     ]
     carried = carried_by_probes(probes, main_nodes, parents, lambda n: int(pos[n].start.line))
-    return ReplayPlan(inst, execute, len(probes.probes), in_probes, spans, no_spans, unresumable, carried)
+    return ReplayPlan(
+        inst, execute, len(probes.probes), in_probes, spans, no_spans, unresumable, carried
+    )
 
 
 def _span_guards(
@@ -155,7 +161,11 @@ def _span_guards(
     iteration must run: it has no boundary state, or a probe in it cannot be told off a run.
     Third, the main loops whose boundary checkpoints cannot resume a run at all (no boundary
     state, or a probe reads what they do not hold): a subset of the second."""
-    unresumable = {m.id: f"no boundary state ({m.no_boundary})" for m in mains_at.values() if m.boundary is None}
+    unresumable = {
+        m.id: f"no boundary state ({m.no_boundary})"
+        for m in mains_at.values()
+        if m.boundary is None
+    }
     if not probes.probes:
         # nothing to look at: the replay re-runs what it must to check the record, and prints it
         return {}, {}, unresumable
@@ -164,7 +174,12 @@ def _span_guards(
     spans: dict[str, list[Guard]] = {m.id: [] for m in mains_at.values() if m.boundary is not None}
     text = module.code
     rebindable = (
-        {n.name.value for node in _walk(module) if isinstance(node, cst.Global | cst.Nonlocal) for n in node.names}
+        {
+            n.name.value
+            for node in _walk(module)
+            if isinstance(node, cst.Global | cst.Nonlocal)
+            for n in node.names
+        }
         if "global" in text or "nonlocal" in text
         else set()
     )
@@ -173,7 +188,9 @@ def _span_guards(
         return int(pos[node].start.line)
 
     main_nodes = [
-        (n, mains_at[line(n)]) for n in _walk(module) if isinstance(n, cst.For | cst.While) and line(n) in mains_at
+        (n, mains_at[line(n)])
+        for n in _walk(module)
+        if isinstance(n, cst.For | cst.While) and line(n) in mains_at
     ]
 
     def refuse(main_id: str, why: str) -> None:
@@ -183,11 +200,16 @@ def _span_guards(
     for p in probes.probes:
         chain = list(_ancestors(p.node, parents))
         loops = [(i, a) for i, a in enumerate(chain) if isinstance(a, cst.For | cst.While)]
-        fn = next((i for i, a in enumerate(chain) if isinstance(a, cst.FunctionDef | cst.Lambda)), None)
+        fn = next(
+            (i for i, a in enumerate(chain) if isinstance(a, cst.FunctionDef | cst.Lambda)), None
+        )
         mains = [(i, mains_at[line(a)]) for i, a in loops if line(a) in mains_at]
         if fn is not None and (not mains or fn < mains[0][0]):
             for m in mains_at.values():
-                refuse(m.id, f"the probe at line {p.line} is inside a function, which any iteration may call")
+                refuse(
+                    m.id,
+                    f"the probe at line {p.line} is inside a function, which any iteration may call",
+                )
             continue
         reads = _names_read(p.node)
         inside = mains[0][1].id if mains else None
@@ -211,7 +233,9 @@ def _span_guards(
     return spans, no_spans, unresumable
 
 
-def _unheld_read(p: Probe, reads: set[str], main: MainLoop, loop: cst.For | cst.While | None) -> str | None:
+def _unheld_read(
+    p: Probe, reads: set[str], main: MainLoop, loop: cst.For | cst.While | None
+) -> str | None:
     """Why a probe's reads defeat jumping ``main``: it reads a name the loop binds that the
     boundary checkpoints do not hold (``val`` bound only every third epoch), or a name they hold
     detached as a tensor. ``loop`` is the main loop's node when the probe is in its body (a name
@@ -221,7 +245,9 @@ def _unheld_read(p: Probe, reads: set[str], main: MainLoop, loop: cst.For | cst.
     held = {c.expr for c in b.changes}
     for name in sorted(reads & set(b.bound) - held):
         if loop is None or read_before_bound(loop, name):
-            return f"reads `{name}`, which an iteration binds and the boundary checkpoints do not hold"
+            return (
+                f"reads `{name}`, which an iteration binds and the boundary checkpoints do not hold"
+            )
     for name in sorted(reads & set(b.values)):
         if not reads_only_values(p.node, name):
             return f"reads `{name}` as a tensor; boundary checkpoints hold it without its autograd graph"

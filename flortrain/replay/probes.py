@@ -53,7 +53,14 @@ class _Line:
 
 # tokens that are not code: comments, line ends, and INDENT/DEDENT (the key's indentation says it)
 _NOT_CODE = frozenset(
-    {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    {
+        tokenize.COMMENT,
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+        tokenize.ENDMARKER,
+    }
 )
 
 
@@ -83,7 +90,8 @@ def _significant(text: str) -> list[_Line]:
             starts_statement = False
         tokens.setdefault(row, []).append(tok.string)
     return [
-        _Line(row, (indent.get(row), tuple(t)), lines[row - 1].rstrip()) for row, t in sorted(tokens.items())
+        _Line(row, (indent.get(row), tuple(t)), lines[row - 1].rstrip())
+        for row, t in sorted(tokens.items())
     ]
 
 
@@ -116,13 +124,24 @@ def _statements(module: cst.Module) -> Iterator[cst.BaseStatement]:
     yield from walk(module)
 
 
-_CONTROL = (cst.Return, cst.Break, cst.Continue, cst.Yield, cst.Await, cst.Global, cst.Nonlocal, cst.Del)
+_CONTROL = (
+    cst.Return,
+    cst.Break,
+    cst.Continue,
+    cst.Yield,
+    cst.Await,
+    cst.Global,
+    cst.Nonlocal,
+    cst.Del,
+)
 
 
 def _bound_names(node: cst.CSTNode) -> Iterator[str]:
     if isinstance(node, cst.AssignTarget | cst.AugAssign | cst.AnnAssign | cst.NamedExpr):
         t = node.target
-        yield from (n.value for n in _walk(t) if isinstance(n, cst.Name) and not _is_attr_name(t, n))
+        yield from (
+            n.value for n in _walk(t) if isinstance(n, cst.Name) and not _is_attr_name(t, n)
+        )
     elif isinstance(node, cst.For):
         yield from (n.value for n in _walk(node.target) if isinstance(n, cst.Name))
     elif isinstance(node, cst.AsName):
@@ -207,7 +226,11 @@ def find_probes(recorded: str, current_text: str, path: str, run_id: int) -> Pro
         for node in _walk(p.node):
             if isinstance(node, _CONTROL) and not _inside_def(p.node, node):
                 kind = type(node).__name__.lower()
-                raise FlortrainError(f"probe uses `{kind}`, which changes control flow", Located(path, p.line, 1), "FT022")
+                raise FlortrainError(
+                    f"probe uses `{kind}`, which changes control flow",
+                    Located(path, p.line, 1),
+                    "FT022",
+                )
         rebinds = sorted(set(_bound_names(p.node)) & used)
         if rebinds:
             raise FlortrainError(
@@ -244,13 +267,19 @@ def add_cli_probe(text: str, spec: str, path: str) -> str:
     """``--probe LINE:EXPR``: print EXPR's value after the simple statement ending on LINE."""
     line_s, sep, expr = spec.partition(":")
     if not sep or not line_s.strip().isdigit() or not expr.strip():
-        raise FlortrainError(f"--probe {spec!r}: expected LINE:EXPR, e.g. 57:grad_norm", Located(path), "FT024")
+        raise FlortrainError(
+            f"--probe {spec!r}: expected LINE:EXPR, e.g. 57:grad_norm", Located(path), "FT024"
+        )
     line = int(line_s)
     expr = expr.strip()
     try:
         cst.parse_expression(expr)
     except cst.ParserSyntaxError:
-        raise FlortrainError(f"--probe {spec!r}: `{expr}` is not a Python expression", Located(path, line, 1), "FT024") from None
+        raise FlortrainError(
+            f"--probe {spec!r}: `{expr}` is not a Python expression",
+            Located(path, line, 1),
+            "FT024",
+        ) from None
     src = parse(path, text)
     pos = src.wrapper.resolve(PositionProvider)
     target: cst.SimpleStatementLine | None = None
@@ -259,7 +288,9 @@ def add_cli_probe(text: str, spec: str, path: str) -> str:
             target = stmt
     if target is None:
         raise FlortrainError(
-            f"--probe {spec!r}: line {line} does not end a simple statement", Located(path, line, 1), "FT024"
+            f"--probe {spec!r}: line {line} does not end a simple statement",
+            Located(path, line, 1),
+            "FT024",
         )
     lines = text.splitlines(keepends=True)
     first = lines[pos[target].start.line - 1]

@@ -33,7 +33,9 @@ def find_record(store: Store, script: str, run_id: int | None) -> Run:
     if run_id is not None:
         run = store.run(run_id)
         if run.kind != "record":
-            raise FlortrainError(f"run {run_id} is a {run.kind}; replay needs a record run", code="FT031")
+            raise FlortrainError(
+                f"run {run_id} is a {run.kind}; replay needs a record run", code="FT031"
+            )
         return run
     abspath = os.path.abspath(script)
     latest = store.latest("record", abspath, "complete") or store.latest("record", abspath)
@@ -46,7 +48,9 @@ def find_record(store: Store, script: str, run_id: int | None) -> Run:
     return latest
 
 
-def _costs(blocks: list[dict[str, Any]], restore_ratio: float) -> dict[str, tuple[int, int, float, float]]:
+def _costs(
+    blocks: list[dict[str, Any]], restore_ratio: float
+) -> dict[str, tuple[int, int, float, float]]:
     """Per block: instances, checkpoints, compute, and the estimated time to restore them (``c``
     times what each checkpoint held the record, Eq. 3)."""
     out: dict[str, tuple[int, int, float, float]] = {}
@@ -56,7 +60,12 @@ def _costs(blocks: list[dict[str, Any]], restore_ratio: float) -> dict[str, tupl
         n, k, c, r = out.get(b["block_id"], (0, 0, 0.0, 0.0))
         ck = b["state"] == "checkpointed"
         m = b["materialize_s"] or 0.0
-        out[b["block_id"]] = (n + 1, k + int(ck), c + (b["compute_s"] or 0.0), r + (restore_ratio * m if ck else 0.0))
+        out[b["block_id"]] = (
+            n + 1,
+            k + int(ck),
+            c + (b["compute_s"] or 0.0),
+            r + (restore_ratio * m if ck else 0.0),
+        )
     return out
 
 
@@ -87,7 +96,8 @@ def span_replay(p: Prepared) -> SpanReplay | None:
     if not p.rplan.spans:
         return None
     guards = {
-        m: [compile_guard(g.source, g.recorded, g.live, g.through) for g in gs] for m, gs in p.rplan.spans.items()
+        m: [compile_guard(g.source, g.recorded, g.live, g.through) for g in gs]
+        for m, gs in p.rplan.spans.items()
     }
     return SpanReplay(guards, p.store.iteration_scalars(p.record.id), p.boundaries)
 
@@ -144,7 +154,9 @@ class Prepared:
     compares: bool  # the record's own arguments: diff can check the replay
     blocks: list[dict[str, Any]]  # the record's block and boundary rows, read once
     boundaries: dict[tuple[str, int], list[int]]  # per main-loop entry: committed boundaries
-    module_passes: ModulePasses = field(default_factory=dict)  # done ahead by the static pass's child
+    module_passes: ModulePasses = field(
+        default_factory=dict
+    )  # done ahead by the static pass's child
     #: Flor's c = R/M as the latest replay of the script measured it (the default before any):
     #: the plan's estimates and parallel segments price restores with the c a record's period
     #: judged them by (``AdaptivePeriod.futile``, Eq. 4)
@@ -160,15 +172,21 @@ def _stopped(store: Store, record: Run) -> str:
         return "it stopped before any main-loop iteration was committed; the whole script executes"
     m, entry, it = last
     where = f"main loop {m}" + (f" (entry {entry})" if entry else "")
-    return (f"it stopped in {where} at iteration {it}: what it recorded up to there is restored where"
-            " it can be, and the rest executes")
+    return (
+        f"it stopped in {where} at iteration {it}: what it recorded up to there is restored where"
+        " it can be, and the rest executes"
+    )
 
 
 def _executed_source(script: str, record: Run, probes: tuple[tuple[int, str], ...]) -> list[str]:
     """What this replay will execute, shown before it does: the only code a replay runs is the
     user's script, which must be the recorded source (named by its hash) plus these probes."""
-    out = [f"  executes {script}: the source of record run {record.id} (sha256 {record.source_sha[:12]}) plus:"]
-    out += [f"    line {line}: {code.splitlines()[0]}" for line, code in probes] or ["    no probes"]
+    out = [
+        f"  executes {script}: the source of record run {record.id} (sha256 {record.source_sha[:12]}) plus:"
+    ]
+    out += [f"    line {line}: {code.splitlines()[0]}" for line, code in probes] or [
+        "    no probes"
+    ]
     return out
 
 
@@ -188,7 +206,11 @@ class StaticReplay:
 
 
 def static_replay(
-    script: str, recorded_text: str, disk_text: str, cli_probes: list[str], run_id: int,
+    script: str,
+    recorded_text: str,
+    disk_text: str,
+    cli_probes: list[str],
+    run_id: int,
     modules: Collection[str] = (),
 ) -> StaticReplay:
     """Find the probes, analyse the recorded script, plan the replay and instrument the current
@@ -209,19 +231,31 @@ def static_replay(
     rplan = plan_replay(plan, probes)
     code_text = transform(probes.current, rplan.instrumentation)
     ahead = module_passes(script, disk_text, only=modules) if modules else {}
-    return StaticReplay(current_text, plan, rplan, code_text, tuple((p.line, p.code) for p in probes.probes), ahead)
+    return StaticReplay(
+        current_text, plan, rplan, code_text, tuple((p.line, p.code) for p in probes.probes), ahead
+    )
 
 
-def locate(script: str, run_id: int | None, store_dir: str | None, trust: bool = False) -> tuple[Store, Run]:
+def locate(
+    script: str, run_id: int | None, store_dir: str | None, trust: bool = False
+) -> tuple[Store, Run]:
     """The store and the record a replay of ``script`` replays."""
     knobs.validate()
-    store = open_store(store_dir, create=False, trust=trust)  # a typo in --store must not create one
+    store = open_store(
+        store_dir, create=False, trust=trust
+    )  # a typo in --store must not create one
     return store, find_record(store, script, run_id)
 
 
 def prepare(
-    script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
-    trust: bool = False, overlap: bool = False, allow_changed_inputs: bool = False,
+    script: str,
+    run_id: int | None,
+    cli_probes: list[str],
+    new_args: list[str] | None,
+    store_dir: str | None,
+    trust: bool = False,
+    overlap: bool = False,
+    allow_changed_inputs: bool = False,
     located: tuple[Store, Run] | None = None,
 ) -> Prepared:
     """Find the record (unless ``located`` already), check its inputs, read the probes, plan the
@@ -232,15 +266,23 @@ def prepare(
     check_inputs(store, record, allow_changed_inputs)
     files = plan_files(store, record)
     if record.effective_status != "complete":
-        print(f"flortrain: record run {record.id} is {record.effective_status}; {_stopped(store, record)}", file=sys.stderr)
+        print(
+            f"flortrain: record run {record.id} is {record.effective_status}; {_stopped(store, record)}",
+            file=sys.stderr,
+        )
     recorded_text = store.source(record.source_sha)
     disk_text = read_text(script)
     # a --probe spec is not Python until it is placed (``6:x``): tested apart from the script
-    torch_script = project_uses_torch(script, disk_text) or any(uses_torch(spec) for spec in cli_probes)
+    torch_script = project_uses_torch(script, disk_text) or any(
+        uses_torch(spec) for spec in cli_probes
+    )
     recorded_paths = frozenset(dict(record.meta.get("modules", {})))
     static = Overlapped(
-        lambda: static_replay(script, recorded_text, disk_text, cli_probes, record.id, recorded_paths),
-        StaticReplay, overlap and worth_overlapping(torch_script and torch_available()),
+        lambda: static_replay(
+            script, recorded_text, disk_text, cli_probes, record.id, recorded_paths
+        ),
+        StaticReplay,
+        overlap and worth_overlapping(torch_script and torch_available()),
         fallback=lambda: static_replay(script, recorded_text, disk_text, cli_probes, record.id),
     )
     try:
@@ -260,28 +302,52 @@ def prepare(
     lines = s.rplan.describe(s.plan, costs, _why_not(blocks))
     lines[-1:-1] = _module_blocks(costs)
     if measured is not None:  # before the estimate it went into
-        lines.insert(-1, f"restore/materialize ratio c = {measured[0]:.2f} (measured by replay run {measured[1]})")
+        lines.insert(
+            -1,
+            f"restore/materialize ratio c = {measured[0]:.2f} (measured by replay run {measured[1]})",
+        )
     lines[1:1] = _executed_source(script, record, s.probes)
     for line in lines:
         print(f"flortrain: {line}", file=sys.stderr)
     checkpoints = store.checkpoints(record.id)
     return Prepared(
-        store, record, script, record.argv if new_args is None else new_args, s.current_text, disk_text,
-        s.code_text, modules, s.rplan, checkpoints, torch_script,
-        [code for _, code in s.probes], new_args is None, blocks, _boundaries(blocks, checkpoints), s.modules,
-        restore_ratio, files,
+        store,
+        record,
+        script,
+        record.argv if new_args is None else new_args,
+        s.current_text,
+        disk_text,
+        s.code_text,
+        modules,
+        s.rplan,
+        checkpoints,
+        torch_script,
+        [code for _, code in s.probes],
+        new_args is None,
+        blocks,
+        _boundaries(blocks, checkpoints),
+        s.modules,
+        restore_ratio,
+        files,
     )
 
 
 def begin(p: Prepared, meta: dict[str, Any] | None = None) -> int:
     """The replay's run row."""
     return p.store.begin_run(
-        "replay", os.path.abspath(p.script), p.args, p.current_text, p.record.id, p.record.threads,
+        "replay",
+        os.path.abspath(p.script),
+        p.args,
+        p.current_text,
+        p.record.id,
+        p.record.threads,
         {"probes": p.probes, "execute": p.rplan.execute, **(meta or {})},
     )
 
 
-def conclude(p: Prepared, run: int, status: int, elapsed: float, counts: dict[str, int], how: str = "") -> int:
+def conclude(
+    p: Prepared, run: int, status: int, elapsed: float, counts: dict[str, int], how: str = ""
+) -> int:
     """Finish the run, summarize it on stderr and check it with diff (when it replayed the
     record's own arguments). The exit status is the script's, or 1 when the check finds the
     replay differs from the record, as ``flortrain diff`` would: a replay that knows it is not
@@ -297,12 +363,15 @@ def conclude(p: Prepared, run: int, status: int, elapsed: float, counts: dict[st
         raise FlortrainError(
             f"the store failed during replay run {run} ({store.failed}): its output above was printed but"
             " could not all be stored, so it is not checked; fix the store and replay again",
-            Located(str(store.root)), "FT016",
+            Located(str(store.root)),
+            "FT016",
         )
     print(
         f"flortrain: replay run {run} of record {p.record.id} {'complete' if status == 0 else f'failed (exit {status})'}"
         f" in {elapsed:.2f}s{how}: {counts.get('skipped', 0)} block instances skipped, {counts.get('executed', 0)} executed"
-        + (f", {counts['jumped']} main-loop iterations jumped over" if counts.get("jumped") else ""),
+        + (
+            f", {counts['jumped']} main-loop iterations jumped over" if counts.get("jumped") else ""
+        ),
         file=sys.stderr,
     )
     if status == 0 and p.compares:
@@ -310,7 +379,10 @@ def conclude(p: Prepared, run: int, status: int, elapsed: float, counts: dict[st
         for line in result.report(limit=3):
             print(f"flortrain: {line}", file=sys.stderr)
         if not result.identical:
-            print("flortrain: warning: the replay is not faithful (exit 1); see `flortrain diff`", file=sys.stderr)
+            print(
+                "flortrain: warning: the replay is not faithful (exit 1); see `flortrain diff`",
+                file=sys.stderr,
+            )
             status = 1
     store.close()
     return status
@@ -329,8 +401,15 @@ def _warm_workers(script: str, jobs: int) -> LocalBackend | None:
 
 
 def replay(
-    script: str, run_id: int | None, cli_probes: list[str], new_args: list[str] | None, store_dir: str | None,
-    jobs: int = 1, backend: str = "local", blobs: str | None = None, trust: bool = False,
+    script: str,
+    run_id: int | None,
+    cli_probes: list[str],
+    new_args: list[str] | None,
+    store_dir: str | None,
+    jobs: int = 1,
+    backend: str = "local",
+    blobs: str | None = None,
+    trust: bool = False,
     allow_changed_inputs: bool = False,
 ) -> int:
     located = locate(script, run_id, store_dir, trust)
@@ -343,7 +422,15 @@ def replay(
     try:
         # a replay that runs here imports torch next: its static pass can overlap that
         p = prepare(
-            script, run_id, cli_probes, new_args, store_dir, trust, not divides, allow_changed_inputs, located
+            script,
+            run_id,
+            cli_probes,
+            new_args,
+            store_dir,
+            trust,
+            not divides,
+            allow_changed_inputs,
+            located,
         )
         set_aside_static_objects()
         if jobs == 1 and backend != "local":
@@ -366,12 +453,18 @@ def replay(
         begin_files(p.files, p.store, run)
     p.store.guarded = True
     source = ReplaySource(
-        p.record.id, frozenset(p.rplan.execute), p.checkpoints, span_replay(p), p.files.states if p.files else {}
+        p.record.id,
+        frozenset(p.rplan.execute),
+        p.checkpoints,
+        span_replay(p),
+        p.files.states if p.files else {},
     )
     session = Session("replay", p.store, run, replay=source)
     code = compile_for(os.path.abspath(script), p.code_text, p.disk_text)
     t0 = time.perf_counter()
-    hook = ProjectHook(ProjectFiles(project_roots(script), script), recorded=p.modules, prepared=p.module_passes)
+    hook = ProjectHook(
+        ProjectFiles(project_roots(script), script), recorded=p.modules, prepared=p.module_passes
+    )
     try:
         status = execute(session, code, script, p.args, p.uses_torch, hook)
     finally:

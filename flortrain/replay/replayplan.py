@@ -32,7 +32,10 @@ class ReplayPlan:
     carried: dict[str, str] = field(default_factory=dict)
 
     def describe(
-        self, plan: Plan, costs: dict[str, tuple[int, int, float, float]], why_not: dict[str, str] | None = None
+        self,
+        plan: Plan,
+        costs: dict[str, tuple[int, int, float, float]],
+        why_not: dict[str, str] | None = None,
     ) -> list[str]:
         """Lines for stderr: what runs, what is skipped (and why instances have no checkpoint),
         and the estimated time."""
@@ -43,24 +46,38 @@ class ReplayPlan:
             n, k, compute, restore = costs.get(b.id, (0, 0, 0.0, 0.0))
             if b.id in self.execute:
                 est += compute
-                out.append(f"  {b.id} ({b.function}): execute {n} instance(s) - {self.execute[b.id]}")
+                out.append(
+                    f"  {b.id} ({b.function}): execute {n} instance(s) - {self.execute[b.id]}"
+                )
             else:
                 est += restore + compute * (n - k) / max(n, 1)
-                out.append(f"  {b.id} ({b.function}): skip {k} of {n} instance(s), restoring checkpoints")
+                out.append(
+                    f"  {b.id} ({b.function}): skip {k} of {n} instance(s), restoring checkpoints"
+                )
                 if k and b.outputs:
                     channels = ", ".join(f"`{expr}` ({kind})" for expr, kind in b.outputs)
-                    out.append(f"    a skipped instance writes nothing to {channels}, as it prints nothing")
+                    out.append(
+                        f"    a skipped instance writes nothing to {channels}, as it prints nothing"
+                    )
                 if k < n and b.id in why_not:
-                    out.append(f"    the others execute: not checkpointed at record: {why_not[b.id]}")
+                    out.append(
+                        f"    the others execute: not checkpointed at record: {why_not[b.id]}"
+                    )
             if b.id in self.in_probes:
-                out.append(f"  {b.id} ({b.function}): also runs inside the probe {self.in_probes[b.id]}, executed there")
+                out.append(
+                    f"  {b.id} ({b.function}): also runs inside the probe {self.in_probes[b.id]}, executed there"
+                )
         for r in plan.refused:
             out.append(f"  loop at line {r.span.line}: runs as plain code ({r.reason})")
         for m in plan.main_loops:
             if m.id in self.spans:
                 guards = " or ".join(f"`{g.source}`" for g in self.spans[m.id]) or "no probe in it"
-                out.append(f"  main loop {m.id}: iterations where no probe fires are jumped over ({guards})")
+                out.append(
+                    f"  main loop {m.id}: iterations where no probe fires are jumped over ({guards})"
+                )
             elif m.id in self.no_spans:
                 out.append(f"  main loop {m.id}: every iteration runs: {self.no_spans[m.id]}")
-        out.append(f"estimated block time {est:.2f}s (record spent {sum(c[2] for c in costs.values()):.2f}s in blocks)")
+        out.append(
+            f"estimated block time {est:.2f}s (record spent {sum(c[2] for c in costs.values()):.2f}s in blocks)"
+        )
         return out

@@ -58,7 +58,9 @@ class Planned:
     def describe(self) -> str:
         s = self.segment
         last = "the end" if s.end is None else str(s.end - 1)
-        what = f"iterations {s.start}..{last}" + (" and the code after the loop" if s.end is None else "")
+        what = f"iterations {s.start}..{last}" + (
+            " and the code after the loop" if s.end is None else ""
+        )
         if self.resume == "start":
             how = "from the start"
         elif self.resume == "direct":
@@ -148,7 +150,9 @@ def _reachable(costs: _Costs, workers: int, limit: float) -> list[int] | None:
     return out[::-1]
 
 
-def divide(loop: LoopCosts, boundaries: list[int], workers: int, shape: LoopCosts | None = None) -> SegmentPlan:
+def divide(
+    loop: LoopCosts, boundaries: list[int], workers: int, shape: LoopCosts | None = None
+) -> SegmentPlan:
     """The division of ``loop`` among at most ``workers`` workers with the smallest estimated
     slowest worker (a single worker when the loop cannot be divided usefully). ``shape``, when
     given, is the cost model the division minimizes instead (:func:`even`); the estimates are
@@ -182,7 +186,9 @@ def even(loop: LoopCosts) -> LoopCosts:
     """The same loop with every iteration costing the same and resuming almost free: dividing
     it gives segments of about equal iteration counts (``FLORTRAIN_SEGMENTS=even``)."""
     n = loop.n
-    return LoopCosts(loop.main_id, loop.entry, 0.0, [1.0] * n, [1e-3] * n, dict.fromkeys(range(n), 1e-3))
+    return LoopCosts(
+        loop.main_id, loop.entry, 0.0, [1.0] * n, [1e-3] * n, dict.fromkeys(range(n), 1e-3)
+    )
 
 
 __all__ = ["LoopCosts", "Planned", "SegmentPlan", "divide", "even"]

@@ -85,4 +85,12 @@ def cannot_pay(store: Store, record: Run, jobs: int, cores: int | None = None) -
     )
 
 
-__all__ = ["WORKER_STARTUP_S", "WORTHWHILE", "cannot_pay", "concurrency", "loop_load", "machine_cores", "slowdown"]
+__all__ = [
+    "WORKER_STARTUP_S",
+    "WORTHWHILE",
+    "cannot_pay",
+    "concurrency",
+    "loop_load",
+    "machine_cores",
+    "slowdown",
+]

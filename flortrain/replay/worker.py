@@ -88,9 +88,15 @@ def run_task(task: WorkerTask) -> WorkerResult:
     status = execute(session, code, task.script, task.args, task.uses_torch, hook)
     tee = session.tee
     return WorkerResult(
-        task.index, status, time.perf_counter() - t0, dict(session.marks),
+        task.index,
+        status,
+        time.perf_counter() - t0,
+        dict(session.marks),
         tee is not None and tee.unterminated,
-        rows.blocks, rows.iterations, rows.jumps, rows.logs,
+        rows.blocks,
+        rows.iterations,
+        rows.jumps,
+        rows.logs,
     )
 
 

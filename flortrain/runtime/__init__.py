@@ -41,7 +41,13 @@ def block(
         return SkipBlock(None, block_id, (first_line, last_line), values)
     with s.holding():
         return SkipBlock(
-            s, block_id, (first_line, last_line), values, objects if objects is not None else {}, names, unchecked
+            s,
+            block_id,
+            (first_line, last_line),
+            values,
+            objects if objects is not None else {},
+            names,
+            unchecked,
         )
 
 

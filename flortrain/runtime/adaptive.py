@@ -125,7 +125,9 @@ class AdaptivePeriod:
         (declined captures included) and the writer's share."""
         return self.charged + self.writer
 
-    def executed(self, block_id: str, compute_s: float, cpu_s: float | None = None, outer: bool = True) -> None:
+    def executed(
+        self, block_id: str, compute_s: float, cpu_s: float | None = None, outer: bool = True
+    ) -> None:
         """Account an instance of a block. ``outer``: no other accounted unit encloses it (a
         main-loop iteration; not a block, which runs inside one), so its compute is the run's;
         it is given net of the time flortrain held training during it."""
@@ -205,7 +207,9 @@ class AdaptivePeriod:
         """Eq. 4 for one more checkpoint of mean cost ``m``. A main loop's boundary is weighed
         against the compute it spares, the uncovered compute since the latest boundary, not the
         run's average (see the module docstring)."""
-        if c.outer:  # a boundary with nothing uncovered since the last spares nothing, however cheap
+        if (
+            c.outer
+        ):  # a boundary with nothing uncovered since the last spares nothing, however cheap
             return c.uncovered > 0 and m <= c.uncovered * self._share()
         cc = c.compute / max(c.n, 1)
         if cc <= 0:

@@ -51,4 +51,7 @@ def steady() -> bool:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     # mallopt returns 1 on success; musl's stub returns 0 and changes nothing
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
+    return bool(
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+        and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    )

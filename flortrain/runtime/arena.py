@@ -51,7 +51,9 @@ def _madvise() -> Callable[[int, int, int], int] | None:
     return fn
 
 
-def populate(area: mmap.mmap | memoryview, start: int, end: int, advice: int = MADV_POPULATE_WRITE) -> bool:
+def populate(
+    area: mmap.mmap | memoryview, start: int, end: int, advice: int = MADV_POPULATE_WRITE
+) -> bool:
     """Map ``area[start:end]`` (page-aligned ``start``) into this process's page tables without
     touching its bytes; False where the kernel cannot (nothing was done, or only part). The
     ctypes call releases the GIL, so the script's thread runs meanwhile."""
@@ -66,7 +68,10 @@ def populate(area: mmap.mmap | memoryview, start: int, end: int, advice: int = M
 
 
 def populate_chunks(
-    area: mmap.mmap | memoryview, nbytes: int, going: Callable[[], bool], advice: int = MADV_POPULATE_WRITE
+    area: mmap.mmap | memoryview,
+    nbytes: int,
+    going: Callable[[], bool],
+    advice: int = MADV_POPULATE_WRITE,
 ) -> Iterator[int]:
     """:func:`populate` ``area[:nbytes]`` a :data:`CHUNK` at a time while ``going()`` says so,
     yielding how far it has got after each chunk; it ends early where the kernel cannot."""

@@ -58,8 +58,17 @@ BUDGET = 200_000
 ARRAY_LIMIT = 64 << 20
 
 _ATOMS = (int, str, bytes, bool, type(None), complex, range)
-_NOT_ENTERED = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-                types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType)
+_NOT_ENTERED = (
+    types.ModuleType,
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.CodeType,
+    types.FrameType,
+    types.GeneratorType,
+    types.CoroutineType,
+)
 
 
 def roots(frame: FrameType | None, project: Any = None) -> dict[str, Any]:
@@ -121,7 +130,10 @@ def project_modules(project: Any) -> dict[str, types.ModuleType]:
         if ours is None:
             path = getattr(module, "__file__", None)
             ours = _PROJECT[name] = (
-                isinstance(path, str) and name != "__main__" and not path.startswith(excluded) and project.contains(path)
+                isinstance(path, str)
+                and name != "__main__"
+                and not path.startswith(excluded)
+                and project.contains(path)
             )
         if ours and isinstance(module, types.ModuleType):
             out[name] = module
@@ -166,7 +178,11 @@ def reachable(objs: Iterable[Any]) -> set[int]:
 
 
 def changed(
-    before: Image, after: Image, covered: set[int], trained: set[int], named: dict[int, set[Any]] | None = None
+    before: Image,
+    after: Image,
+    covered: set[int],
+    trained: set[int],
+    named: dict[int, set[Any]] | None = None,
 ) -> list[str]:
     """Root names reaching an object whose image changed that ``covered`` (identities) does not
     hold, sorted. A tensor at an address in ``trained`` is a live model's or optimizer's (``w =
@@ -201,7 +217,11 @@ def named_slots(exprs: Iterable[str], frame: FrameType | None) -> dict[int, set[
                 slot = ast.literal_eval(tree.slice)
             else:
                 continue
-            owner = eval(compile(ast.Expression(tree.value), "<changeset>", "eval"), frame.f_globals, frame.f_locals)
+            owner = eval(
+                compile(ast.Expression(tree.value), "<changeset>", "eval"),
+                frame.f_globals,
+                frame.f_locals,
+            )
         except Exception:  # not a plain path, or not bound now
             continue
         out.setdefault(id(owner), set()).add(slot)
@@ -264,7 +284,9 @@ def _shape(
     is imaged as a plain object, by its attributes (None: all are the watch's)."""
     if isinstance(obj, dict):
         items = list(obj.items())
-        return ("D", type(obj), tuple((_token(k), _token(v)) for k, v in items)), [v for _, v in items]
+        return ("D", type(obj), tuple((_token(k), _token(v)) for k, v in items)), [
+            v for _, v in items
+        ]
     if isinstance(obj, list | tuple):
         return ("L", type(obj), tuple(_token(x) for x in obj)), list(obj)
     if isinstance(obj, set | frozenset):
@@ -313,7 +335,12 @@ def _leaf(obj: Any, torch: Any) -> Callable[[Any], Any] | None:
 
 #: Iterators over a sequence, whose position ``__reduce__`` tells (``stream = iter(batches)``
 #: consumed by ``itertools.islice(stream, 6)`` inside the loop)
-_SEQUENCE_ITERATORS: tuple[type, ...] = (type(iter([])), type(iter(())), type(iter(range(0))), type(iter("")))
+_SEQUENCE_ITERATORS: tuple[type, ...] = (
+    type(iter([])),
+    type(iter(())),
+    type(iter(range(0))),
+    type(iter("")),
+)
 
 
 def _iterator_position(it: Any) -> Any:
@@ -398,7 +425,11 @@ def _drawn_from(it: Any, depth: int = 0) -> list[Any]:
                 reduced = it.__reduce__()
         except Exception:  # no way in: what it draws from stays unseen
             return out
-        args = reduced[1] if isinstance(reduced, tuple) and len(reduced) > 1 and isinstance(reduced[1], tuple) else ()
+        args = (
+            reduced[1]
+            if isinstance(reduced, tuple) and len(reduced) > 1 and isinstance(reduced[1], tuple)
+            else ()
+        )
         for a in args:
             out += _drawn_from(a, depth + 1)
     return out

@@ -61,7 +61,10 @@ class _Ref:
     __slots__ = ("i", "leaf", "view")
 
     def __init__(
-        self, i: int, leaf: tuple[bool, bool, Any] | None = None, view: tuple[Any, ...] | None = None
+        self,
+        i: int,
+        leaf: tuple[bool, bool, Any] | None = None,
+        view: tuple[Any, ...] | None = None,
     ) -> None:
         self.i = i
         self.leaf = leaf
@@ -156,7 +159,11 @@ def pickle_dumps(obj: Any) -> bytes:
 
 #: what ``torch.save(pickle_module=...)`` needs of a pickle module, with :class:`Pickler`
 PICKLE_MODULE = types.SimpleNamespace(
-    __name__=__name__, Pickler=Pickler, Unpickler=pickle.Unpickler, dump=pickle.dump, load=pickle.load
+    __name__=__name__,
+    Pickler=Pickler,
+    Unpickler=pickle.Unpickler,
+    dump=pickle.dump,
+    load=pickle.load,
 )
 
 
@@ -213,15 +220,21 @@ class _Splitter:
             return _Module(name)
         torch = self.torch
         if isinstance(v, torch.Tensor):
-            if t not in (torch.Tensor, torch.nn.Parameter) or v.layout is not torch.strided or (
-                v.is_quantized or v.device.type == "meta"
+            if (
+                t not in (torch.Tensor, torch.nn.Parameter)
+                or v.layout is not torch.strided
+                or (v.is_quantized or v.device.type == "meta")
             ):
                 raise Unsupported(f"a {t.__name__} ({v.layout})")
             local.append(self._tensor(v.detach()))
             ref = _Ref(len(local) - 1)
             if t is torch.nn.Parameter or v.requires_grad or v.grad is not None:
                 grad = v.grad if v.grad is not None and type(v.grad) is torch.Tensor else None
-                ref.leaf = (t is torch.nn.Parameter, v.requires_grad, None if grad is None else self._split(grad, local))
+                ref.leaf = (
+                    t is torch.nn.Parameter,
+                    v.requires_grad,
+                    None if grad is None else self._split(grad, local),
+                )
             return ref
         return v
 
@@ -258,7 +271,12 @@ class _Splitter:
             if (len(ts) == 1 and ts[0].is_contiguous()) or len({t.dtype for t in ts}) > 1:
                 continue
             lo = min(t.storage_offset() for t in ts)
-            hi = max(t.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) for t in ts)
+            hi = max(
+                t.storage_offset()
+                + 1
+                + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+                for t in ts
+            )
             if hi - lo > 2 * sum(t.numel() for t in ts) + 1024:
                 continue
             base = torch.as_strided(ts[0], (hi - lo,), (1,), lo)
@@ -360,7 +378,9 @@ def tensor_name(t: Any, torch: Any) -> str:
     return content.name(tensor_bytes(t, torch))
 
 
-def header(parts: bytes, metas: list[tuple[str, tuple[int, ...], int]], table: list[tuple[str, Any]]) -> bytes:
+def header(
+    parts: bytes, metas: list[tuple[str, tuple[int, ...], int]], table: list[tuple[str, Any]]
+) -> bytes:
     """The head of a blob: MAGIC, the header's length, the header. ``table[g]`` places tensor g:
     ``("i", offset)`` in the blob's own bytes after the header, ``("x", name)`` in the store's
     content-addressed objects, ``("k", name)`` nowhere: a module tensor unchanged since the
@@ -435,7 +455,9 @@ def loads(
             obj = objects(arg) if objects is not None else None
             if obj is None or len(obj) != nbytes:
                 raise MissingObject(f"tensor object {arg[:12]} is missing or corrupt")
-            raw = torch.frombuffer(bytearray(obj), dtype=torch.uint8)  # a copy: callers may write it
+            raw = torch.frombuffer(
+                bytearray(obj), dtype=torch.uint8
+            )  # a copy: callers may write it
         tensors.append(raw.view(getattr(torch, dtype)).reshape(shape))
     payload: dict[str, Any] = {s: {} for s in SECTIONS}
     for path, skeleton, local in parts:

@@ -19,13 +19,17 @@ Context = Callable[[], tuple[str | None, int | None, int | None, str | None, boo
 
 
 class Tee(io.TextIOBase):
-    def __init__(self, stream: TextIO, context: Context, sink: Callable[[list[LogEntry]], None]) -> None:
+    def __init__(
+        self, stream: TextIO, context: Context, sink: Callable[[list[LogEntry]], None]
+    ) -> None:
         self.stream = stream
         self.context = context
         self.sink = sink
         self.pid = os.getpid()
         # the line being written, as pieces each tagged with the context it was written in
-        self.partial: list[tuple[str, tuple[str | None, int | None, int | None, str | None, bool]]] = []
+        self.partial: list[
+            tuple[str, tuple[str | None, int | None, int | None, str | None, bool]]
+        ] = []
         self.pending: list[LogEntry] = []
         self.seq = 0
         self.unterminated = False  # the output ended without a newline

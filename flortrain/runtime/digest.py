@@ -35,8 +35,19 @@ def _numpy_dtypes_of(torch: Any) -> frozenset[Any]:
     global _numpy_dtypes
     if _numpy_dtypes is None:
         _numpy_dtypes = frozenset(
-            {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16,
-             torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128}
+            {
+                torch.float32,
+                torch.float64,
+                torch.float16,
+                torch.int64,
+                torch.int32,
+                torch.int16,
+                torch.int8,
+                torch.uint8,
+                torch.bool,
+                torch.complex64,
+                torch.complex128,
+            }
         )
     return _numpy_dtypes
 

@@ -58,7 +58,9 @@ def identities(roots: dict[str, Any]) -> dict[str, Any]:
     seen: set[int] = set()
     # depth first, in capture's order, roots one after another: the first path to reach a
     # shared object is the one capture's memo keeps
-    stack: list[tuple[str, Any, bool]] = [(path, root, True) for path, root in reversed(list(roots.items()))]
+    stack: list[tuple[str, Any, bool]] = [
+        (path, root, True) for path, root in reversed(list(roots.items()))
+    ]
     while stack:
         path, obj, root = stack.pop()
         if isinstance(obj, _IMMUTABLE) or _is_numpy_value(obj) or id(obj) in seen:
@@ -83,7 +85,11 @@ def name_identities(values: dict[str, Any]) -> dict[str, Any]:
     restored into the object it holds on replay, which other names may share
     (``gsum = buffers["gsum"]``): stored by value and rebound, it would leave
     ``buffers["gsum"]`` behind."""
-    return {NAME + k: v for k, v in values.items() if not (isinstance(v, _IMMUTABLE) or _is_numpy_value(v))}
+    return {
+        NAME + k: v
+        for k, v in values.items()
+        if not (isinstance(v, _IMMUTABLE) or _is_numpy_value(v))
+    }
 
 
 def shares(value: Any, memo: dict[int, str]) -> bool:
@@ -99,7 +105,10 @@ def _inside(obj: Any, path: str, torch: Any) -> list[tuple[str, Any]]:
             return []  # its plain attributes are restored in place: see the module docstring
         if isinstance(obj, torch.Tensor | torch.optim.Optimizer | torch.Generator):
             return []
-        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or type(obj).__name__ == "ReduceLROnPlateau":
+        if (
+            isinstance(obj, torch.optim.lr_scheduler.LRScheduler)
+            or type(obj).__name__ == "ReduceLROnPlateau"
+        ):
             return []
         if isinstance(obj, torch.utils.data.DataLoader | torch.utils.data.Dataset):
             return []
@@ -110,7 +119,12 @@ def _inside(obj: Any, path: str, torch: Any) -> list[tuple[str, Any]]:
         return [(item(path, i), x) for i, x in enumerate(obj)]
     if isinstance(obj, dict):
         return [(item(path, k), x) for k, x in obj.items()]
-    if isinstance(obj, set | io.IOBase | types.ModuleType) or _is_rng(obj) or is_channel(obj) or is_stateful(obj):
+    if (
+        isinstance(obj, set | io.IOBase | types.ModuleType)
+        or _is_rng(obj)
+        or is_channel(obj)
+        or is_stateful(obj)
+    ):
         return []  # a module (`import x` inside the loop) is bound by name, never restored
     if hasattr(obj, "__dict__") and not isinstance(obj, type):
         return [(attr(path, k), x) for k, x in vars(obj).items()]

@@ -112,7 +112,10 @@ class InstrumentedLoader(importlib.machinery.SourceFileLoader):
 
 
 def _warn(e: FlortrainError, name: str) -> None:
-    print(f"flortrain: warning: {e.one_line()}; module {name} imported without instrumentation", file=sys.stderr)
+    print(
+        f"flortrain: warning: {e.one_line()}; module {name} imported without instrumentation",
+        file=sys.stderr,
+    )
 
 
 class ProjectHook(importlib.abc.MetaPathFinder):
@@ -138,8 +141,10 @@ class ProjectHook(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname == "flortrain" or fullname.startswith("flortrain.") or (
-            path is not None and not self.files.may_hold(path)
+        if (
+            fullname == "flortrain"
+            or fullname.startswith("flortrain.")
+            or (path is not None and not self.files.may_hold(path))
         ):
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
@@ -205,7 +210,9 @@ def installed(hook: importlib.abc.MetaPathFinder | None) -> Iterator[None]:
         yield
         return
     finders = sys.meta_path
-    at = next((i for i, f in enumerate(finders) if f is importlib.machinery.PathFinder), len(finders))
+    at = next(
+        (i for i, f in enumerate(finders) if f is importlib.machinery.PathFinder), len(finders)
+    )
     finders.insert(at, hook)
     try:
         yield

@@ -78,7 +78,9 @@ def execute(
     if uses_torch and torch_available():
         session.registry.install()
     session.note_initial_streams()
-    tee = Tee(sys.stdout, session.context, lambda entries: session.store.put_logs(session.run_id, entries))
+    tee = Tee(
+        sys.stdout, session.context, lambda entries: session.store.put_logs(session.run_id, entries)
+    )
     session.tee = tee
     if session.resume is not None:  # the killed run's log is kept up to the resumed iteration
         tee.seq, tee.muted = session.resume_seq, True

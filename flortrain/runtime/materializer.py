@@ -146,7 +146,9 @@ Lost = Callable[[str, str], None]
 
 
 class Materializer(Protocol):
-    def submit(self, key: str, block_id: str, payload: dict[str, Any], afford: Afford | None = None) -> float:
+    def submit(
+        self, key: str, block_id: str, payload: dict[str, Any], afford: Afford | None = None
+    ) -> float:
         """Stage a checkpoint; when this returns, training may change anything the payload refers
         to. The checkpoint is committed later, or reported lost. Returns the seconds the writer
         will take for it (an estimate, :func:`writer_speed`; 0 when it was written here).
@@ -239,7 +241,9 @@ class SyncMaterializer:
         self.run_id = run_id
         self.cb = callbacks
 
-    def submit(self, key: str, block_id: str, payload: dict[str, Any], afford: Afford | None = None) -> float:
+    def submit(
+        self, key: str, block_id: str, payload: dict[str, Any], afford: Afford | None = None
+    ) -> float:
         """``afford`` is not asked: only serializing would tell the size, and that is the cost."""
         data, dig = serialize(payload)
         self.write(key, data, dig)
@@ -280,7 +284,9 @@ class ChangeTracker:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self.seen: dict[tuple[Any, ...], tuple[Any, int, int, int]] = {}  # where -> (t, version, token, when)
+        self.seen: dict[
+            tuple[Any, ...], tuple[Any, int, int, int]
+        ] = {}  # where -> (t, version, token, when)
         self.next_token = 0
         self.checkpoints = 0
         #: module tensors at the main loop's entry: where -> (t, version, its name once hashed)
@@ -288,7 +294,14 @@ class ChangeTracker:
 
     @staticmethod
     def _where(t: Any) -> tuple[Any, ...]:
-        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+        return (
+            t.untyped_storage().data_ptr(),
+            t.storage_offset(),
+            tuple(t.shape),
+            tuple(t.stride()),
+            t.dtype,
+            t.device,
+        )
 
     def unchanged(self, t: Any) -> int | None:
         """The token of this tensor's bytes as last staged, if they cannot have changed since."""
@@ -379,7 +392,9 @@ class _Flight:
 class BackgroundMaterializer:
     """Stage on the training thread, write in the forked writer (see the module docstring)."""
 
-    def __init__(self, store: Store, run_id: int, callbacks: Callbacks, track_versions: bool = True) -> None:
+    def __init__(
+        self, store: Store, run_id: int, callbacks: Callbacks, track_versions: bool = True
+    ) -> None:
         self.store = store
         self.run_id = run_id
         self.cb = callbacks
@@ -414,7 +429,14 @@ class BackgroundMaterializer:
             # a writer forked again mid-run (the first one died) does not compete to warm pages
             warm = 0 if self._forks else self.warmer.nbytes
             run_child(
-                child_sock, self.view, self.store.blobs, parent, self.delay, self.backlog, warm, launcher.writer_end
+                child_sock,
+                self.view,
+                self.store.blobs,
+                parent,
+                self.delay,
+                self.backlog,
+                warm,
+                launcher.writer_end,
             )
         self._forks += 1
         child_sock.close()
@@ -518,7 +540,9 @@ class BackgroundMaterializer:
         places: list[Any] = [None] * len(st.tensors)
         seen: list[tuple[Any, int]] = []
         layout: list[tuple[int, int]] = []  # (tensor, offset within the region) to copy
-        kept: list[tuple[int, tuple[Any, ...]]] = []  # unchanged since the loop's entry: named, not staged
+        kept: list[
+            tuple[int, tuple[Any, ...]]
+        ] = []  # unchanged since the loop's entry: named, not staged
         n = _up(len(st.parts))
         for g, t in enumerate(st.tensors):
             nbytes = st.metas[g][2]
@@ -577,9 +601,14 @@ class BackgroundMaterializer:
             places[g] = (p[0], start + p[1], p[2], p[3])
         forget = self.tracker.update(seen)
         item = {
-            "key": key, "kind": "blob", "rel": self.store.blob_rel(self.run_id, key),
-            "parts": (start, len(st.parts)), "metas": st.metas, "skeletons": st.skeletons,
-            "places": places, "forget": forget,
+            "key": key,
+            "kind": "blob",
+            "rel": self.store.blob_rel(self.run_id, key),
+            "parts": (start, len(st.parts)),
+            "metas": st.metas,
+            "skeletons": st.skeletons,
+            "places": places,
+            "forget": forget,
         }
         return self._send(key, item, start, start + n, staged, objects)
 
@@ -593,11 +622,18 @@ class BackgroundMaterializer:
             self.sync.write(key, data, dig)
             return 0.0
         self.view[start : start + len(data)] = data
-        item = {"key": key, "kind": "bytes", "rel": self.store.blob_rel(self.run_id, key),
-                "region": (start, len(data)), "digests": dig}
+        item = {
+            "key": key,
+            "kind": "bytes",
+            "rel": self.store.blob_rel(self.run_id, key),
+            "region": (start, len(data)),
+            "digests": dig,
+        }
         return self._send(key, item, start, start + n, len(data))
 
-    def _send(self, key: str, item: dict[str, Any], start: int, end: int, staged: int, objects: int = 0) -> float:
+    def _send(
+        self, key: str, item: dict[str, Any], start: int, end: int, staged: int, objects: int = 0
+    ) -> float:
         """Hand an item to the writer; the seconds it will take there (:func:`writer_speed`)."""
         assert self.ch is not None
         self.inflight.append(_Flight(key, start, end, staged))
@@ -663,11 +699,15 @@ class BackgroundMaterializer:
                 if self.pid is not None:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(self.pid, 9)
-                self._died(f"did not finish within {self.flush_timeout:.0f}s ({knobs.FLUSH_TIMEOUT_ENV})")
+                self._died(
+                    f"did not finish within {self.flush_timeout:.0f}s ({knobs.FLUSH_TIMEOUT_ENV})"
+                )
                 return
             if not told and waited > 2 and self.inflight:
                 told = True
-                self.cb.warn(f"waiting for {len(self.inflight)} of {pending} checkpoint(s) to be written")
+                self.cb.warn(
+                    f"waiting for {len(self.inflight)} of {pending} checkpoint(s) to be written"
+                )
             self._take(1.0)
             if self._bye:
                 break  # everything before "bye" was handled
@@ -746,7 +786,9 @@ def _up(n: int) -> int:
     return n + (-n % _ALIGN)
 
 
-def make(store: Store, run_id: int, callbacks: Callbacks, track_versions: bool = True) -> Materializer:
+def make(
+    store: Store, run_id: int, callbacks: Callbacks, track_versions: bool = True
+) -> Materializer:
     """The materializer ``FLORTRAIN_MATERIALIZER`` names (background by default)."""
     if knobs.materializer() == "sync":
         return SyncMaterializer(store, run_id, callbacks)

@@ -27,7 +27,9 @@ def isolated(session: Session | None) -> Iterator[None]:
     modes: list[tuple[Any, list[bool]]] = []
     grad = None
     if torch is not None:
-        modes = [(m, [sub.training for sub in m.modules()]) for _, m in session.registry.root_modules()]
+        modes = [
+            (m, [sub.training for sub in m.modules()]) for _, m in session.registry.root_modules()
+        ]
         grad = torch.is_grad_enabled()
     # A loader a probe iterates draws from its own generators (the shuffle order, the workers'
     # base seed): saved the moment the probe first iterates it, put back afterwards.

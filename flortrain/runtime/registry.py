@@ -226,4 +226,6 @@ class Registry:
     def modules_of(self, optimizer: Any) -> list[tuple[int, Any]]:
         """The root modules owning any parameter this optimizer updates."""
         params = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        return [(i, m) for i, m in self.root_modules() if any(id(p) in params for p in m.parameters())]
+        return [
+            (i, m) for i, m in self.root_modules() if any(id(p) in params for p in m.parameters())
+        ]

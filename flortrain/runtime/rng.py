@@ -69,7 +69,9 @@ def encode(state: dict[str, Any]) -> bytes:
 UNTOUCHED = "untouched"
 
 
-def digest_map(state: dict[str, Any], memo: dict[str, tuple[bytes, str]] | None = None) -> dict[str, str]:
+def digest_map(
+    state: dict[str, Any], memo: dict[str, tuple[bytes, str]] | None = None
+) -> dict[str, str]:
     """A short digest of each stream's state. ``memo`` (stream -> the bytes its state last
     encoded to, and their digest) spares hashing a stream whose state is the last one seen: a
     digest is a function of those bytes, and a stream the script does not draw from between two

@@ -65,7 +65,9 @@ class Session:
     _warned: set[str] = field(default_factory=set)
     _iterations: list[IterationRow] = field(default_factory=list)
     _blocks: list[BlockRow] = field(default_factory=list)  # block instances without a checkpoint
-    _jump_pending: tuple[str, int, Boundary] | None = None  # a jump the main loop's generator decided
+    _jump_pending: tuple[str, int, Boundary] | None = (
+        None  # a jump the main loop's generator decided
+    )
     _driven: set[str] = field(default_factory=set)  # main loops whose iterator the runtime wraps
     #: when the current iteration of each main loop began: wall, CPU, and :attr:`held` then
     _boundary_t: dict[str, tuple[float, float, float]] = field(default_factory=dict)
@@ -120,7 +122,11 @@ class Session:
             # (a boundary's key begins with its main loop's id, never among them)
             execute = self.replay.execute
             self.store.read_ahead(
-                [ck for key, ck in self.replay.checkpoints.items() if key.partition("@")[0] not in execute],
+                [
+                    ck
+                    for key, ck in self.replay.checkpoints.items()
+                    if key.partition("@")[0] not in execute
+                ],
                 object_refs,
             )
 
@@ -130,7 +136,10 @@ class Session:
         if self.materializer is None:
             assert isinstance(self.store, Store)  # record mode: the SQLite store itself
             self.materializer = _materializer.make(
-                self.store, self.run_id, Callbacks(self._committed, self._lost, self.warn), self.track_versions
+                self.store,
+                self.run_id,
+                Callbacks(self._committed, self._lost, self.warn),
+                self.track_versions,
             )
         return self.materializer
 
@@ -156,7 +165,11 @@ class Session:
     def _segment_here(self) -> Segment | None:
         """A worker's segment, when the current main-loop iteration is of the loop it divides."""
         seg = self._segment()
-        return seg if seg is not None and self.main is not None and seg.owns(self.main[0], self.main[1]) else None
+        return (
+            seg
+            if seg is not None and self.main is not None and seg.owns(self.main[0], self.main[1])
+            else None
+        )
 
     def _mark(self, name: str) -> None:
         if name not in self.marks:
@@ -168,7 +181,13 @@ class Session:
         the segment's end are then jumped over: no probe fires in them."""
         seg = self._segment()
         reached = i if target is None else target
-        if seg is None or seg.end is None or not seg.owns(main_id, entry) or i < seg.start or reached < seg.end:
+        if (
+            seg is None
+            or seg.end is None
+            or not seg.owns(main_id, entry)
+            or i < seg.start
+            or reached < seg.end
+        ):
             return
         if i < seg.end:
             self.store.put_jump(self.run_id, main_id, entry, i, seg.end)
@@ -213,7 +232,11 @@ class Session:
         if objects is not None and names is not None:
             if self.mode == "record":
                 self._audit_iteration(main_id, i, objects, names, frame)
-                boundary = self._resume_jump(main_id, i, objects, names) if self.resume is not None else None
+                boundary = (
+                    self._resume_jump(main_id, i, objects, names)
+                    if self.resume is not None
+                    else None
+                )
                 scalars = scalars_json(names)
                 if boundary is None:
                     boundary = self._record_boundary(main_id, i, objects, names, values)
@@ -244,7 +267,11 @@ class Session:
         last, self._main_audit = self._main_audit, None
         if last is not None and last[0] == main_id:
             self.audit_loop(main_id, last[1], last[2], objects, names)
-        if frame is not None and i < knobs.ALIAS_WATCH_INSTANCES and main_id not in self.unnamed_effects:
+        if (
+            frame is not None
+            and i < knobs.ALIAS_WATCH_INSTANCES
+            and main_id not in self.unnamed_effects
+        ):
             before = self.audit_image(main_id, frame)
             if before is not None:
                 self._main_audit = (main_id, before, frame)
@@ -260,11 +287,18 @@ class Session:
         try:
             return audit.Image(audit.roots(frame, self.project), watched=self._watched)
         except Exception as e:
-            self.warn_once(f"{loop_id}.audit", f"loop {loop_id}: side-effect audit unavailable: {e}")
+            self.warn_once(
+                f"{loop_id}.audit", f"loop {loop_id}: side-effect audit unavailable: {e}"
+            )
             return None
 
     def audit_loop(
-        self, loop_id: str, before: audit.Image, frame: FrameType | None, objects: Getters, names: Getters
+        self,
+        loop_id: str,
+        before: audit.Image,
+        frame: FrameType | None,
+        objects: Getters,
+        names: Getters,
     ) -> None:
         """Compare a loop instance's before-image with the state now (``audit``). State changed in
         place that the changeset (``objects``, ``names``) does not reach stops the loop's
@@ -278,19 +312,25 @@ class Session:
             # (nanoGPT's `for param_group in optimizer.param_groups` leaves a name on the last)
             covered = audit.reachable([*state.values(), *(o.param_groups for o in optimizers)])
             trained = (
-                audit.trained_addresses([m for _, m in self.registry.root_modules()], optimizers, torch)
+                audit.trained_addresses(
+                    [m for _, m in self.registry.root_modules()], optimizers, torch
+                )
                 if torch is not None
                 else set()
             )
             named = audit.named_slots(state.keys(), frame)
             changed = audit.changed(before, after, covered, trained, named)
         except Exception as e:
-            self.warn_once(f"{loop_id}.audit", f"loop {loop_id}: side-effect audit unavailable: {e}")
+            self.warn_once(
+                f"{loop_id}.audit", f"loop {loop_id}: side-effect audit unavailable: {e}"
+            )
             return
         if not changed or loop_id in self.unnamed_effects:
             return
         listed = ", ".join(f"`{n}`" for n in changed[:3]) + (", ..." if len(changed) > 3 else "")
-        self.unnamed_effect(loop_id, f"changes {listed} in place through code its changeset does not see into")
+        self.unnamed_effect(
+            loop_id, f"changes {listed} in place through code its changeset does not see into"
+        )
 
     def unnamed_effect(self, loop_id: str, why: str) -> None:
         """A loop changes state its checkpoints would not hold (the audit, or an iterator it
@@ -316,7 +356,9 @@ class Session:
                 self.store.put_file_states(self.run_id, self.files.take_states())
             self.store.write_held()  # the checkpoints' rows and claims (`Store.hold_claims`)
 
-    def _resume_jump(self, main_id: str, i: int, objects: Getters, names: Getters) -> Boundary | None:
+    def _resume_jump(
+        self, main_id: str, i: int, objects: Getters, names: Getters
+    ) -> Boundary | None:
         """``record --resume``: at the resumed main loop's first iteration, restore the killed
         run's boundary checkpoint and continue recording from there; its output from then on is
         printed and captured again (the Tee was muted until here)."""
@@ -329,7 +371,9 @@ class Session:
         if b is None and main_id not in self._driven and i < k:
             b = self._load_boundary(main_id, entry, k, i)
         if b is None:
-            raise RuntimeError(f"flortrain: cannot resume at {main_id} iteration {k}: its boundary checkpoint did not load")
+            raise RuntimeError(
+                f"flortrain: cannot resume at {main_id} iteration {k}: its boundary checkpoint did not load"
+            )
         self.resume, self.replay = None, None  # from here on, an ordinary record
         b.restore(self, objects, names)
         b.jumped_to = k
@@ -389,18 +433,23 @@ class Session:
         assert self.main is not None
         b = Boundary(self, main_id, values, i)
         b.key = f"{main_id}@{main_id}.{self.main[1]}.{i}#0"
+
         def afford(blocked: float, writer: float) -> bool:
             return self.adaptive.affords(main_id, blocked, writer)
 
         try:
-            outcome = self.checkpoint(b.key, main_id, lambda: b._payload(self, objects, names), afford)
+            outcome = self.checkpoint(
+                b.key, main_id, lambda: b._payload(self, objects, names), afford
+            )
         except Declined:
             self.adaptive.declined(main_id, time.perf_counter() - now)
             self._iteration_begins(main_id)  # the capture is not the next iteration's
             return None
         except Exception as e:  # the iterations still run and record; only jumping is lost
             self._no_boundary.add(main_id)
-            self.warn(f"main loop {main_id}: iteration boundaries not checkpointed: {b.failure(e, objects, names)}")
+            self.warn(
+                f"main loop {main_id}: iteration boundaries not checkpointed: {b.failure(e, objects, names)}"
+            )
             return None
         if self.files is not None:  # every file the run has written, as the iteration finds it
             self.files.checkpoint(b.key, 0)
@@ -411,18 +460,28 @@ class Session:
         self._iteration_begins(main_id)  # the checkpoint is not the next iteration's
         return b
 
-    def _entry_identities(self, main_id: str, objects: Getters, names: Getters, values: tuple[str, ...]) -> None:
+    def _entry_identities(
+        self, main_id: str, objects: Getters, names: Getters, values: tuple[str, ...]
+    ) -> None:
         """The objects below the main loop's state, and its names' objects, as it starts: what
         its first boundary tells replaced objects by (``identity``)."""
         try:
             b = Boundary(self, main_id, values)
-            self.identity_tables[main_id] = identity.entry_table(b.roots(self, bound(objects)), bound(names))
+            self.identity_tables[main_id] = identity.entry_table(
+                b.roots(self, bound(objects)), bound(names)
+            )
         except Exception as e:  # boundaries then judge every object new: right, only slower
-            self.warn_once(f"{main_id}.identity", f"main loop {main_id}: cannot walk its state: {e}")
+            self.warn_once(
+                f"{main_id}.identity", f"main loop {main_id}: cannot walk its state: {e}"
+            )
 
     # -- checkpoints -------------------------------------------------------------------------------
     def checkpoint(
-        self, key: str, block_id: str, payload: Callable[[], dict[str, Any]], afford: Afford | None = None
+        self,
+        key: str,
+        block_id: str,
+        payload: Callable[[], dict[str, Any]],
+        afford: Afford | None = None,
     ) -> tuple[str, Any] | None:
         """Capture and stage a checkpoint. Returns ``("committed", digests)`` or ``("lost",
         reason)`` when the materializer finished it at once, None while it is pending (its row is
@@ -442,8 +501,14 @@ class Session:
         return self._outcome
 
     def put_checkpointed(
-        self, key: str, block_id: str, iteration: int, occurrence: int, state: str,
-        outcome: tuple[str, Any] | None, **costs: Any,
+        self,
+        key: str,
+        block_id: str,
+        iteration: int,
+        occurrence: int,
+        state: str,
+        outcome: tuple[str, Any] | None,
+        **costs: Any,
     ) -> None:
         """The row of a block instance (or boundary) just staged; ``state`` is what it becomes
         once committed (``checkpointed`` or ``boundary``)."""
@@ -456,12 +521,25 @@ class Session:
             digests = outcome[1]
         else:
             note = f"checkpoint lost: {outcome[1]}"
-        row_state = state if state == "boundary" or (outcome is not None and outcome[0] == "committed") else "recorded"
+        row_state = (
+            state
+            if state == "boundary" or (outcome is not None and outcome[0] == "committed")
+            else "recorded"
+        )
         if state != "boundary":
             self.counts[row_state] = self.counts.get(row_state, 0) + 1
         self.store.put_block(
-            self.run_id, key, block_id, self.main[0], self.main[1], iteration, occurrence, row_state,
-            note=note, state_sha=digests, **costs,
+            self.run_id,
+            key,
+            block_id,
+            self.main[0],
+            self.main[1],
+            iteration,
+            occurrence,
+            row_state,
+            note=note,
+            state_sha=digests,
+            **costs,
         )
 
     def untracked_writes(self) -> None:
@@ -502,7 +580,12 @@ class Session:
         while True:
             skip = 0
             spans = self.replay.spans if self.replay is not None else None
-            if spans is not None and not self.probe_depth and self.main is not None and self.main[0] == main_id:
+            if (
+                spans is not None
+                and not self.probe_depth
+                and self.main is not None
+                and self.main[0] == main_id
+            ):
                 _, entry, last = self.main
                 i = last + 1
                 self._end_segment(main_id, entry, i)
@@ -521,7 +604,13 @@ class Session:
             yield item
 
     def _jump(
-        self, main_id: str, i: int, objects: Getters, names: Getters, values: tuple[str, ...], frame: FrameType | None
+        self,
+        main_id: str,
+        i: int,
+        objects: Getters,
+        names: Getters,
+        values: tuple[str, ...],
+        frame: FrameType | None,
     ) -> Boundary | None:
         assert self.main is not None and self.replay is not None
         spans = self.replay.spans
@@ -555,7 +644,9 @@ class Session:
             try:
                 put_back(self.replay.files.get(key, ()), self.store.read_object)
             except OSError as e:
-                self.warn_once(f"files:{key}", f"files not put back as checkpoint {key} found them: {e}")
+                self.warn_once(
+                    f"files:{key}", f"files not put back as checkpoint {key} found them: {e}"
+                )
 
     def _load_boundary(self, main_id: str, entry: int, j: int, i: int) -> Boundary | None:
         """Boundary ``j`` of the main loop, loaded for a jump from iteration ``i``."""
@@ -564,13 +655,17 @@ class Session:
         ck = self.replay.checkpoints.get(key)
         data = self.store.read_blob(ck[0], ck[1]) if ck is not None else None
         if data is None:
-            self.warn_once(f"corrupt:{key}", f"boundary checkpoint {key} is missing or corrupt; running on")
+            self.warn_once(
+                f"corrupt:{key}", f"boundary checkpoint {key} is missing or corrupt; running on"
+            )
             return None
         b = Boundary(self, main_id, ())
         b.at = i
         problem = b.load(self, data)
         if problem is not None:
-            self.warn_once(f"unusable:{main_id}", f"boundary checkpoint {key} {problem}; running on")
+            self.warn_once(
+                f"unusable:{main_id}", f"boundary checkpoint {key} {problem}; running on"
+            )
             return None
         return b
 
@@ -645,11 +740,16 @@ class Session:
             return State.EXECUTE
         data = self.store.read_blob(ck[0], ck[1])
         if data is None:
-            self.warn_once(f"corrupt:{block.key}", f"checkpoint {block.key} is missing or corrupt; re-executing it")
+            self.warn_once(
+                f"corrupt:{block.key}",
+                f"checkpoint {block.key} is missing or corrupt; re-executing it",
+            )
             return State.EXECUTE
         problem = block.load(self, data)
         if problem is not None:
-            self.warn_once(f"unusable:{block.id}", f"checkpoint {block.key} {problem}; re-executing it")
+            self.warn_once(
+                f"unusable:{block.id}", f"checkpoint {block.key} {problem}; re-executing it"
+            )
             return State.EXECUTE
         return State.SKIP
 
@@ -662,7 +762,9 @@ class Session:
         occ = int(block.key.rsplit("#", 1)[1])
         # written with the iterations, once per commit interval: the row describes the run, and
         # no checkpoint hangs on it
-        self._blocks.append((block.key, block.id, m, entry, it, occ, state, {"state_sha": digests, **costs}))
+        self._blocks.append(
+            (block.key, block.id, m, entry, it, occ, state, {"state_sha": digests, **costs})
+        )
 
     def region(self) -> str | None:
         for f in self.frames:
@@ -727,15 +829,21 @@ class Session:
                 return
             covered.add(id(obj))
             kind = (
-                "module" if isinstance(obj, torch.nn.Module)
-                else "optimizer" if isinstance(obj, torch.optim.Optimizer)
+                "module"
+                if isinstance(obj, torch.nn.Module)
+                else "optimizer"
+                if isinstance(obj, torch.optim.Optimizer)
                 else "loader"
             )
             out.append((kind, i, obj))
             if isinstance(obj, torch.optim.Optimizer):
                 for _, m in self.registry.modules_of(obj):
                     add(m)
-            elif kind == "loader" and self.mode == "record" and getattr(obj, "persistent_workers", False):
+            elif (
+                kind == "loader"
+                and self.mode == "record"
+                and getattr(obj, "persistent_workers", False)
+            ):
                 self.warn_once(f"persistent#{i}", _persistent_workers(block_id, i))
 
         def expand(obj: Any) -> None:
@@ -821,7 +929,10 @@ class Session:
             return None
         writer, keys = self.handed
         return {
-            "root": str(self.store.root), "run_id": self.run_id, "writer": writer, "inflight": keys,
+            "root": str(self.store.root),
+            "run_id": self.run_id,
+            "writer": writer,
+            "inflight": keys,
             "pending": {k: self._pending[k] for k in keys if k in self._pending},
         }
 

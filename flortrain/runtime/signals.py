@@ -158,8 +158,12 @@ def _deliver(arrived: list[int]) -> None:
             except BaseException as e:
                 raised.append(e)
     if raised:
-        for other in raised[1:]:  # each handler ran; the first exception propagates, naming the others
-            raised[0].add_note(f"(a handler of another signal that arrived meanwhile raised {other!r})")
+        for other in raised[
+            1:
+        ]:  # each handler ran; the first exception propagates, naming the others
+            raised[0].add_note(
+                f"(a handler of another signal that arrived meanwhile raised {other!r})"
+            )
         raise raised[0]
 
 

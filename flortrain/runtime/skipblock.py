@@ -258,7 +258,9 @@ class Checkpointable:
                 continue
             if torch is not None and isinstance(v, torch.Tensor):
                 members = _members(s) if members is None else members
-                if id(v) in members:  # a model's own tensor: the live one, after the model's restore
+                if (
+                    id(v) in members
+                ):  # a model's own tensor: the live one, after the model's restore
                     rebound[expr] = members[id(v)]
                     continue
             _no_live_objects_inside(s, expr, v)
@@ -278,7 +280,13 @@ class Checkpointable:
             "end": s.registry.count(),
             "ids": {e: i for e, v in vals.items() if (i := s.registry.id_of(v)) is not None},
         }
-        payload = {"objects": captured, "extra": extra, "names": rebound, "rng": rng.capture(), "registry": registry}
+        payload = {
+            "objects": captured,
+            "extra": extra,
+            "names": rebound,
+            "rng": rng.capture(),
+            "registry": registry,
+        }
         if marks is not None:
             payload["since"] = marks.since
         if isinstance(marks, identity.InstanceMarks):
@@ -301,7 +309,9 @@ class Checkpointable:
 
     def unusable(self, payload: dict[str, Any]) -> str | None:
         """Why a restore of ``payload`` would fail (at :attr:`at`), checked before it starts."""
-        return why_unrestorable({**payload["objects"], **payload["extra"]}, payload.get("since"), self.at)
+        return why_unrestorable(
+            {**payload["objects"], **payload["extra"]}, payload.get("since"), self.at
+        )
 
     def _detachable(self, expr: str, v: Any) -> Any:
         """A rebound value as the checkpoint stores it. A tensor carrying an autograd graph is
@@ -381,7 +391,11 @@ class Checkpointable:
             elif isinstance(v, Captured):
                 held = live.get(expr, ABSENT)
                 v = r.child(_MISSING if held is ABSENT else held, v.state, identity.NAME + expr)
-            elif live.get(expr, ABSENT) is not ABSENT and not r.replaced(identity.NAME + expr) and assign_into(live[expr], v):
+            elif (
+                live.get(expr, ABSENT) is not ABSENT
+                and not r.replaced(identity.NAME + expr)
+                and assign_into(live[expr], v)
+            ):
                 v = live[expr]
             self.values[expr] = v
             r.placed[expr] = v
@@ -405,17 +419,23 @@ class SkipBlock(Checkpointable):
         names: Getters | None = None,
         unchecked: tuple[str, ...] = (),
     ) -> None:
-        super().__init__(block_id, detach_ok, session.registry.count() if session is not None else 0)
+        super().__init__(
+            block_id, detach_ok, session.registry.count() if session is not None else 0
+        )
         self.session = session
         #: rebound names restored but not compared with the record's checkpoint (clock readings)
         self.unchecked = unchecked
         # The user's frame running the loop, and the loop's lines in it: an exception that leaves
         # the loop never reaches `end()`, and the session tells by the frame having moved on.
         self.span = span
-        self.pyframe: FrameType | None = sys._getframe(2) if session is not None and span[0] else None
+        self.pyframe: FrameType | None = (
+            sys._getframe(2) if session is not None and span[0] else None
+        )
         self.thread = threading.get_ident()
         self.aborted = False
-        self.files_seq = 0  # record: the write events before the instance began (``runtime/files.py``)
+        self.files_seq = (
+            0  # record: the write events before the instance began (``runtime/files.py``)
+        )
         if session is not None:
             session.close_left_frames()
         self.watch: dict[int, Any] | None = None
@@ -466,7 +486,9 @@ class SkipBlock(Checkpointable):
             session.warn_once(f"{self.id}.identity", f"block {self.id}: cannot walk its state: {e}")
             return None
 
-    def _identities(self, session: Session, roots: dict[str, Any] | None, names: Getters | None) -> dict[str, Any] | None:
+    def _identities(
+        self, session: Session, roots: dict[str, Any] | None, names: Getters | None
+    ) -> dict[str, Any] | None:
         """The objects below the changeset, and the rebound names' objects, as the instance
         starts (``identity``); None when they cannot be walked, and the instance is then not
         checkpointed."""
@@ -494,7 +516,11 @@ class SkipBlock(Checkpointable):
         a few tenths of a microsecond per tensor of such modules, none for the rest."""
         covered = {id(o) for o in (roots or {}).values()}  # unknown roots: watch every module
         try:
-            return {i: _light_token(m) for i, m in session.registry.root_modules() if id(m) not in covered}
+            return {
+                i: _light_token(m)
+                for i, m in session.registry.root_modules()
+                if id(m) not in covered
+            }
         except Exception as e:
             session.warn_once(f"{self.id}.watch", f"block {self.id}: alias watch unavailable: {e}")
             return None
@@ -528,11 +554,14 @@ class SkipBlock(Checkpointable):
             try:
                 name = audit.outside_iterator(iterable, sys._getframe(1))
             except Exception as e:
-                s.warn_once(f"{self.id}.audit", f"loop {self.id}: side-effect audit unavailable: {e}")
+                s.warn_once(
+                    f"{self.id}.audit", f"loop {self.id}: side-effect audit unavailable: {e}"
+                )
             else:
                 if name is not None:
                     s.unnamed_effect(
-                        self.id, f"iterates `{name}`, an iterator made before it, whose position no checkpoint holds"
+                        self.id,
+                        f"iterates `{name}`, an iterator made before it, whose position no checkpoint holds",
                     )
         return iterable
 
@@ -582,10 +611,14 @@ class SkipBlock(Checkpointable):
             return True
         if self.state is State.EXECUTE:
             compute = time.perf_counter() - self.t0
-            s.block_done(self, "executed", compute_s=compute, digests=self._replay_digests(s, objects, names))
+            s.block_done(
+                self, "executed", compute_s=compute, digests=self._replay_digests(s, objects, names)
+            )
         return False
 
-    def _replay_digests(self, s: Session, objects: Getters, names: Getters) -> dict[str, str] | None:
+    def _replay_digests(
+        self, s: Session, objects: Getters, names: Getters
+    ) -> dict[str, str] | None:
         """Digests of the state this executed instance produced, where the record checkpointed the
         same instance: ``diff`` compares them part by part. A clock reading (``unchecked``) is left
         out: the replay read the clock anew, and ``diff`` compares only parts both runs have."""
@@ -595,7 +628,11 @@ class SkipBlock(Checkpointable):
             parts = digests(self._payload(s, objects, names))
         except Exception:  # what cannot be captured cannot be compared; the record had it
             return None
-        return {k: v for k, v in parts.items() if not (k.startswith("names:") and k[6:] in self.unchecked)}
+        return {
+            k: v
+            for k, v in parts.items()
+            if not (k.startswith("names:") and k[6:] in self.unchecked)
+        }
 
     # -- record ----------------------------------------------------------------------------------
     def _record(self, s: Session, objects: Getters, names: Getters) -> None:
@@ -640,7 +677,14 @@ class SkipBlock(Checkpointable):
         occ = int(self.key.rsplit("#", 1)[1])
         assert s.main is not None
         s.put_checkpointed(
-            self.key, self.id, s.main[2], occ, "checkpointed", outcome, compute_s=compute, materialize_s=m
+            self.key,
+            self.id,
+            s.main[2],
+            occ,
+            "checkpointed",
+            outcome,
+            compute_s=compute,
+            materialize_s=m,
         )
 
     def _learn_aliases(self, s: Session, objects: Getters) -> None:
@@ -649,7 +693,9 @@ class SkipBlock(Checkpointable):
         covered = {i for _, i, _ in s.augmentation(self.id, objs)} | {
             i for o in objs if (i := s.registry.id_of(o)) is not None
         }
-        owned = _module_parameters([(i, o) for i in self.watch if (o := s.registry.get(i)) is not None])
+        owned = _module_parameters(
+            [(i, o) for i in self.watch if (o := s.registry.get(i)) is not None]
+        )
         for i, before in self.watch.items():
             if i in covered:
                 continue
@@ -668,7 +714,11 @@ def _light_token(m: Any) -> Any:
     out: list[Any] = [m.training]
     for t in (*m.parameters(), *m.buffers()):
         try:
-            out.append(audit.tensor_image(t, torch) if versions.untrusted(t) else (t.data_ptr(), t._version))
+            out.append(
+                audit.tensor_image(t, torch)
+                if versions.untrusted(t)
+                else (t.data_ptr(), t._version)
+            )
         except RuntimeError:  # an inference tensor: no counter
             out.append(audit.tensor_image(t, torch))
     return out
@@ -686,7 +736,10 @@ def _module_parameters(watched: list[tuple[int, Any]]) -> frozenset[int]:
     torch = sys.modules.get("torch")
     if torch is None:
         return frozenset()
-    return frozenset(id(p) for _, o in watched if isinstance(o, torch.nn.Module) for p in o.parameters())
+    return frozenset(
+        id(p) for _, o in watched if isinstance(o, torch.nn.Module) for p in o.parameters()
+    )
+
 
 def _no_live_objects_inside(s: Session, expr: str, v: Any) -> None:
     """Refuse a rebound object that holds a live model, optimizer or loader in an attribute (a
@@ -738,7 +791,9 @@ def _no_views_of_parameters(s: Session, rebound: dict[str, Any], objs: dict[str,
             )
 
 
-def _contained_tensors(v: Any, path: str, torch: Any, out: list[tuple[str, Any]], seen: set[int]) -> None:
+def _contained_tensors(
+    v: Any, path: str, torch: Any, out: list[tuple[str, Any]], seen: set[int]
+) -> None:
     """The tensors inside a live container or plain object (not a tensor at the top: a
     changeset tensor restored in place is the same object), through lists, tuples, dicts and
     attributes."""

@@ -64,7 +64,9 @@ def scalars_json(getters: Getters) -> str | None:
 class Boundary(Checkpointable):
     """The state at the start of one main-loop iteration."""
 
-    def __init__(self, session: Session, main_id: str, detach_ok: tuple[str, ...], index: int = 0) -> None:
+    def __init__(
+        self, session: Session, main_id: str, detach_ok: tuple[str, ...], index: int = 0
+    ) -> None:
         super().__init__(main_id, detach_ok, session.registry.count())
         self.jumped_to: int | None = None
         self.index = index  # the iteration whose start this is
@@ -83,13 +85,17 @@ class Boundary(Checkpointable):
         if torch is None:
             return out
         have = {i for _, i, _ in out} | {i for o in objs if (i := s.registry.id_of(o)) is not None}
-        loaders = [(i, o) for i, o in s.registry.live() if isinstance(o, torch.utils.data.DataLoader)]
+        loaders = [
+            (i, o) for i, o in s.registry.live() if isinstance(o, torch.utils.data.DataLoader)
+        ]
         for i, obj in [*s.watchable(), *loaders]:
             if i not in have:
                 have.add(i)
                 kind = (
-                    "module" if isinstance(obj, torch.nn.Module)
-                    else "optimizer" if isinstance(obj, torch.optim.Optimizer)
+                    "module"
+                    if isinstance(obj, torch.nn.Module)
+                    else "optimizer"
+                    if isinstance(obj, torch.optim.Optimizer)
                     else "loader"
                 )
                 out.append((kind, i, obj))
@@ -104,7 +110,9 @@ class Boundary(Checkpointable):
         """A data loader the replay does not have, because a jumped iteration created it, is
         left out: nothing carried refers to it (a carried name would hold it), so it is never
         iterated again. A missing module or optimizer is training state: the jump is refused."""
-        return ref.startswith("loader#") and (obj is None or int(ref.split("#", 1)[1]) >= self.registry_start)
+        return ref.startswith("loader#") and (
+            obj is None or int(ref.split("#", 1)[1]) >= self.registry_start
+        )
 
     def restore(self, s: Session, objects: Getters, names: Getters | None = None) -> None:
         assert self.payload is not None
@@ -201,7 +209,9 @@ class SpanReplay:
                 found, v = _lookup(frame, name)
                 # a loop invariant only if nothing can change it behind the static pass's back:
                 # an immutable scalar, or an argparse namespace read through an attribute
-                trusted = type(v) is argparse.Namespace if name in g.through else type(v) in _SCALARS
+                trusted = (
+                    type(v) is argparse.Namespace if name in g.through else type(v) in _SCALARS
+                )
                 if not found or not trusted:
                     self.warn(
                         f"guard `{g.source}`: `{name}` is not a plain value"
@@ -211,7 +221,9 @@ class SpanReplay:
                     return True
                 ns[name] = v
             try:
-                if eval(g.code, {"__builtins__": {}}, ns):  # the user's own guard, on recorded values
+                if eval(
+                    g.code, {"__builtins__": {}}, ns
+                ):  # the user's own guard, on recorded values
                     return True
             except Exception:
                 return True
@@ -234,7 +246,9 @@ class SpanReplay:
         if last is None:
             return i
         horizon = last if end is None else end - 1
-        f = next((it for it in range(i + 1, horizon + 1) if self.fires(main, entry, it, frame)), None)
+        f = next(
+            (it for it in range(i + 1, horizon + 1) if self.fires(main, entry, it, frame)), None
+        )
         if f is None and end is not None:
             return end
         k = bisect_right(marks, last if f is None else f)
@@ -259,6 +273,12 @@ def compile_guard(
 
 
 __all__ = [
-    "NO_BOUNDARY", "Boundary", "CompiledGuard", "Segment", "SegmentEnd", "SpanReplay", "compile_guard",
+    "NO_BOUNDARY",
+    "Boundary",
+    "CompiledGuard",
+    "Segment",
+    "SegmentEnd",
+    "SpanReplay",
+    "compile_guard",
     "scalars_json",
 ]

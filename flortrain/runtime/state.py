@@ -56,7 +56,9 @@ class Uncapturable(Unrestorable):
     def __init__(self, path: str, obj: Any) -> None:
         self.path = path
         self.type = type_name(obj)
-        super().__init__(f"cannot capture `{path}` ({self.type}): flortrain has no way to capture a {self.type}")
+        super().__init__(
+            f"cannot capture `{path}` ({self.type}): flortrain has no way to capture a {self.type}"
+        )
 
 
 class CarriesGraph(Unrestorable):
@@ -86,7 +88,9 @@ def _is_data_source(obj: Any) -> bool:
     """Data loaders and datasets are inputs, re-created or re-iterated by the script itself; only
     the random generators they draw from are state (see :func:`data_source_rngs`)."""
     torch = _torch()
-    return torch is not None and isinstance(obj, torch.utils.data.DataLoader | torch.utils.data.Dataset)
+    return torch is not None and isinstance(
+        obj, torch.utils.data.DataLoader | torch.utils.data.Dataset
+    )
 
 
 def data_source_rngs(obj: Any) -> dict[str, Any]:
@@ -114,7 +118,9 @@ def data_source_rngs(obj: Any) -> dict[str, Any]:
                 if id(v) not in seen:
                     seen.add(id(v))
                     found[p] = v
-            elif isinstance(v, data.DataLoader | data.Dataset | data.Sampler) and hasattr(v, "__dict__"):
+            elif isinstance(v, data.DataLoader | data.Dataset | data.Sampler) and hasattr(
+                v, "__dict__"
+            ):
                 walk(v, p, depth + 1)
 
     if hasattr(obj, "__dict__"):
@@ -128,7 +134,9 @@ def _attr_path(obj: Any, path: str) -> Any:
     return obj
 
 
-def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: Mark | None = None) -> dict[str, Any]:
+def capture(
+    obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: Mark | None = None
+) -> dict[str, Any]:
     """A picklable description of ``obj``'s state, referencing (not copying) its tensors: the
     materializer serializes it before training continues (or forks, for copy-on-write).
 
@@ -155,7 +163,10 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: 
                 "training": [m.training for m in obj.modules()],
                 "requires_grad": [p.requires_grad for p in obj.parameters()],
                 # unmarked: a module's plain attributes are restored in place (``identity``)
-                "attrs": {name: _plain_attrs(m, torch, memo, attr(path, name), None) for name, m in obj.named_modules()},
+                "attrs": {
+                    name: _plain_attrs(m, torch, memo, attr(path, name), None)
+                    for name, m in obj.named_modules()
+                },
             }
         if isinstance(obj, torch.optim.Optimizer):
             groups = [g["params"] for g in obj.param_groups]
@@ -171,13 +182,21 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: 
                 # block makes the scheduler warn about a call order the user never had
                 "called": getattr(obj, "_opt_called", None),
             }
-        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or type(obj).__name__ == "ReduceLROnPlateau":
+        if (
+            isinstance(obj, torch.optim.lr_scheduler.LRScheduler)
+            or type(obj).__name__ == "ReduceLROnPlateau"
+        ):
             return {"kind": "scheduler", "state": obj.state_dict()}
         if isinstance(obj, torch.Tensor):
             if obj.grad_fn is not None:
                 raise CarriesGraph(carries_graph(path, obj))
             t = obj.detach()
-            state = {"kind": "tensor", "value": t, "grad": obj.grad, "requires_grad": obj.requires_grad}
+            state = {
+                "kind": "tensor",
+                "value": t,
+                "grad": obj.grad,
+                "requires_grad": obj.requires_grad,
+            }
             if isinstance(obj, torch.nn.Parameter):
                 state["param"] = True  # a replaced one is rebuilt a Parameter, as the loop made it
             return state
@@ -194,16 +213,40 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: 
     if isinstance(obj, random.Random):
         return {"kind": "random", "state": obj.getstate()}
     if _is_data_source(obj):
-        return {"kind": "data_source", "rngs": {p: capture(g) for p, g in data_source_rngs(obj).items()}}
+        return {
+            "kind": "data_source",
+            "rngs": {p: capture(g) for p, g in data_source_rngs(obj).items()},
+        }
     if isinstance(obj, collections.deque):
         items = [_child(x, memo, item(path, i), mark) for i, x in enumerate(obj)]
         return {"kind": "deque", "items": items, "maxlen": obj.maxlen}
     if isinstance(obj, list):
-        return _typed({"kind": "list", "items": [_child(x, memo, item(path, i), mark) for i, x in enumerate(obj)]}, obj, list)
+        return _typed(
+            {
+                "kind": "list",
+                "items": [_child(x, memo, item(path, i), mark) for i, x in enumerate(obj)],
+            },
+            obj,
+            list,
+        )
     if isinstance(obj, tuple):
-        return _typed({"kind": "tuple", "items": [_child(x, memo, item(path, i), mark) for i, x in enumerate(obj)]}, obj, tuple)
+        return _typed(
+            {
+                "kind": "tuple",
+                "items": [_child(x, memo, item(path, i), mark) for i, x in enumerate(obj)],
+            },
+            obj,
+            tuple,
+        )
     if isinstance(obj, dict):
-        return _typed({"kind": "dict", "items": {k: _child(v, memo, item(path, k), mark) for k, v in obj.items()}}, obj, dict)
+        return _typed(
+            {
+                "kind": "dict",
+                "items": {k: _child(v, memo, item(path, k), mark) for k, v in obj.items()},
+            },
+            obj,
+            dict,
+        )
     if isinstance(obj, set):
         return {"kind": "set", "value": obj}
     if is_channel(obj):
@@ -214,9 +257,14 @@ def capture(obj: Any, memo: dict[int, str] | None = None, path: str = "", mark: 
     if is_stateful(obj):
         return {"kind": "stateful", "state": obj.state_dict()}
     if hasattr(obj, "__dict__") and not isinstance(obj, type):
-        state = {"kind": "object", "items": {k: _child(v, memo, attr(path, k), mark) for k, v in vars(obj).items()}}
+        state = {
+            "kind": "object",
+            "items": {k: _child(v, memo, attr(path, k), mark) for k, v in vars(obj).items()},
+        }
         if _picklable_class(type(obj)):
-            state["cls"] = type(obj)  # a replaced one is rebuilt as pickle would: new, then its dict
+            state["cls"] = type(
+                obj
+            )  # a replaced one is rebuilt as pickle would: new, then its dict
         return state
     raise Uncapturable(path, obj)
 
@@ -232,10 +280,12 @@ def capture_named(
     try:
         return capture(obj, memo, path, mark)
     except Uncapturable as e:
-        inner = expr + e.path[len(path):] if e.path.startswith(path) else e.path
+        inner = expr + e.path[len(path) :] if e.path.startswith(path) else e.path
         if inner == expr:
             raise Uncapturable(expr, obj) from None
-        raise Unrestorable(f"cannot capture `{expr}` ({type_name(obj)}): holds a {e.type} at `{inner}`") from None
+        raise Unrestorable(
+            f"cannot capture `{expr}` ({type_name(obj)}): holds a {e.type} at `{inner}`"
+        ) from None
 
 
 _UNPICKLABLE = re.compile(r"(?:cannot|Can't) pickle '?([\w.<>]+)'?")
@@ -275,7 +325,9 @@ def _pickled_children(obj: Any, path: str) -> list[tuple[str, Any]]:
     if isinstance(obj, set | frozenset | types.ModuleType | type):
         return []
     torch = _torch()
-    if torch is not None and isinstance(obj, torch.Tensor | torch.nn.Module | torch.optim.Optimizer):
+    if torch is not None and isinstance(
+        obj, torch.Tensor | torch.nn.Module | torch.optim.Optimizer
+    ):
         return []
     d = getattr(obj, "__dict__", None)
     return [(attr(path, k), v) for k, v in d.items()] if isinstance(d, dict) else []
@@ -291,7 +343,9 @@ def _file_position(f: Any, path: str) -> Any:
     try:
         return f.tell()
     except OSError:  # a text file iterated with `for line in f` cannot tell
-        raise Unrestorable(f"`{path}` is a file iterated line by line, whose position cannot be told") from None
+        raise Unrestorable(
+            f"`{path}` is a file iterated line by line, whose position cannot be told"
+        ) from None
 
 
 @functools.cache
@@ -302,7 +356,9 @@ def _library() -> tuple[str, ...]:
     import sysconfig
 
     paths = sysconfig.get_paths()
-    return tuple({p for scheme in ("stdlib", "platstdlib", "purelib", "platlib") if (p := paths.get(scheme))})
+    return tuple(
+        {p for scheme in ("stdlib", "platstdlib", "purelib", "platlib") if (p := paths.get(scheme))}
+    )
 
 
 def library_module(obj: Any) -> str | None:
@@ -386,16 +442,26 @@ def _is_numpy_value(obj: Any) -> bool:
     return np is not None and isinstance(obj, np.generic | np.dtype)
 
 
-def _plain_attrs(module: Any, torch: Any, memo: dict[int, str], path: str, mark: Mark | None) -> dict[str, Any]:
+def _plain_attrs(
+    module: Any, torch: Any, memo: dict[int, str], path: str, mark: Mark | None
+) -> dict[str, Any]:
     """Captured states of a module's public attributes that training may change in place and
     ``state_dict`` leaves out: plain values, unregistered tensors, containers (``self.stats =
     {"n": 0}`` updated in ``forward``) and private RNG objects. Other objects (a config, a
     tokenizer) are left alone: they are inputs, and capturing them could copy anything."""
     out: dict[str, Any] = {}
     for k, v in vars(module).items():
-        if k.startswith("_") or k == "training" or isinstance(v, torch.nn.Module | torch.nn.Parameter):
+        if (
+            k.startswith("_")
+            or k == "training"
+            or isinstance(v, torch.nn.Module | torch.nn.Parameter)
+        ):
             continue
-        if isinstance(v, (*_IMMUTABLE, *_CONTAINERS, torch.Tensor)) or _is_rng(v) or _is_numpy_value(v):
+        if (
+            isinstance(v, (*_IMMUTABLE, *_CONTAINERS, torch.Tensor))
+            or _is_rng(v)
+            or _is_numpy_value(v)
+        ):
             try:
                 out[k] = _child(v, memo, attr(path, k), mark)
             except CarriesGraph:
@@ -499,19 +565,30 @@ class Restorer:
         if kind == "optimizer":
             return _optimizer(live, state)
         if kind in ("scheduler", "stateful"):
-            live.load_state_dict(copy.deepcopy(state["state"]) if kind == "scheduler" else state["state"])
+            live.load_state_dict(
+                copy.deepcopy(state["state"]) if kind == "scheduler" else state["state"]
+            )
             return live
         if kind == "deque":
-            if not isinstance(live, collections.deque) or live.maxlen != state.get("maxlen", live.maxlen):
+            if not isinstance(live, collections.deque) or live.maxlen != state.get(
+                "maxlen", live.maxlen
+            ):
                 return self.fresh(state, path)
-            items = [self.child(live[i] if i < len(live) else _MISSING, s, item(path, i)) for i, s in enumerate(state["items"])]
+            items = [
+                self.child(live[i] if i < len(live) else _MISSING, s, item(path, i))
+                for i, s in enumerate(state["items"])
+            ]
             live.clear()
             live.extend(items)
             return live
         if kind == "tensor":
             torch = _torch()
             assert torch is not None
-            if isinstance(live, torch.Tensor) and live.shape == state["value"].shape and live.dtype == state["value"].dtype:
+            if (
+                isinstance(live, torch.Tensor)
+                and live.shape == state["value"].shape
+                and live.dtype == state["value"].dtype
+            ):
                 with torch.no_grad():
                     live.copy_(state["value"])
                 live.grad = state["grad"]
@@ -535,7 +612,10 @@ class Restorer:
             return live
         if kind == "ndarray":
             value = state["value"]
-            if getattr(live, "shape", None) == value.shape and getattr(live, "dtype", None) == value.dtype:
+            if (
+                getattr(live, "shape", None) == value.shape
+                and getattr(live, "dtype", None) == value.dtype
+            ):
                 live[...] = value
                 return live
             return value  # rebound to another shape or dtype: the record's array, not a cast
@@ -548,11 +628,20 @@ class Restorer:
         if kind == "list":
             if not isinstance(live, list):  # the slot held something else before (None)
                 return self.fresh(state, path)
-            live[:] = [self.child(live[i] if i < len(live) else _MISSING, s, item(path, i)) for i, s in enumerate(state["items"])]
+            live[:] = [
+                self.child(live[i] if i < len(live) else _MISSING, s, item(path, i))
+                for i, s in enumerate(state["items"])
+            ]
             return live
         if kind == "tuple":
             if isinstance(live, tuple) and len(live) == len(state["items"]):
-                return _container(state, [self.child(x, s, item(path, i)) for i, (x, s) in enumerate(zip(live, state["items"], strict=True))])
+                return _container(
+                    state,
+                    [
+                        self.child(x, s, item(path, i))
+                        for i, (x, s) in enumerate(zip(live, state["items"], strict=True))
+                    ],
+                )
             return self.fresh(state, path)
         if kind == "dict":
             items = state["items"]
@@ -562,7 +651,9 @@ class Restorer:
                 del live[k]
             for k, s in items.items():
                 live[k] = self.child(live.get(k, _MISSING), s, item(path, k))
-            if list(live) != list(items):  # the loop reordered keys (`move_to_end`, pop and re-insert)
+            if list(live) != list(
+                items
+            ):  # the loop reordered keys (`move_to_end`, pop and re-insert)
                 ordered = {k: live[k] for k in items}
                 live.clear()
                 live.update(ordered)
@@ -608,7 +699,9 @@ class Restorer:
         if kind == "ref":
             if state["path"] in self.placed:
                 return self.placed[state["path"]]
-            raise Unrestorable(f"`{path}` refers to `{state['path']}`, which the checkpoint does not restore first")
+            raise Unrestorable(
+                f"`{path}` refers to `{state['path']}`, which the checkpoint does not restore first"
+            )
         out = self._fresh(state, path)
         self.placed[path] = out
         return out
@@ -630,11 +723,18 @@ class Restorer:
                 t.grad = state["grad"]
             return t
         if kind in ("list", "tuple"):
-            return _container(state, [self.fresh(s, item(path, i)) for i, s in enumerate(state["items"])])
+            return _container(
+                state, [self.fresh(s, item(path, i)) for i, s in enumerate(state["items"])]
+            )
         if kind == "deque":
-            return collections.deque((self.fresh(s, item(path, i)) for i, s in enumerate(state["items"])), state.get("maxlen"))
+            return collections.deque(
+                (self.fresh(s, item(path, i)) for i, s in enumerate(state["items"])),
+                state.get("maxlen"),
+            )
         if kind == "dict":
-            return _container(state, {k: self.fresh(v, item(path, k)) for k, v in state["items"].items()})
+            return _container(
+                state, {k: self.fresh(v, item(path, k)) for k, v in state["items"].items()}
+            )
         if kind == "object" and "cls" in state:
             obj = state["cls"].__new__(state["cls"])
             vars(obj).update({k: self.fresh(v, attr(path, k)) for k, v in state["items"].items()})
@@ -689,7 +789,9 @@ def _optimizer(live: Any, state: dict[str, Any]) -> Any:
     groups[:] = loaded
     live.param_groups = groups
     with torch.no_grad():
-        for group, values, grads in zip(live.param_groups, state["params"], state["grads"], strict=True):
+        for group, values, grads in zip(
+            live.param_groups, state["params"], state["grads"], strict=True
+        ):
             for p, v, g in zip(group["params"], values, grads, strict=True):
                 p.copy_(v)
                 p.grad = g
@@ -700,8 +802,21 @@ def _optimizer(live: Any, state: dict[str, Any]) -> Any:
 
 #: kinds a restore can make anew (:meth:`Restorer.fresh`); the others only load into a live object
 _REBUILDABLE = frozenset(
-    {"value", "ref", "ndarray", "set", "tensor", "list", "tuple", "deque", "dict", "random", "generator",
-     "np_randomstate", "np_generator"}
+    {
+        "value",
+        "ref",
+        "ndarray",
+        "set",
+        "tensor",
+        "list",
+        "tuple",
+        "deque",
+        "dict",
+        "random",
+        "generator",
+        "np_randomstate",
+        "np_generator",
+    }
 )
 
 
@@ -715,11 +830,17 @@ def children(state: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]
     if kind == "object":
         return [(attr(path, k), s) for k, s in state["items"].items()]
     if kind == "module":
-        return [(attr(attr(path, name), k), s) for name, attrs in state["attrs"].items() for k, s in attrs.items()]
+        return [
+            (attr(attr(path, name), k), s)
+            for name, attrs in state["attrs"].items()
+            for k, s in attrs.items()
+        ]
     return []
 
 
-def why_unrestorable(states: dict[str, dict[str, Any]], since: dict[str, int] | None, at: int) -> str | None:
+def why_unrestorable(
+    states: dict[str, dict[str, Any]], since: dict[str, int] | None, at: int
+) -> str | None:
     """Why a :class:`Restorer` at ``at`` would fail on ``states`` (path to captured state, each
     restored in place), or None: checked before anything is restored, since a restore that
     stops halfway would leave training state half-written."""
@@ -740,7 +861,11 @@ def assign_into(live: Any, value: Any) -> bool:
     and nothing written, otherwise. Items of a container come back as the stored copies."""
     torch = _torch()
     if torch is not None and isinstance(value, torch.Tensor):
-        if not isinstance(live, torch.Tensor) or live.shape != value.shape or live.dtype != value.dtype:
+        if (
+            not isinstance(live, torch.Tensor)
+            or live.shape != value.shape
+            or live.dtype != value.dtype
+        ):
             return False
         if live.grad_fn is not None:  # written in place, a later backward through it would fail
             return False
@@ -781,9 +906,17 @@ def snapshot_equal(a: Any, b: Any) -> bool:
     if torch is not None and isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b))
     if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(snapshot_equal(a[k], b[k]) for k in a)
+        return (
+            isinstance(b, dict)
+            and a.keys() == b.keys()
+            and all(snapshot_equal(a[k], b[k]) for k in a)
+        )
     if isinstance(a, list | tuple):
-        return isinstance(b, list | tuple) and len(a) == len(b) and all(snapshot_equal(x, y) for x, y in zip(a, b, strict=True))
+        return (
+            isinstance(b, list | tuple)
+            and len(a) == len(b)
+            and all(snapshot_equal(x, y) for x, y in zip(a, b, strict=True))
+        )
     try:
         return bool(a == b)
     except Exception:
@@ -816,7 +949,10 @@ def fingerprint(obj: Any, owned: frozenset[int] = frozenset()) -> Any:
         return (
             [_fp(v) for v in obj.state.values()],
             [_fp({k: v for k, v in g.items() if k != "params"}) for g in obj.param_groups],
-            [[(_fp(p), _fp(p.grad)) for p in g["params"] if id(p) not in owned] for g in obj.param_groups],
+            [
+                [(_fp(p), _fp(p.grad)) for p in g["params"] if id(p) not in owned]
+                for g in obj.param_groups
+            ],
         )
     return _fp(obj)
 
@@ -825,7 +961,9 @@ def _plain_attrs_raw(module: Any, torch: Any) -> dict[str, Any]:
     return {
         k: v
         for k, v in vars(module).items()
-        if not k.startswith("_") and k != "training" and not isinstance(v, torch.nn.Module | torch.nn.Parameter)
+        if not k.startswith("_")
+        and k != "training"
+        and not isinstance(v, torch.nn.Module | torch.nn.Parameter)
     }
 
 
@@ -838,7 +976,14 @@ def _fp(v: Any) -> Any:
             return ("bytes", v.detach().cpu().clone())
         if versions.untrusted(v):  # a kernel writes it behind the counter: compare its bytes
             return ("bytes", v.detach().cpu().clone())
-        return ("T", v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), v.dtype, version)
+        return (
+            "T",
+            v.untyped_storage().data_ptr(),
+            v.storage_offset(),
+            tuple(v.shape),
+            v.dtype,
+            version,
+        )
     if isinstance(v, _IMMUTABLE) or _is_numpy_value(v):
         return v
     if isinstance(v, dict):

@@ -64,7 +64,13 @@ def after_fused_step(opt: Any, torch: Any) -> None:
             continue
         for p in g["params"]:
             state = opt.state.get(p)
-            note([p, *([p.grad] if p.grad is not None else []), *(v for v in (state or {}).values() if isinstance(v, torch.Tensor))])
+            note(
+                [
+                    p,
+                    *([p.grad] if p.grad is not None else []),
+                    *(v for v in (state or {}).values() if isinstance(v, torch.Tensor)),
+                ]
+            )
 
 
 def has_running_stats(module: Any, torch: Any) -> bool:

@@ -200,7 +200,12 @@ class IdleCores:
         except (OSError, ValueError, IndexError):
             return None
         own = os.times()
-        return time.monotonic(), sum(fields[3:5]) / self.tick, sum(fields[:8]) / self.tick, own.user + own.system
+        return (
+            time.monotonic(),
+            sum(fields[3:5]) / self.tick,
+            sum(fields[:8]) / self.tick,
+            own.user + own.system,
+        )
 
     def idle(self, window: float) -> float:
         """Cores idle on average since the previous look; 0 (look again) if that was more than
@@ -236,6 +241,7 @@ def map_until_asked(sock: socket.socket, arena: memoryview, warm: int) -> int:
     at a time, until the parent sends something; how many bytes were mapped. A script that ends
     before warming does (``print("hi")``) says stop at once, rather than wait for the whole
     arena to be mapped while both processes fault in the same pages."""
+
     def unasked() -> bool:
         return not select.select([sock], [], [], 0)[0]
 
@@ -267,7 +273,13 @@ class Desk:
     the pace turns to the other lane's, or the parent says stop or is gone (:attr:`over`)."""
 
     def __init__(
-        self, ch: Channel, arena: memoryview, objects: Objects, pace: Pace, parent: int, delay: float,
+        self,
+        ch: Channel,
+        arena: memoryview,
+        objects: Objects,
+        pace: Pace,
+        parent: int,
+        delay: float,
         launcher: Channel | None = None,
     ) -> None:
         self.ch = ch
@@ -283,7 +295,9 @@ class Desk:
         self.tokens: dict[int, str] = {}
         self.queue: deque[Any] = deque()
         self.cpu = IdleCores()
-        self.deferred = False  # the queue's head is an item not started: no idle core to write it on
+        self.deferred = (
+            False  # the queue's head is an item not started: no idle core to write it on
+        )
         self.over = False
         self.eof = False  # the parent closed its end
         #: the parent handed what is queued to the launcher (:meth:`hand_off`): its exit or its
@@ -318,7 +332,9 @@ class Desk:
                 self.deferred = True
                 continue
             self._write(item, DRAIN if stopping else BUSY if busy else IDLE)
-            if self.pace.update(_holding(self.queue), stopping) != busy:  # nothing left: back to idle CPU
+            if (
+                self.pace.update(_holding(self.queue), stopping) != busy
+            ):  # nothing left: back to idle CPU
                 return
 
     def _next(self) -> Any:
@@ -326,7 +342,9 @@ class Desk:
         "stop" or "handoff" among it is seen."""
         if not self.eof:
             try:
-                if self.deferred and (more := self.ch.recv(IDLE_LOOK)) is not None:  # look again in a moment
+                if (
+                    self.deferred and (more := self.ch.recv(IDLE_LOOK)) is not None
+                ):  # look again in a moment
                     self.queue.append(more)
                 if not self.queue and (first := self.ch.recv(1.0)) is not None:
                     self.queue.append(first)
@@ -364,10 +382,16 @@ class Desk:
         reply: tuple[Any, ...]
         try:
             if self.fail:
-                raise OSError(errno.ENOSPC, "No space left on device (injected: writer-fail)", item["rel"])
+                raise OSError(
+                    errno.ENOSPC, "No space left on device (injected: writer-fail)", item["rel"]
+                )
             rel, sha, nbytes, digests = _write(item, self.arena, self.objects, self.tokens)
         except Exception as e:  # reported, never fatal: the next item may well succeed
-            reason = f"{type(e).__name__}: {e}" if not isinstance(e, OSError) else f"{e.strerror or e} ({e.filename or ''})"
+            reason = (
+                f"{type(e).__name__}: {e}"
+                if not isinstance(e, OSError)
+                else f"{e.strerror or e} ({e.filename or ''})"
+            )
             reply = ("lost", item["key"], reason)
         else:
             reply = ("done", item["key"], rel, sha, nbytes, digests)
@@ -376,12 +400,20 @@ class Desk:
             while len(self.replies) > REPLIES_KEPT:
                 self.replies.popitem(last=False)
         if not self.handing:  # once handing, the parent reads no more
-            with contextlib.suppress(OSError):  # it closed its end: a handoff may be unread (`_next`)
+            with contextlib.suppress(
+                OSError
+            ):  # it closed its end: a handoff may be unread (`_next`)
                 self.ch.send(reply)
 
 
 def serve(
-    sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int, warm: int = 0,
+    sock: socket.socket,
+    arena: memoryview,
+    blobs: Path,
+    parent: int,
+    delay: float,
+    threshold: int,
+    warm: int = 0,
     launcher: socket.socket | None = None,
 ) -> None:
     """The writer's loop, until the parent says stop (or is gone). Never returns normally: the
@@ -411,7 +443,13 @@ def serve(
     _idle_thread()
     objects = Objects(blobs)
     desk = Desk(
-        Channel(sock), arena, objects, Pace(threshold), parent, delay, None if launcher is None else Channel(launcher)
+        Channel(sock),
+        arena,
+        objects,
+        Pace(threshold),
+        parent,
+        delay,
+        None if launcher is None else Channel(launcher),
     )
     while not desk.over:
         desk.work(busy=False)
@@ -424,7 +462,9 @@ def _holding(queue: deque[Any]) -> int:
     return sum(m[1].get("staged", 0) for m in queue if m[0] == "item")
 
 
-def _write(item: dict[str, Any], arena: memoryview, objects: Objects, tokens: dict[int, str]) -> tuple[str, str, int, dict[str, str]]:
+def _write(
+    item: dict[str, Any], arena: memoryview, objects: Objects, tokens: dict[int, str]
+) -> tuple[str, str, int, dict[str, str]]:
     blobs = objects.blobs
     rel: str = item["rel"]
     if item["kind"] == "bytes":  # a payload serialized on the training thread (torch.save)
@@ -454,9 +494,12 @@ def _write(item: dict[str, Any], arena: memoryview, objects: Objects, tokens: di
         else:
             names[g] = content.name(arena[start : start + metas[g][2]])
             inline.append(g)
-    stored = objects.store([
-        (arena[(a := item["places"][g][1]) : a + metas[g][2]], a % direct.ALIGN == 0) for g in external
-    ])
+    stored = objects.store(
+        [
+            (arena[(a := item["places"][g][1]) : a + metas[g][2]], a % direct.ALIGN == 0)
+            for g in external
+        ]
+    )
     written = 0
     for g, (name, nbytes) in zip(external, stored, strict=True):
         names[g], table[g] = name, ("x", name)
@@ -465,7 +508,9 @@ def _write(item: dict[str, Any], arena: memoryview, objects: Objects, tokens: di
         if token is not None:
             tokens[token] = name
     starts = [item["places"][g][1] for g in inline]
-    offsets, chunks = blobformat.inline([arena[s : s + metas[g][2]] for g, s in zip(inline, starts, strict=True)])
+    offsets, chunks = blobformat.inline(
+        [arena[s : s + metas[g][2]] for g, s in zip(inline, starts, strict=True)]
+    )
     for g, off in zip(inline, offsets, strict=True):
         table[g] = ("i", off)
     head = blobformat.header(parts, metas, table)
@@ -475,7 +520,13 @@ def _write(item: dict[str, Any], arena: memoryview, objects: Objects, tokens: di
 
 
 def run_child(
-    sock: socket.socket, arena: memoryview, blobs: Path, parent: int, delay: float, threshold: int, warm: int = 0,
+    sock: socket.socket,
+    arena: memoryview,
+    blobs: Path,
+    parent: int,
+    delay: float,
+    threshold: int,
+    warm: int = 0,
     launcher: socket.socket | None = None,
 ) -> None:
     """The forked child's whole life. ``launcher``: where the results of what the parent hands

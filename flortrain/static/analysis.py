@@ -83,8 +83,13 @@ def _analyse(source: Source, prefix: str) -> Plan:
         except NoEstimate as e:
             boundary, no_boundary = None, str(e)
         main = MainLoop(
-            loop_id(prefix + "M", prog.line(m)), _kind(m), _span(prog, m), ms.qualname, forest.why.get(m, ""),
-            boundary, no_boundary,
+            loop_id(prefix + "M", prog.line(m)),
+            _kind(m),
+            _span(prog, m),
+            ms.qualname,
+            forest.why.get(m, ""),
+            boundary,
+            no_boundary,
         )
         mains.append(main)
         for cand in forest.candidates(m):
@@ -109,7 +114,11 @@ def _analyse(source: Source, prefix: str) -> Plan:
                     main=main.id,
                     outputs=cs.outputs,
                     read_after=cs.read_after,
-                    unchecked=tuple(sorted(rebound_names(cs.changes) & clock_names(prog, cand.scope, set(cs.bound)))),
+                    unchecked=tuple(
+                        sorted(
+                            rebound_names(cs.changes) & clock_names(prog, cand.scope, set(cs.bound))
+                        )
+                    ),
                     values=tuple(
                         c.expr
                         for c in cs.changes
@@ -126,7 +135,9 @@ def _analyse(source: Source, prefix: str) -> Plan:
         if s.qualname != MODULE and isinstance(s.node, cst.FunctionDef)
     )
     untracked = untracked_writes(source) if mains else ()
-    return Plan(source.path, tuple(mains), tuple(blocks), tuple(refused), functions, others, untracked)
+    return Plan(
+        source.path, tuple(mains), tuple(blocks), tuple(refused), functions, others, untracked
+    )
 
 
 def _other_loops(
@@ -147,7 +158,9 @@ def _other_loops(
             elif lp in passed:
                 reason = passed[lp]
             else:
-                reason = _inside(prog, lp, by_line, refused_lines, {prog.line(p) for p in passed}) or (
+                reason = _inside(
+                    prog, lp, by_line, refused_lines, {prog.line(p) for p in passed}
+                ) or (
                     "outside every main loop as far as the static pass can see: setup, code before or"
                     " after training, or a function reached only through calls it cannot follow"
                     " (a module's forward); runs as plain code"

@@ -86,7 +86,9 @@ class _Walker:
         self.defined: dict[str, tuple[int, str]] = {}  # names bound by `def`/`class`: line, kind
 
     # -- recording ---------------------------------------------------------------------------
-    def add(self, expr: str, restore: Restore, rule: int, line: int, is_global: bool = False) -> None:
+    def add(
+        self, expr: str, restore: Restore, rule: int, line: int, is_global: bool = False
+    ) -> None:
         takes = self.fx.takes.get(root(expr))
         if takes and (restore is Restore.IN_PLACE or "." in expr):
             # changing the loop variable changes each object it takes in turn
@@ -109,7 +111,9 @@ class _Walker:
     def _mutated_in_place(self, expr: str) -> Change | None:
         """An in-place change to ``expr`` or to something reached through it (``model.fc``)."""
         for ch in self.fx.changes.values():
-            if ch.restore is Restore.IN_PLACE and (ch.expr == expr or ch.expr.startswith(expr + ".")):
+            if ch.restore is Restore.IN_PLACE and (
+                ch.expr == expr or ch.expr.startswith(expr + ".")
+            ):
                 return ch
         return None
 
@@ -186,14 +190,19 @@ class _Walker:
                 self.suite(s.finalbody.body)
         elif isinstance(s, cst.FunctionDef | cst.ClassDef):
             self.rebind([s.name.value], self.prog.line(s))
-            self.defined[s.name.value] = (self.prog.line(s), "class" if isinstance(s, cst.ClassDef) else "function")
+            self.defined[s.name.value] = (
+                self.prog.line(s),
+                "class" if isinstance(s, cst.ClassDef) else "function",
+            )
         elif isinstance(s, cst.Match):
             self.expr_effects(s.subject, self.prog.line(s))
             for case in s.cases:
                 self.rebind(pattern_captures(case.pattern), self.prog.line(case))
                 self.suite(case.body)
         else:
-            raise NoEstimate(f"unsupported statement {type(s).__name__} at line {self.prog.line(s)}")
+            raise NoEstimate(
+                f"unsupported statement {type(s).__name__} at line {self.prog.line(s)}"
+            )
 
     def suite(self, suite: cst.BaseSuite) -> None:
         if isinstance(suite, cst.IndentedBlock):
@@ -219,7 +228,9 @@ class _Walker:
             if objs:
                 self.fx.takes[target.value] = objs
 
-    def _alias_pairs(self, target: cst.BaseExpression, it: cst.BaseExpression) -> Iterator[tuple[str, str]]:
+    def _alias_pairs(
+        self, target: cst.BaseExpression, it: cst.BaseExpression
+    ) -> Iterator[tuple[str, str]]:
         """Which loop-scoped names view which outer objects (``for p in model.parameters()``:
         ``p`` views ``model``). ``zip``/``enumerate`` are destructured element by element, so in
         ``for p, e in zip(model.parameters(), ema.parameters())`` a change through ``e`` is charged
@@ -282,7 +293,9 @@ class _Walker:
             for t in target_exprs(s.target):
                 if isinstance(t, cst.Name):
                     if t.value not in self.fx.bound:
-                        raise NoEstimate(f"line {line}: `del {t.value}` unbinds a name the loop does not own")
+                        raise NoEstimate(
+                            f"line {line}: `del {t.value}` unbinds a name the loop does not own"
+                        )
                 else:
                     obj = object_expr(t, self.module)
                     if obj is None:
@@ -305,14 +318,20 @@ class _Walker:
             return
         for n in walk_no_defs(s):
             if isinstance(n, cst.Return):
-                raise NoEstimate(f"line {line}: `return` inside the loop leaves it without finishing")
+                raise NoEstimate(
+                    f"line {line}: `return` inside the loop leaves it without finishing"
+                )
             if isinstance(n, cst.Yield):
                 raise NoEstimate(f"line {line}: `yield` inside the loop suspends it midway")
             if isinstance(n, cst.Await):
                 raise NoEstimate(f"line {line}: `await` inside the loop")
 
     def assign(
-        self, targets: list[cst.BaseExpression], value: cst.BaseExpression, line: int, augmented: bool = False
+        self,
+        targets: list[cst.BaseExpression],
+        value: cst.BaseExpression,
+        line: int,
+        augmented: bool = False,
     ) -> None:
         for t in targets:
             # Rule 0: rebinding what the loop already mutated in place leaves the old object (which
@@ -343,7 +362,12 @@ class _Walker:
             self.assign_target(t, value, line, rule, augmented)
 
     def assign_target(
-        self, t: cst.BaseExpression, value: cst.BaseExpression, line: int, rule: int, augmented: bool
+        self,
+        t: cst.BaseExpression,
+        value: cst.BaseExpression,
+        line: int,
+        rule: int,
+        augmented: bool,
     ) -> None:
         if isinstance(t, cst.Name):
             name = t.value
@@ -453,7 +477,9 @@ class _Walker:
             raise NoEstimate(f"line {line}: rule 5: call to `{name}()` has no side-effect estimate")
         self.expr_effects(func, line)
         if not assigned:
-            raise NoEstimate(f"line {line}: rule 5: call to `{self.prog.code(func)}` has no side-effect estimate")
+            raise NoEstimate(
+                f"line {line}: rule 5: call to `{self.prog.code(func)}` has no side-effect estimate"
+            )
         return 2
 
     def passed_function(self, value: cst.BaseExpression, line: int) -> None:
@@ -517,7 +543,9 @@ class _Walker:
         for child in node.children:
             self.expr_effects(child, line)
 
-    def callee(self, call: cst.Call, qual: str, receiver: cst.BaseExpression | None, line: int) -> None:
+    def callee(
+        self, call: cst.Call, qual: str, receiver: cst.BaseExpression | None, line: int
+    ) -> None:
         """Map a local callee's effects onto this scope (``interprocedural.map_callee``)."""
         map_callee(self, call, qual, receiver, line)
 
@@ -579,7 +607,11 @@ def loop_changeset(prog: Program, loop: Loop) -> LoopChangeset:
         kept.append(ch)
     outputs = tuple((expr, kind) for expr, kind in fx.outputs.items() if root(expr) not in fx.bound)
     return LoopChangeset(
-        tuple(kept), tuple(sorted(fx.bound)), tuple(sorted(fx.reaches)), outputs, tuple(sorted(read_after.items()))
+        tuple(kept),
+        tuple(sorted(fx.bound)),
+        tuple(sorted(fx.reaches)),
+        outputs,
+        tuple(sorted(read_after.items())),
     )
 
 
@@ -599,7 +631,12 @@ def _add_hook_effects(w: _Walker) -> None:
                 f"hook `{e.hook}` registered at line {e.line} changes `{e.expr}`, which is not visible here"
             )
         rebinds = e.restore is Restore.REBOUND and e.expr == r
-        if rebinds and owner is not module and owner is not w.scope and r not in w.scope.declared_nonlocal:
+        if (
+            rebinds
+            and owner is not module
+            and owner is not w.scope
+            and r not in w.scope.declared_nonlocal
+        ):
             raise NoEstimate(
                 f"hook `{e.hook}` registered at line {e.line} rebinds `{r}` of `{owner.qualname}()`,"
                 " which cannot be reassigned from here"
@@ -623,4 +660,11 @@ def _names_used_outside(prog: Program, scope: Scope, start: int, end: int) -> di
     return used
 
 
-__all__ = ["Effects", "LoopChangeset", "NoEstimate", "function_effects", "loop_changeset", "object_expr"]
+__all__ = [
+    "Effects",
+    "LoopChangeset",
+    "NoEstimate",
+    "function_effects",
+    "loop_changeset",
+    "object_expr",
+]

@@ -61,7 +61,6 @@ def walk_no_defs(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         yield from walk_no_defs(c)
 
 
-
 def pattern_captures(pattern: cst.MatchPattern) -> list[str]:
     """Names a ``case`` pattern binds: capture patterns and ``as`` names, not value patterns
     (``case Color.RED``) nor class names (``case Point(x=0)``)."""
@@ -97,14 +96,42 @@ def is_view(value: cst.BaseExpression) -> bool:
     return (
         isinstance(value, cst.Call)
         and isinstance(value.func, cst.Attribute)
-        and value.func.attr.value in {"parameters", "named_parameters", "buffers", "modules", "children", "values", "items", "view", "view_as", "detach", "__getitem__"}
+        and value.func.attr.value
+        in {
+            "parameters",
+            "named_parameters",
+            "buffers",
+            "modules",
+            "children",
+            "values",
+            "items",
+            "view",
+            "view_as",
+            "detach",
+            "__getitem__",
+        }
     )
 
 
 PURE_NODES = (
-    cst.Name, cst.Attribute, cst.Integer, cst.Float, cst.SimpleString, cst.Comparison, cst.ComparisonTarget,
-    cst.BinaryOperation, cst.UnaryOperation, cst.BooleanOperation, cst.BaseCompOp, cst.BaseBinaryOp,
-    cst.BaseUnaryOp, cst.BaseBooleanOp, cst.LeftParen, cst.RightParen, cst.BaseParenthesizableWhitespace, cst.Dot,
+    cst.Name,
+    cst.Attribute,
+    cst.Integer,
+    cst.Float,
+    cst.SimpleString,
+    cst.Comparison,
+    cst.ComparisonTarget,
+    cst.BinaryOperation,
+    cst.UnaryOperation,
+    cst.BooleanOperation,
+    cst.BaseCompOp,
+    cst.BaseBinaryOp,
+    cst.BaseUnaryOp,
+    cst.BaseBooleanOp,
+    cst.LeftParen,
+    cst.RightParen,
+    cst.BaseParenthesizableWhitespace,
+    cst.Dot,
 )
 
 

@@ -81,7 +81,13 @@ def _registrations(prog: Program) -> list[tuple[Scope, cst.Call]]:
     for scope in prog.scopes.values():
         for call in prog.calls_in(list(scope.body)):
             func = call.func
-            name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+            name = (
+                func.attr.value
+                if isinstance(func, cst.Attribute)
+                else func.value
+                if isinstance(func, cst.Name)
+                else ""
+            )
             if _REGISTER.match(name):
                 out.append((scope, call))
     return out
@@ -134,7 +140,11 @@ def _lambda_effects(prog: Program, scope: Scope, hook: cst.Lambda, line: int) ->
 
 
 def _owned(
-    prog: Program, scope: Scope, changes: list[tuple[str, Restore, bool]], params: set[str], own_locals: bool
+    prog: Program,
+    scope: Scope,
+    changes: list[tuple[str, Restore, bool]],
+    params: set[str],
+    own_locals: bool,
 ) -> Found:
     """Each change with the scope whose variable it starts from. A hook's parameters are the
     module, its inputs and outputs (live modules are covered by the registry), and a function

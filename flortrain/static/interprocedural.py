@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from flortrain.static.changeset import _Walker
 
 
-def bind_params(call: cst.Call, scope: Scope, receiver: cst.BaseExpression | None) -> dict[str, cst.BaseExpression]:
+def bind_params(
+    call: cst.Call, scope: Scope, receiver: cst.BaseExpression | None
+) -> dict[str, cst.BaseExpression]:
     """Which caller expression each callee parameter is bound to at this call site."""
     params = list(scope.params)
     out: dict[str, cst.BaseExpression] = {}
@@ -34,14 +36,18 @@ def bind_params(call: cst.Call, scope: Scope, receiver: cst.BaseExpression | Non
     return out
 
 
-def unmappable_params(call: cst.Call, scope: Scope, receiver: cst.BaseExpression | None) -> set[str]:
+def unmappable_params(
+    call: cst.Call, scope: Scope, receiver: cst.BaseExpression | None
+) -> set[str]:
     """Parameters whose argument cannot be known statically (``f(*args)``)."""
     if any(a.star for a in call.args):
         return set(scope.params)
     return set()
 
 
-def map_callee(w: _Walker, call: cst.Call, qual: str, receiver: cst.BaseExpression | None, line: int) -> None:
+def map_callee(
+    w: _Walker, call: cst.Call, qual: str, receiver: cst.BaseExpression | None, line: int
+) -> None:
     """Map a local callee's effects on its parameters and globals onto the caller's scope.
 
     Effects on parameters become effects on the caller's argument expressions (``self`` on the
@@ -65,12 +71,12 @@ def map_callee(w: _Walker, call: cst.Call, qual: str, receiver: cst.BaseExpressi
         # the channels it writes to, in the caller's terms (for the replay plan to name)
         r = root(expr)
         if r in binding and (obj := object_expr(binding[r], w.module)) is not None:
-            w.fx.outputs.setdefault(obj + expr[len(r):], kind)
+            w.fx.outputs.setdefault(obj + expr[len(r) :], kind)
         elif r not in scope.params and w.prog.binding_scope(scope, r) is module:
             w.fx.outputs.setdefault(expr, kind)
     for ch in fx.changes.values():
         r = root(ch.expr)
-        rest = ch.expr[len(r):]
+        rest = ch.expr[len(r) :]
         owner = module if ch.is_global else w.prog.binding_scope(scope, r)
         if owner is not None and owner is not scope and owner is not module:
             # a variable of a function enclosing the callee (a closure, or `nonlocal`): the same
@@ -80,8 +86,10 @@ def map_callee(w: _Walker, call: cst.Call, qual: str, receiver: cst.BaseExpressi
                     f"line {line}: `{qual}()` changes `{ch.expr}` of `{owner.qualname}()`,"
                     " which is not visible here"
                 )
-            if ch.restore is Restore.REBOUND and not rest and not (
-                w.scope is owner or r in w.scope.declared_nonlocal
+            if (
+                ch.restore is Restore.REBOUND
+                and not rest
+                and not (w.scope is owner or r in w.scope.declared_nonlocal)
             ):
                 raise NoEstimate(
                     f"line {line}: `{qual}()` rebinds `{r}` of `{owner.qualname}()`, which cannot"

@@ -35,7 +35,9 @@ _INJECTED = re.compile(
 
 #: The transform's rewrites of loop headers: ``for x in _flortrain_L6.iterate(it):`` and
 #: ``while _flortrain_L6.live() and (cond):``.
-_WRAPPER = re.compile(r'_flortrain_\w+\.iterate\(|_flortrain_\w+\.live\(\) and |__flortrain__\.main_iter\("[^"]*", ')
+_WRAPPER = re.compile(
+    r'_flortrain_\w+\.iterate\(|_flortrain_\w+\.live\(\) and |__flortrain__\.main_iter\("[^"]*", '
+)
 
 #: Inserted lines that open something (mapped to the next original line): the runtime import,
 #: a block's enter line, main-loop enter/iteration hooks, a probe's ``with``.
@@ -86,7 +88,9 @@ def line_map(original: str, instrumented: str) -> list[tuple[int, int]]:
     b = _lines(instrumented)
     out: list[tuple[int, int]] = [(1, 0)] * len(b)
     real = [j for j, line in enumerate(b) if not _INJECTED.match(line.strip())]
-    sm = difflib.SequenceMatcher(a=[_key(x) for x in a], b=[_key(b[j]) for j in real], autojunk=False)
+    sm = difflib.SequenceMatcher(
+        a=[_key(x) for x in a], b=[_key(b[j]) for j in real], autojunk=False
+    )
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag in ("equal", "replace"):  # replace: a line libcst re-spaced (`except (A) :`)
             for k in range(j2 - j1):

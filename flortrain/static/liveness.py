@@ -249,7 +249,9 @@ class _Scope:
             return _union(self.uses(s.target), out)  # `del x` fails on an unbound x: a read
         if isinstance(s, cst.Import):
             names = [
-                n for a in s.names for n in (names_of(a.asname.name) if a.asname else [_top(a.name)])
+                n
+                for a in s.names
+                for n in (names_of(a.asname.name) if a.asname else [_top(a.name)])
             ]
             return _kill(out, names)
         if isinstance(s, cst.ImportFrom):

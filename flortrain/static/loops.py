@@ -36,7 +36,15 @@ def _stmts_without_loops(stmts: Sequence[cst.CSTNode]) -> Iterator[cst.CSTNode]:
         if isinstance(s, cst.For | cst.While):
             continue
         for c in s.children:
-            if isinstance(c, cst.BaseSuite | cst.BaseStatement | cst.ExceptHandler | cst.Else | cst.Finally | cst.MatchCase):
+            if isinstance(
+                c,
+                cst.BaseSuite
+                | cst.BaseStatement
+                | cst.ExceptHandler
+                | cst.Else
+                | cst.Finally
+                | cst.MatchCase,
+            ):
                 yield from _stmts_without_loops([c])
 
 
@@ -133,13 +141,18 @@ class LoopForest:
         training = [lp for lp in nests if trains[lp] is not None]
         if not training:
             steps = [
-                lp for lp in self._outermost([lp for s in self.prog.scopes.values() for lp in s.loops])
+                lp
+                for lp in self._outermost([lp for s in self.prog.scopes.values() for lp in s.loops])
                 if lp not in self.prog.class_body_loops
             ]
             trains.update({lp: self.training_line(lp) for lp in steps})
-            training = [lp for lp in steps if trains[lp] is not None and not self._under_any(lp, nests)]
+            training = [
+                lp for lp in steps if trains[lp] is not None and not self._under_any(lp, nests)
+            ]
             for lp in training:
-                self.why[lp] = f"its body is the training step (line {trains[lp]}); it contains no other loop"
+                self.why[lp] = (
+                    f"its body is the training step (line {trains[lp]}); it contains no other loop"
+                )
         if not training and self.prog.exports:
             # an imported module where nothing trains (a tokenizer, a data loader's setup): its
             # loops are plain code, run from the script's own main loop or before it
@@ -148,13 +161,18 @@ class LoopForest:
             return []
         for lp in nests:
             if not training:
-                self.why[lp] = "the outermost loop that contains another loop (no backward() or step() found)"
+                self.why[lp] = (
+                    "the outermost loop that contains another loop (no backward() or step() found)"
+                )
             elif trains[lp] is not None:
                 self.why[lp] = f"it contains the training step (line {trains[lp]})"
             else:
                 lines = ", ".join(str(self.prog.line(t)) for t in training)
                 self.passed_over.append(
-                    (lp, f"not a main loop: it does not train, and the loop at line {lines} does; it runs as plain code")
+                    (
+                        lp,
+                        f"not a main loop: it does not train, and the loop at line {lines} does; it runs as plain code",
+                    )
                 )
         return sorted(training or nests, key=self.prog.line)
 
@@ -173,7 +191,8 @@ class LoopForest:
     def _under_any(self, loop: Loop, nests: list[Loop]) -> bool:
         qual = self.prog.loop_scope[loop].qualname
         return any(
-            self._lexically_inside(loop, n) or qual in self.prog.reachable(list(loop_body(n)), self.prog.loop_scope[n])
+            self._lexically_inside(loop, n)
+            or qual in self.prog.reachable(list(loop_body(n)), self.prog.loop_scope[n])
             for n in nests
         )
 

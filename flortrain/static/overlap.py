@@ -96,7 +96,11 @@ class Overlapped(Generic[T]):
     must not touch the store (its connection is the parent's)."""
 
     def __init__(
-        self, compute: Callable[[], T], kind: type[T], fork: bool, fallback: Callable[[], T] | None = None
+        self,
+        compute: Callable[[], T],
+        kind: type[T],
+        fork: bool,
+        fallback: Callable[[], T] | None = None,
     ) -> None:
         self._compute = compute
         self._fallback = fallback or compute  # what this process runs when the child gives nothing
@@ -189,9 +193,15 @@ class Overlapped(Generic[T]):
             case ("error", FlortrainError() as error):
                 raise error
         how = (
-            "sent no result" if not code else f"was killed by signal {-code}" if code < 0 else f"exited {code}"
+            "sent no result"
+            if not code
+            else f"was killed by signal {-code}"
+            if code < 0
+            else f"exited {code}"
         )
-        self.fell_back = f"the static pass's child {how}; the static pass ran in this process instead"
+        self.fell_back = (
+            f"the static pass's child {how}; the static pass ran in this process instead"
+        )
         return self._fallback()
 
     def close(self) -> None:
@@ -214,7 +224,9 @@ class StaticPass(Overlapped[ScriptPass]):
     def __init__(self, script: str, text: str, fork: bool) -> None:
         self.script, self.text = script, text
         super().__init__(
-            lambda: ScriptPass(_instrument(script, text), module_passes(script, text)), ScriptPass, fork,
+            lambda: ScriptPass(_instrument(script, text), module_passes(script, text)),
+            ScriptPass,
+            fork,
             fallback=lambda: ScriptPass(_instrument(script, text)),  # modules: the hook, at import
         )
 
@@ -226,7 +238,9 @@ def _instrument(script: str, text: str) -> Instrumented:
     return instrument_file(script, text)
 
 
-def module_passes(script: str, text: str, only: Container[str] | None = None) -> dict[tuple[str, str], ModulePass]:
+def module_passes(
+    script: str, text: str, only: Container[str] | None = None
+) -> dict[tuple[str, str], ModulePass]:
     """The pass of each project module ``script`` imports directly that may hold a main loop
     (two loops or more; the import hook settles the others without libcst), limited to the files
     in ``only`` when given. Done in the child, so that the import hook finds them ready."""
@@ -257,4 +271,6 @@ def begin(script: str) -> StaticPass:
     (:func:`worth_overlapping`), else run at once. A missing or undecodable script fails here,
     in one line, before anything is forked."""
     text = read_text(script)
-    return StaticPass(script, text, worth_overlapping(project_uses_torch(script, text) and torch_available()))
+    return StaticPass(
+        script, text, worth_overlapping(project_uses_torch(script, text) and torch_available())
+    )

@@ -153,11 +153,15 @@ class Plan:
                 for c in b.changeset:
                     scope = " global" if c.is_global else ""
                     value = ", read only as a number" if c.expr in b.values else ""
-                    value += ", a clock reading: restored, not compared" if c.expr in b.unchecked else ""
+                    value += (
+                        ", a clock reading: restored, not compared" if c.expr in b.unchecked else ""
+                    )
                     at = read_after.get(c.expr)
                     live = (
-                        "" if at is None
-                        else f", read after the loop at line {at}" if at
+                        ""
+                        if at is None
+                        else f", read after the loop at line {at}"
+                        if at
                         else ", read after the loop by the module's importers"
                     )
                     out.append(
@@ -171,7 +175,9 @@ class Plan:
                     f"  {self.path}:{r.span.line}:{r.span.col} refused loop in {r.function}: {r.reason}"
                 )
         for r in self.others:
-            out.append(f"{self.path}:{r.span.line}:{r.span.col} loop in {r.function} not memoized: {r.reason}")
+            out.append(
+                f"{self.path}:{r.span.line}:{r.span.col} loop in {r.function} not memoized: {r.reason}"
+            )
         out.extend(f"{self.path}:{u.line}:{u.col} {UNTRACKED}" for u in self.untracked)
         return "\n".join(out)
 

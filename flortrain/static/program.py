@@ -72,7 +72,9 @@ class ClassInfo:
     methods: dict[str, str] = field(default_factory=dict)  # name -> scope qualname
     attr_types: dict[str, str] = field(default_factory=dict)  # self.attr -> class qualname
     # self.attr -> the method and the value of each assignment to it (None: `+=` and the like)
-    attr_assigned: dict[str, list[tuple[str, cst.BaseExpression | None]]] = field(default_factory=dict)
+    attr_assigned: dict[str, list[tuple[str, cst.BaseExpression | None]]] = field(
+        default_factory=dict
+    )
 
 
 def _target_names(node: cst.CSTNode) -> Iterator[str]:
@@ -135,7 +137,9 @@ class Program:
         return self.source.code(node)
 
     # -- call resolution -------------------------------------------------------------------
-    def resolve_call(self, call: cst.Call, scope: Scope) -> tuple[str, cst.BaseExpression | None] | None:
+    def resolve_call(
+        self, call: cst.Call, scope: Scope
+    ) -> tuple[str, cst.BaseExpression | None] | None:
         """The module-local function a call runs, and the receiver bound to its ``self``."""
         func = call.func
         if isinstance(func, cst.Name):
@@ -208,7 +212,11 @@ class Program:
             owner = self.type_of(expr.value, scope)
             if owner is not None and owner in self.classes:
                 return self.classes[owner].attr_types.get(expr.attr.value)
-        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value in self.classes:
+        if (
+            isinstance(expr, cst.Call)
+            and isinstance(expr.func, cst.Name)
+            and expr.func.value in self.classes
+        ):
             return expr.func.value
         return None
 
@@ -524,7 +532,13 @@ def _dotted(node: cst.BaseExpression) -> str | None:
 def _param_parts(params: cst.Parameters) -> Iterator[cst.CSTNode]:
     """Default values and annotations of a def's parameters."""
     star = params.star_arg if isinstance(params.star_arg, cst.Param) else None
-    for p in (*params.posonly_params, *params.params, *params.kwonly_params, star, params.star_kwarg):
+    for p in (
+        *params.posonly_params,
+        *params.params,
+        *params.kwonly_params,
+        star,
+        params.star_kwarg,
+    ):
         if p is None:
             continue
         if p.default is not None:

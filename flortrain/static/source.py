@@ -42,7 +42,9 @@ def parse(path: str, text: str | None = None) -> Source:
             compile(text, path, "exec", dont_inherit=True)
     except SyntaxError as e:
         raise FlortrainError(
-            f"syntax error: {_first_line(e.msg)}", Located(path, e.lineno or 0, e.offset or 0), "FT002"
+            f"syntax error: {_first_line(e.msg)}",
+            Located(path, e.lineno or 0, e.offset or 0),
+            "FT002",
         ) from None
     except ValueError as e:  # e.g. source with NUL bytes
         raise FlortrainError(f"cannot compile: {e}", Located(path), "FT002") from None

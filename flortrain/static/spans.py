@@ -73,7 +73,9 @@ def boundary_state(prog: Program, loop: Loop) -> Boundary:
             and (reads or _value_reads_after(prog, scope, loop, n))
         )
     )
-    return Boundary(tuple(changes.values()), values, targets, tuple(sorted(set(cs.bound) | set(targets))))
+    return Boundary(
+        tuple(changes.values()), values, targets, tuple(sorted(set(cs.bound) | set(targets)))
+    )
 
 
 def read_before_bound(loop: Loop, name: str) -> bool:
@@ -139,7 +141,10 @@ def _reads_in(node: cst.CSTNode, name: str) -> list[tuple[cst.Name, list[cst.CST
 
 
 def _first_reads(
-    stmts: Sequence[cst.CSTNode], name: str, bound: bool, out: list[tuple[cst.Name, list[cst.CSTNode]]]
+    stmts: Sequence[cst.CSTNode],
+    name: str,
+    bound: bool,
+    out: list[tuple[cst.Name, list[cst.CSTNode]]],
 ) -> bool:
     """Collect into ``out`` the reads of ``name`` in ``stmts`` that may see the value it had
     before them (not preceded, on every path, by a binding); returns whether ``name`` is bound on
@@ -161,7 +166,10 @@ def _first_reads(
             if not bound:
                 for item in s.items:
                     out.extend(_reads_in(item.item, name))
-                if any(it.asname is not None and name in _names_bound_by(it.asname.name) for it in s.items):
+                if any(
+                    it.asname is not None and name in _names_bound_by(it.asname.name)
+                    for it in s.items
+                ):
                     bound = True
             bound = _first_reads(list(_suite(s.body)), name, bound, out)
         elif isinstance(s, cst.For):
@@ -183,7 +191,9 @@ def _first_reads(
         elif isinstance(s, cst.BaseSmallStatement):
             if not bound:
                 out.extend(_reads_in(s, name))
-            if isinstance(s, cst.Assign) and any(name in _names_bound_by(t.target) for t in s.targets):
+            if isinstance(s, cst.Assign) and any(
+                name in _names_bound_by(t.target) for t in s.targets
+            ):
                 bound = True
             elif isinstance(s, cst.AugAssign | cst.AnnAssign) and name in _names_bound_by(s.target):
                 bound = bound or (isinstance(s, cst.AugAssign) or s.value is not None)
@@ -241,7 +251,9 @@ def probe_guard(
             return f"its guard at line {line(node)} {bad}"
         for name, attr in _names(node.test):
             if name in rebindable:
-                return f"its guard reads `{name}`, which a function may rebind (`global`/`nonlocal`)"
+                return (
+                    f"its guard reads `{name}`, which a function may rebind (`global`/`nonlocal`)"
+                )
             before = sorted(ln for ln in bindings.get(name, ()) if ln < line(node))
             if before:
                 return f"its guard reads `{name}`, which the iteration rebinds before it (line {before[0]})"
@@ -296,7 +308,15 @@ def _bindings(body: cst.CSTNode, line: Callable[[cst.CSTNode], int]) -> dict[str
             continue
         if isinstance(n, cst.Lambda):
             continue
-        if isinstance(n, cst.AssignTarget | cst.AugAssign | cst.AnnAssign | cst.NamedExpr | cst.For | cst.CompFor):
+        if isinstance(
+            n,
+            cst.AssignTarget
+            | cst.AugAssign
+            | cst.AnnAssign
+            | cst.NamedExpr
+            | cst.For
+            | cst.CompFor,
+        ):
             add(n.target, n)
         elif isinstance(n, cst.AsName):
             add(n.name, n)

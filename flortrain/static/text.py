@@ -78,7 +78,11 @@ def project_imports(script: str, text: str) -> list[tuple[str, str]]:
         if isinstance(node, ast.Import):
             names.extend(a.name for a in node.names)
         elif node.module and not node.level:
-            subs = [f"{node.module}.{a.name}" for a in node.names if _module_file(root, f"{node.module}.{a.name}")]
+            subs = [
+                f"{node.module}.{a.name}"
+                for a in node.names
+                if _module_file(root, f"{node.module}.{a.name}")
+            ]
             names.extend(subs or [node.module])
     out: list[tuple[str, str]] = []
     for name in dict.fromkeys(names):

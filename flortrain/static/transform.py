@@ -47,7 +47,11 @@ def _frame(block: Block | MainLoop) -> str:
 def _getters(changes: Sequence[Change], restore: Restore) -> str:
     """``{"expr": lambda: expr, ...}``: each element read when the runtime asks, so one the run
     left unbound (assigned only under ``if ddp:``) is absent, not an error."""
-    return "{" + ", ".join(f'"{c.expr}": lambda: {c.expr}' for c in changes if c.restore is restore) + "}"
+    return (
+        "{"
+        + ", ".join(f'"{c.expr}": lambda: {c.expr}' for c in changes if c.restore is restore)
+        + "}"
+    )
 
 
 def _reassign(var: str, changes: Sequence[Change]) -> list[str]:
@@ -72,9 +76,9 @@ def _end_statement(block: Block) -> cst.BaseStatement:
 def _iteration_statements(main: MainLoop) -> list[cst.BaseStatement]:
     """The first statements of a main-loop iteration. With a boundary state (iteration spans)::
 
-        _flortrain_M12 = __flortrain__.main_iteration("M12", {objects}, {names}, values)
-        if _flortrain_M12.jumped():      # replay restored a later iteration's boundary
-            if _flortrain_M12.has("step"): step = _flortrain_M12.value("step")
+    _flortrain_M12 = __flortrain__.main_iteration("M12", {objects}, {names}, values)
+    if _flortrain_M12.jumped():      # replay restored a later iteration's boundary
+        if _flortrain_M12.has("step"): step = _flortrain_M12.value("step")
     """
     if main.boundary is None:
         return [_stmt(f'{RUNTIME}.main_iteration("{main.id}")\n')]
@@ -102,7 +106,14 @@ def _prepend(body: cst.BaseSuite, stmts: Sequence[cst.BaseStatement]) -> cst.Bas
 #: Statements a probe can be (besides loops, handled in leave_For/leave_While): any statement a
 #: user can add, including a helper ``def`` or ``class`` written for the probe.
 _PROBEABLE = (
-    cst.SimpleStatementLine, cst.If, cst.With, cst.Try, cst.TryStar, cst.Match, cst.FunctionDef, cst.ClassDef,
+    cst.SimpleStatementLine,
+    cst.If,
+    cst.With,
+    cst.Try,
+    cst.TryStar,
+    cst.Match,
+    cst.FunctionDef,
+    cst.ClassDef,
 )
 
 
@@ -143,7 +154,9 @@ class _Transformer(cst.CSTTransformer):
                 test = cst.BooleanOperation(
                     left=cst.parse_expression(f"{var}.live()"),
                     operator=cst.And(),
-                    right=updated.test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
+                    right=updated.test.with_changes(
+                        lpar=[cst.LeftParen()], rpar=[cst.RightParen()]
+                    ),
                 )
                 loop = updated.with_changes(test=test, leading_lines=[])
             end_line = self.get_metadata(PositionProvider, original).end.line
@@ -158,7 +171,9 @@ class _Transformer(cst.CSTTransformer):
                     extra += f", {kw}={getters}"
             enter = _stmt(f'{var} = {RUNTIME}.block("{block.id}", {line}, {end_line}{extra})\n')
             assert isinstance(enter, cst.SimpleStatementLine)
-            return cst.FlattenSentinel([enter.with_changes(leading_lines=lead), loop, _end_statement(block)])
+            return cst.FlattenSentinel(
+                [enter.with_changes(leading_lines=lead), loop, _end_statement(block)]
+            )
         if line in self.inst.mains:
             main = self.inst.mains[line]
             self.applied.add(line)
@@ -167,7 +182,9 @@ class _Transformer(cst.CSTTransformer):
                 # the runtime's generator can jump the iterator to a later iteration on replay
                 it = cst.parse_expression(f'{RUNTIME}.main_iter("{main.id}", 0)')
                 assert isinstance(it, cst.Call)
-                updated = updated.with_changes(iter=it.with_changes(args=[it.args[0], cst.Arg(updated.iter)]))
+                updated = updated.with_changes(
+                    iter=it.with_changes(args=[it.args[0], cst.Arg(updated.iter)])
+                )
             enter = _stmt(f'{RUNTIME}.main_enter("{main.id}")\n')
             assert isinstance(enter, cst.SimpleStatementLine)
             return cst.FlattenSentinel(
@@ -219,7 +236,9 @@ class _Transformer(cst.CSTTransformer):
                 wrapped = wrapper.with_changes(body=cst.IndentedBlock(body=body.body))
                 return updated.with_changes(body=body.with_changes(body=[wrapped]))
             assert isinstance(body, cst.SimpleStatementSuite)
-            one = cst.SimpleStatementLine(body=body.body, trailing_whitespace=body.trailing_whitespace)
+            one = cst.SimpleStatementLine(
+                body=body.body, trailing_whitespace=body.trailing_whitespace
+            )
             wrapped = wrapper.with_changes(body=cst.IndentedBlock(body=[one]))
             return updated.with_changes(body=cst.IndentedBlock(body=[wrapped]))
         lead = updated.leading_lines
@@ -237,7 +256,9 @@ def _import_index(body: Sequence[cst.BaseStatement]) -> int:
     i = 0
     if body and isinstance(body[0], cst.SimpleStatementLine):
         first = body[0].body[0] if body[0].body else None
-        if isinstance(first, cst.Expr) and isinstance(first.value, cst.SimpleString | cst.ConcatenatedString):
+        if isinstance(first, cst.Expr) and isinstance(
+            first.value, cst.SimpleString | cst.ConcatenatedString
+        ):
             i = 1
     while i < len(body):
         s = body[i]

@@ -35,7 +35,9 @@ def _writes_through(target: cst.BaseExpression) -> bool:
     """``x.data`` or ``x.data[...]`` / ``x.numpy()[...]`` as an assignment target."""
     if _is_data(target):
         return True
-    return isinstance(target, cst.Subscript) and (_is_data(target.value) or _is_numpy_view(target.value))
+    return isinstance(target, cst.Subscript) and (
+        _is_data(target.value) or _is_numpy_view(target.value)
+    )
 
 
 class _Finder(cst.CSTVisitor):
@@ -50,8 +52,16 @@ class _Finder(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         f = node.func
-        in_place = isinstance(f, cst.Attribute) and f.attr.value.endswith("_") and not f.attr.value.startswith("_")
-        if in_place and isinstance(f, cst.Attribute) and (_is_data(f.value) or _is_numpy_view(f.value)):
+        in_place = (
+            isinstance(f, cst.Attribute)
+            and f.attr.value.endswith("_")
+            and not f.attr.value.startswith("_")
+        )
+        if (
+            in_place
+            and isinstance(f, cst.Attribute)
+            and (_is_data(f.value) or _is_numpy_view(f.value))
+        ):
             self._add(node)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:

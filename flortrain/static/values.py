@@ -127,7 +127,12 @@ def value_read(node: cst.Name, parents: Sequence[cst.CSTNode]) -> bool:
         if p is child:
             continue  # the call of a method handled at its attribute
         up = parents[i - 1] if i > 0 else None
-        if isinstance(p, cst.Attribute) and p.value is child and isinstance(up, cst.Call) and up.func is p:
+        if (
+            isinstance(p, cst.Attribute)
+            and p.value is child
+            and isinstance(up, cst.Call)
+            and up.func is p
+        ):
             method = p.attr.value
             if method in _VALUE_METHODS:
                 return True
@@ -137,7 +142,9 @@ def value_read(node: cst.Name, parents: Sequence[cst.CSTNode]) -> bool:
             continue
         if isinstance(p, cst.Call) and child is not p.func:
             return (
-                isinstance(p.func, cst.Name) and p.func.value in _VALUE_FUNCTIONS and len(p.args) == 1
+                isinstance(p.func, cst.Name)
+                and p.func.value in _VALUE_FUNCTIONS
+                and len(p.args) == 1
             )
         if isinstance(p, cst.Arg):
             child = p
@@ -153,7 +160,9 @@ def value_read(node: cst.Name, parents: Sequence[cst.CSTNode]) -> bool:
 
 def reads_only_values(node: cst.CSTNode, name: str) -> bool:
     """Whether every read of ``name`` in ``node`` (a probe) is a value read (targets excluded)."""
-    return all(is_target(parents) or value_read(n, parents) for n, parents in occurrences(node, name))
+    return all(
+        is_target(parents) or value_read(n, parents) for n, parents in occurrences(node, name)
+    )
 
 
 def _mentions(node: cst.CSTNode, name: str) -> bool:

@@ -157,7 +157,9 @@ class ReadAhead:
     it fills is the reader's own, so a replay restores the same bytes with or without it. Blobs
     it read are kept until taken; objects go to the reader's cache."""
 
-    def __init__(self, reader: BlobReader, order: list[Checkpoint], refs: Callable[[bytes], list[str]]) -> None:
+    def __init__(
+        self, reader: BlobReader, order: list[Checkpoint], refs: Callable[[bytes], list[str]]
+    ) -> None:
         self.reader = reader
         self.order = order
         self.refs = refs
@@ -192,7 +194,9 @@ class ReadAhead:
                 del self.blob_refs[stale]
             done = self._used_up(refs)
             if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="flortrain-read-ahead", daemon=True)
+                self.thread = threading.Thread(
+                    target=self._run, name="flortrain-read-ahead", daemon=True
+                )
                 self.thread.start()
             self.cond.notify_all()
         self.reader.forget(done)
@@ -219,17 +223,27 @@ class ReadAhead:
         """Threads that read and verify one checkpoint's objects side by side: one thread reads
         from disk while another hashes, and the disk serves several reads at once."""
         if self.objects is None:
-            self.objects = ThreadPoolExecutor(min(4, os.cpu_count() or 1), thread_name_prefix="flortrain-read-ahead")
+            self.objects = ThreadPoolExecutor(
+                min(4, os.cpu_count() or 1), thread_name_prefix="flortrain-read-ahead"
+            )
         return self.objects
 
     def _ahead(self) -> int:
         """Bytes read (or being read) ahead of the latest checkpoint taken."""
-        return self.ends[self.next - 1] - (self.ends[self.taken] if self.taken >= 0 else 0) if self.next else 0
+        return (
+            self.ends[self.next - 1] - (self.ends[self.taken] if self.taken >= 0 else 0)
+            if self.next
+            else 0
+        )
 
     def _run(self) -> None:
         while True:
             with self.cond:
-                while self.next < len(self.order) and self.next > self.taken + 1 and self._ahead() >= READ_AHEAD_BYTES:
+                while (
+                    self.next < len(self.order)
+                    and self.next > self.taken + 1
+                    and self._ahead() >= READ_AHEAD_BYTES
+                ):
                     self.cond.wait()
                 if self.next >= len(self.order):
                     return
@@ -249,9 +263,19 @@ class ReadAhead:
             finally:
                 with self.cond:
                     self.reading = None
-                    if data is not None and j >= self.taken:  # not passed over (it may be waited for)
+                    if (
+                        data is not None and j >= self.taken
+                    ):  # not passed over (it may be waited for)
                         self.blobs[rel], self.blob_refs[rel] = data, refs
                     self.cond.notify_all()
 
 
-__all__ = ["OBJECT_CACHE_BYTES", "READ_AHEAD_BYTES", "BlobReader", "Checkpoint", "ReadAhead", "is_url", "object_rel"]
+__all__ = [
+    "OBJECT_CACHE_BYTES",
+    "READ_AHEAD_BYTES",
+    "BlobReader",
+    "Checkpoint",
+    "ReadAhead",
+    "is_url",
+    "object_rel",
+]

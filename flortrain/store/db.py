@@ -147,7 +147,11 @@ CREATE TABLE IF NOT EXISTS logs (
 #: Additive changes a store of an older version takes when it is opened: version -> the statements
 #: that bring it to the next one. Runs recorded before a migration simply have no rows there.
 MIGRATIONS: dict[int, str] = {
-    8: SCHEMA[SCHEMA.index("CREATE TABLE IF NOT EXISTS files") : SCHEMA.index("CREATE TABLE IF NOT EXISTS logs")],
+    8: SCHEMA[
+        SCHEMA.index("CREATE TABLE IF NOT EXISTS files") : SCHEMA.index(
+            "CREATE TABLE IF NOT EXISTS logs"
+        )
+    ],
 }
 
 
@@ -217,7 +221,9 @@ class LogEntry:
     segments: tuple[tuple[str, str | None, bool], ...] | None = None
 
     def pieces(self) -> tuple[tuple[str, str | None, bool], ...]:
-        return self.segments if self.segments is not None else ((self.text, self.region, self.probe),)
+        return (
+            self.segments if self.segments is not None else ((self.text, self.region, self.probe),)
+        )
 
     def context(self) -> str:
         if self.main_id is None:
@@ -283,7 +289,9 @@ class Store:
             if not self.blobs.exists():
                 private_dir(self.blobs)
             if not db_path.exists():
-                os.close(open_private(db_path, os.O_RDWR | os.O_CREAT))  # 0600 before SQLite makes it
+                os.close(
+                    open_private(db_path, os.O_RDWR | os.O_CREAT)
+                )  # 0600 before SQLite makes it
             self.db = self._connect(db_path)
         except (OSError, sqlite3.Error) as e:
             raise FlortrainError(f"cannot open store: {e}", Located(str(root)), "FT010") from None
@@ -330,7 +338,9 @@ class Store:
         """Whether the store has this version's schema (False: an empty database); a store of
         another version is refused."""
         (version,) = self.db.execute("PRAGMA user_version").fetchone()
-        (tables,) = self.db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()
+        (tables,) = self.db.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type='table'"
+        ).fetchone()
         if tables and version in MIGRATIONS:
             self._migrate()
             return True
@@ -364,8 +374,11 @@ class Store:
         """Stop writing, and say so once: what was committed stays, nothing later is claimed."""
         if self.failed is None:
             self.failed = why
-            print(f"flortrain: warning: the store at {self.root} failed ({why}); nothing more is stored"
-                  " for this run, and the script goes on", file=sys.stderr)
+            print(
+                f"flortrain: warning: the store at {self.root} failed ({why}); nothing more is stored"
+                " for this run, and the script goes on",
+                file=sys.stderr,
+            )
 
     def owned(self) -> bool:
         """False in a forked child: it must not write through the parent's connection."""
@@ -392,19 +405,39 @@ class Store:
     def source(self, sha: str) -> str:
         row = self.db.execute("SELECT text FROM sources WHERE sha=?", (sha,)).fetchone()
         if row is None:
-            raise FlortrainError(f"source snapshot {sha[:12]} missing", Located(str(self.root)), "FT011")
+            raise FlortrainError(
+                f"source snapshot {sha[:12]} missing", Located(str(self.root)), "FT011"
+            )
         return str(row[0])
 
     def begin_run(
-        self, kind: str, script: str, argv: list[str], source: str, parent: int | None,
-        threads: int | None, meta: dict[str, Any],
+        self,
+        kind: str,
+        script: str,
+        argv: list[str],
+        source: str,
+        parent: int | None,
+        threads: int | None,
+        meta: dict[str, Any],
     ) -> int:
         sha = self.put_source(source)
         cur = self.db.execute(
             "INSERT INTO runs (kind, script, cwd, argv, source_sha, parent, started, status, threads,"
             " pid, host, meta) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (kind, script, os.getcwd(), json.dumps(argv), sha, parent, time.time(), "running",
-             threads, os.getpid(), socket.gethostname(), json.dumps(meta)),
+            (
+                kind,
+                script,
+                os.getcwd(),
+                json.dumps(argv),
+                sha,
+                parent,
+                time.time(),
+                "running",
+                threads,
+                os.getpid(),
+                socket.gethostname(),
+                json.dumps(meta),
+            ),
         )
         assert cur.lastrowid is not None
         # the run is alive while this process (or a child it forked) holds its lock
@@ -431,11 +464,42 @@ class Store:
             self.lock = None
 
     def _run(self, row: tuple[Any, ...]) -> Run:
-        (rid, kind, script, cwd, argv, sha, parent, started, finished, status, code, threads, pid,
-         host, meta) = row
+        (
+            rid,
+            kind,
+            script,
+            cwd,
+            argv,
+            sha,
+            parent,
+            started,
+            finished,
+            status,
+            code,
+            threads,
+            pid,
+            host,
+            meta,
+        ) = row
         live = status == "running" and host == socket.gethostname() and held(self.root, rid)
-        return Run(rid, kind, script, cwd, json.loads(argv), sha, parent, started, finished, status,
-                   code, threads, pid, host, json.loads(meta), live)
+        return Run(
+            rid,
+            kind,
+            script,
+            cwd,
+            json.loads(argv),
+            sha,
+            parent,
+            started,
+            finished,
+            status,
+            code,
+            threads,
+            pid,
+            host,
+            json.loads(meta),
+            live,
+        )
 
     def run(self, run_id: int) -> Run:
         row = self.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
@@ -448,21 +512,42 @@ class Store:
 
     def latest(self, kind: str, script: str | None = None, status: str | None = None) -> Run | None:
         for r in reversed(self.runs()):
-            if r.kind == kind and (script is None or r.script == script) and (
-                status is None or r.effective_status == status
+            if (
+                r.kind == kind
+                and (script is None or r.script == script)
+                and (status is None or r.effective_status == status)
             ):
                 return r
         return None
 
     # -- blocks and checkpoints ------------------------------------------------------------------
     @_writer
-    def put_block(self, run_id: int, key: str, block_id: str, main_id: str, main_inst: int,
-                  iteration: int, occurrence: int, state: str, compute_s: float | None = None,
-                  materialize_s: float | None = None, restore_s: float | None = None,
-                  note: str | None = None, state_sha: dict[str, str] | None = None) -> None:
-        costs = {"compute_s": compute_s, "materialize_s": materialize_s, "restore_s": restore_s,
-                 "note": note, "state_sha": state_sha}
-        self.put_blocks(run_id, [(key, block_id, main_id, main_inst, iteration, occurrence, state, costs)])
+    def put_block(
+        self,
+        run_id: int,
+        key: str,
+        block_id: str,
+        main_id: str,
+        main_inst: int,
+        iteration: int,
+        occurrence: int,
+        state: str,
+        compute_s: float | None = None,
+        materialize_s: float | None = None,
+        restore_s: float | None = None,
+        note: str | None = None,
+        state_sha: dict[str, str] | None = None,
+    ) -> None:
+        costs = {
+            "compute_s": compute_s,
+            "materialize_s": materialize_s,
+            "restore_s": restore_s,
+            "note": note,
+            "state_sha": state_sha,
+        }
+        self.put_blocks(
+            run_id, [(key, block_id, main_id, main_inst, iteration, occurrence, state, costs)]
+        )
 
     @_writer
     def put_blocks(self, run_id: int, rows: Iterable[BlockRow]) -> None:
@@ -470,8 +555,21 @@ class Store:
         checkpoint (they only describe the run) and writes them with its iterations, not one
         transaction per instance (0.2 ms each on the training thread)."""
         values = [
-            (run_id, key, block_id, m, entry, it, occ, state, c.get("compute_s"), c.get("materialize_s"),
-             c.get("restore_s"), c.get("note"), None if c.get("state_sha") is None else json.dumps(c["state_sha"]))
+            (
+                run_id,
+                key,
+                block_id,
+                m,
+                entry,
+                it,
+                occ,
+                state,
+                c.get("compute_s"),
+                c.get("materialize_s"),
+                c.get("restore_s"),
+                c.get("note"),
+                None if c.get("state_sha") is None else json.dumps(c["state_sha"]),
+            )
             for key, block_id, m, entry, it, occ, state, c in rows
         ]
         self._claim("INSERT OR REPLACE INTO blocks VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", values)
@@ -550,7 +648,10 @@ class Store:
     def commit_checkpoint(self, run_id: int, key: str, rel: str, sha: str, nbytes: int) -> None:
         """The commit marker: a checkpoint exists only once this row does. Written only after its
         blob (and every tensor object it refers to) is on disk and verified."""
-        self._claim("INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?)", [(run_id, key, rel, sha, nbytes)])
+        self._claim(
+            "INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?)",
+            [(run_id, key, rel, sha, nbytes)],
+        )
 
     @_writer
     def mark_checkpointed(self, run_id: int, key: str, digests: dict[str, str]) -> None:
@@ -571,7 +672,8 @@ class Store:
         return {
             k: (p, s, n)
             for k, p, s, n in self.db.execute(
-                "SELECT key, path, sha256, nbytes FROM checkpoints WHERE run_id=? ORDER BY rowid", (run_id,)
+                "SELECT key, path, sha256, nbytes FROM checkpoints WHERE run_id=? ORDER BY rowid",
+                (run_id,),
             )
         }
 
@@ -592,12 +694,16 @@ class Store:
     def put_files(self, run_id: int, rows: Iterable[FileRow]) -> None:
         """A record's files as its script first found them (``runtime/files.py``). A resumed
         record sees them again: what the killed part found first is kept."""
-        self._transaction([(
-            "INSERT INTO files VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (run_id, path) DO UPDATE SET"
-            " written = max(written, excluded.written), reread = max(reread, excluded.reread),"
-            " object = coalesce(object, excluded.object)",
-            [(run_id, *r) for r in rows],
-        )])
+        self._transaction(
+            [
+                (
+                    "INSERT INTO files VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (run_id, path) DO UPDATE SET"
+                    " written = max(written, excluded.written), reread = max(reread, excluded.reread),"
+                    " object = coalesce(object, excluded.object)",
+                    [(run_id, *r) for r in rows],
+                )
+            ]
+        )
 
     def files(self, run_id: int) -> list[FileRow]:
         """(path, first, size, fingerprint, object, written, reread) of each file the record's
@@ -614,15 +720,21 @@ class Store:
     @_writer
     def put_file_states(self, run_id: int, rows: Iterable[tuple[str, FileState]]) -> None:
         """The files checkpoints found (key, (path, size, fingerprint, object))."""
-        self._transaction([
-            ("INSERT OR REPLACE INTO file_states VALUES (?,?,?,?,?,?)", [(run_id, k, *st) for k, st in rows])
-        ])
+        self._transaction(
+            [
+                (
+                    "INSERT OR REPLACE INTO file_states VALUES (?,?,?,?,?,?)",
+                    [(run_id, k, *st) for k, st in rows],
+                )
+            ]
+        )
 
     def file_states(self, run_id: int) -> dict[str, list[FileState]]:
         """Per checkpoint key, the files a replay that restores it puts back."""
         out: dict[str, list[FileState]] = {}
         for k, p, n, d, o in self.db.execute(
-            "SELECT key, path, size, fingerprint, object FROM file_states WHERE run_id=? ORDER BY rowid", (run_id,)
+            "SELECT key, path, size, fingerprint, object FROM file_states WHERE run_id=? ORDER BY rowid",
+            (run_id,),
         ):
             out.setdefault(k, []).append((p, n, d, o))
         return out
@@ -630,7 +742,14 @@ class Store:
     # -- iterations ------------------------------------------------------------------------------
     @_writer
     def put_iterations(self, run_id: int, rows: Iterable[IterationRow]) -> None:
-        self._transaction([("INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?,?,?,?)", [(run_id, *r) for r in rows])])
+        self._transaction(
+            [
+                (
+                    "INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?,?,?,?)",
+                    [(run_id, *r) for r in rows],
+                )
+            ]
+        )
 
     def iteration_times(self, run_id: int) -> dict[tuple[str, int], list[tuple[int, float]]]:
         """Per main-loop entry, (iteration, seconds since the session began at its start), in
@@ -668,7 +787,9 @@ class Store:
         ).fetchone()
         return None if row is None else (str(row[0]), int(row[1]), int(row[2]))
 
-    def truncate_for_resume(self, run_id: int, main_id: str, entry: int, iteration: int) -> tuple[int, float]:
+    def truncate_for_resume(
+        self, run_id: int, main_id: str, entry: int, iteration: int
+    ) -> tuple[int, float]:
         """Forget what a killed run recorded from the start of ``iteration`` on (a resumed record
         executes it again), in one transaction. Returns how many captured lines are kept and the
         iteration's start time, where the resumed record's log and clock continue."""
@@ -679,7 +800,9 @@ class Store:
                 (run_id, main_id, entry, iteration),
             ).fetchone()
             key = f"{main_id}@{main_id}.{entry}.{iteration}#0"
-            (brow,) = self.db.execute("SELECT rowid FROM blocks WHERE run_id=? AND key=?", (run_id, key)).fetchone()
+            (brow,) = self.db.execute(
+                "SELECT rowid FROM blocks WHERE run_id=? AND key=?", (run_id, key)
+            ).fetchone()
             self.db.execute("DELETE FROM iterations WHERE run_id=? AND rowid >= ?", (run_id, rowid))
             self.db.execute("DELETE FROM blocks WHERE run_id=? AND rowid > ?", (run_id, brow))
             self.db.execute(
@@ -707,13 +830,17 @@ class Store:
         return {
             (m, i, it): None if sc is None else json.loads(sc)
             for m, i, it, sc in self.db.execute(
-                "SELECT main_id, main_inst, iteration, scalars FROM iterations WHERE run_id=?", (run_id,)
+                "SELECT main_id, main_inst, iteration, scalars FROM iterations WHERE run_id=?",
+                (run_id,),
             )
         }
 
     @_writer
     def put_jump(self, run_id: int, main_id: str, main_inst: int, first: int, resumed: int) -> None:
-        self.db.execute("INSERT OR REPLACE INTO jumps VALUES (?,?,?,?,?)", (run_id, main_id, main_inst, first, resumed))
+        self.db.execute(
+            "INSERT OR REPLACE INTO jumps VALUES (?,?,?,?,?)",
+            (run_id, main_id, main_inst, first, resumed),
+        )
 
     def jumped(self, run_id: int) -> set[tuple[str, int, int]]:
         """The main-loop iterations a replay skipped over (restoring a later boundary instead)."""
@@ -728,7 +855,8 @@ class Store:
         return {
             (m, i, it): sha
             for m, i, it, sha in self.db.execute(
-                "SELECT main_id, main_inst, iteration, rng_sha FROM iterations WHERE run_id=?", (run_id,)
+                "SELECT main_id, main_inst, iteration, rng_sha FROM iterations WHERE run_id=?",
+                (run_id,),
             )
         }
 
@@ -736,8 +864,17 @@ class Store:
     @_writer
     def put_logs(self, run_id: int, entries: Iterable[LogEntry]) -> None:
         rows = [
-            (run_id, e.seq, e.text, e.main_id, e.main_inst, e.iteration, e.region, int(e.probe),
-             None if e.segments is None else json.dumps(e.segments))
+            (
+                run_id,
+                e.seq,
+                e.text,
+                e.main_id,
+                e.main_inst,
+                e.iteration,
+                e.region,
+                int(e.probe),
+                None if e.segments is None else json.dumps(e.segments),
+            )
             for e in entries
         ]
         self._transaction([("INSERT OR REPLACE INTO logs VALUES (?,?,?,?,?,?,?,?,?)", rows)])
@@ -748,7 +885,9 @@ class Store:
             " WHERE run_id=? ORDER BY seq",
             (run_id,),
         ):
-            pieces = None if segs is None else tuple((t, r, bool(p)) for t, r, p in json.loads(segs))
+            pieces = (
+                None if segs is None else tuple((t, r, bool(p)) for t, r, p in json.loads(segs))
+            )
             yield LogEntry(seq, text, m, mi, it, region, bool(probe), pieces)
 
 
@@ -803,6 +942,8 @@ def _require_existing(root: Path) -> None:
             raise FlortrainError("cannot open store: not a directory", Located(str(root)), "FT010")
         (root / "flortrain.db").stat()
     except FileNotFoundError:
-        raise FlortrainError("no flortrain store here (record a run first)", Located(str(root)), NO_STORE) from None
+        raise FlortrainError(
+            "no flortrain store here (record a run first)", Located(str(root)), NO_STORE
+        ) from None
     except OSError as e:
         raise FlortrainError(f"cannot open store: {e}", Located(str(root)), "FT010") from None

@@ -24,16 +24,30 @@ JumpRow = tuple[str, int, int, int]
 class RunSink(Protocol):
     """The part of the store a replaying session uses."""
 
-    def put_block(self, run_id: int, key: str, block_id: str, main_id: str, main_inst: int,
-                  iteration: int, occurrence: int, state: str, compute_s: float | None = None,
-                  materialize_s: float | None = None, restore_s: float | None = None,
-                  note: str | None = None, state_sha: dict[str, str] | None = None) -> None: ...
+    def put_block(
+        self,
+        run_id: int,
+        key: str,
+        block_id: str,
+        main_id: str,
+        main_inst: int,
+        iteration: int,
+        occurrence: int,
+        state: str,
+        compute_s: float | None = None,
+        materialize_s: float | None = None,
+        restore_s: float | None = None,
+        note: str | None = None,
+        state_sha: dict[str, str] | None = None,
+    ) -> None: ...
 
     def put_blocks(self, run_id: int, rows: Iterable[BlockRow]) -> None: ...
 
     def put_iterations(self, run_id: int, rows: Iterable[IterationRow]) -> None: ...
 
-    def put_jump(self, run_id: int, main_id: str, main_inst: int, first: int, resumed: int) -> None: ...
+    def put_jump(
+        self, run_id: int, main_id: str, main_inst: int, first: int, resumed: int
+    ) -> None: ...
 
     def put_logs(self, run_id: int, entries: Iterable[LogEntry]) -> None: ...
 
@@ -54,12 +68,29 @@ class WorkerRows:
     jumps: list[JumpRow] = field(default_factory=list)
     logs: list[LogEntry] = field(default_factory=list)
 
-    def put_block(self, run_id: int, key: str, block_id: str, main_id: str, main_inst: int,
-                  iteration: int, occurrence: int, state: str, compute_s: float | None = None,
-                  materialize_s: float | None = None, restore_s: float | None = None,
-                  note: str | None = None, state_sha: dict[str, str] | None = None) -> None:
-        costs = {"compute_s": compute_s, "materialize_s": materialize_s, "restore_s": restore_s,
-                 "note": note, "state_sha": state_sha}
+    def put_block(
+        self,
+        run_id: int,
+        key: str,
+        block_id: str,
+        main_id: str,
+        main_inst: int,
+        iteration: int,
+        occurrence: int,
+        state: str,
+        compute_s: float | None = None,
+        materialize_s: float | None = None,
+        restore_s: float | None = None,
+        note: str | None = None,
+        state_sha: dict[str, str] | None = None,
+    ) -> None:
+        costs = {
+            "compute_s": compute_s,
+            "materialize_s": materialize_s,
+            "restore_s": restore_s,
+            "note": note,
+            "state_sha": state_sha,
+        }
         self.blocks.append((key, block_id, main_id, main_inst, iteration, occurrence, state, costs))
 
     def put_blocks(self, run_id: int, rows: Iterable[BlockRow]) -> None:

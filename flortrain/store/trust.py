@@ -105,7 +105,9 @@ def user_key() -> bytes:
     except FileNotFoundError:
         pass
     except (OSError, ValueError) as e:
-        raise FlortrainError(f"cannot read the flortrain key: {e}", Located(str(path)), UNTRUSTED) from None
+        raise FlortrainError(
+            f"cannot read the flortrain key: {e}", Located(str(path)), UNTRUSTED
+        ) from None
     try:
         private_dir(path.parent)
         tmp = path.with_name(f".key.{os.getpid()}.{secrets.token_hex(4)}")
@@ -120,7 +122,9 @@ def user_key() -> bytes:
             os.unlink(tmp)
         return bytes.fromhex(path.read_text().strip())
     except (OSError, ValueError) as e:
-        raise FlortrainError(f"cannot create the flortrain key: {e}", Located(str(path)), UNTRUSTED) from None
+        raise FlortrainError(
+            f"cannot create the flortrain key: {e}", Located(str(path)), UNTRUSTED
+        ) from None
 
 
 def _mac(body: dict[str, object]) -> str:
@@ -131,7 +135,10 @@ def _mac(body: dict[str, object]) -> str:
 def write_manifest(root: Path) -> None:
     """Sign a new store as this user's (atomically: a reader never sees half a manifest)."""
     body: dict[str, object] = {
-        "format": MANIFEST_FORMAT, "store": uuid.uuid4().hex, "uid": os.getuid(), "created": time.time(),
+        "format": MANIFEST_FORMAT,
+        "store": uuid.uuid4().hex,
+        "uid": os.getuid(),
+        "created": time.time(),
     }
     data = json.dumps({**body, "mac": _mac(body)}, indent=2).encode()
     with replacing(root / MANIFEST) as fd, os.fdopen(fd, "wb", closefd=False) as f:
@@ -150,7 +157,9 @@ def manifest_problem(root: Path) -> str | None:
         return "its manifest is not a flortrain manifest"
     mac = doc.pop("mac", None)
     if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac(doc)):
-        return "its manifest does not verify with this user's key (made by someone else, or altered)"
+        return (
+            "its manifest does not verify with this user's key (made by someone else, or altered)"
+        )
     return None
 
 
@@ -230,6 +239,18 @@ def held(root: Path, run_id: int) -> bool:
 
 
 __all__ = [
-    "DIR_MODE", "FILE_MODE", "UNTRUSTED", "RunLock", "adopt", "check_owner", "held", "manifest_problem",
-    "open_private", "private_dir", "replacing", "user_key", "verify", "write_manifest",
+    "DIR_MODE",
+    "FILE_MODE",
+    "UNTRUSTED",
+    "RunLock",
+    "adopt",
+    "check_owner",
+    "held",
+    "manifest_problem",
+    "open_private",
+    "private_dir",
+    "replacing",
+    "user_key",
+    "verify",
+    "write_manifest",
 ]
