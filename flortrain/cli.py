@@ -305,6 +305,27 @@ def instrument(script: str, explain: bool) -> None:
     click.echo(text, nl=not text.endswith("\n"))
 
 
+@cli.command()
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option(
+    "--output-format",
+    "fmt",
+    type=click.Choice(["concise"]),
+    default="concise",
+    show_default=True,
+    help="How findings are printed.",
+)
+@click.option("--fix", is_flag=True, help="Apply the fixes that cannot change a correct program.")
+@_one_line_errors
+def check(paths: tuple[str, ...], fmt: str, fix: bool) -> None:
+    """Find what would make training scripts unreplayable or nondeterministic (PATHS: files or
+    directories, default the current one). Static: nothing is run and torch is not imported.
+    Exit 0 when no finding is an error, 1 when one is."""
+    from flortrain.check.command import run
+
+    sys.exit(run(list(paths) or ["."], fmt, fix))
+
+
 #: PEP 263: a coding declaration on one of the first two lines
 _CODING = re.compile(r"^([ \t\f]*#.*?coding[:=][ \t]*)([-\w.]+)")
 
