@@ -25,7 +25,7 @@ from flortrain.runtime.session import ReplaySource, Session
 from flortrain.runtime.spans import Segment, SpanReplay
 from flortrain.static.linemap import compile_for
 from flortrain.static.overlap import StaticPass, begin
-from flortrain.static.plan import UNTRACKED, ModulePasses, Plan
+from flortrain.static.plan import UNTRACKED, ModulePasses, Plan, not_memoized
 from flortrain.static.text import project_uses_torch
 from flortrain.store.db import Run, Store, open_store
 
@@ -64,7 +64,7 @@ def _module_recorder(
         )
         for r in plan.refused:
             print(
-                f"flortrain: {shown}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}",
+                f"flortrain: {shown}:{r.span.line}:{r.span.col}: {not_memoized(r.reason)}",
                 file=sys.stderr,
             )
         _untracked(shown, plan, session)
@@ -186,7 +186,7 @@ def record(
     launcher.tell("run", run_id, script, str(store.root))
     for r in plan.refused:
         print(
-            f"flortrain: {script}:{r.span.line}:{r.span.col}: loop not memoized: {r.reason}",
+            f"flortrain: {script}:{r.span.line}:{r.span.col}: {not_memoized(r.reason)}",
             file=sys.stderr,
         )
     store.guarded = True  # from here on the store failing must not break training

@@ -523,3 +523,12 @@ def test_too_deeply_nested_source_is_a_one_line_refusal() -> None:
         instrument_file("deep.py", deep)
     assert info.value.code == "FT004"
     assert info.value.one_line() == "deep.py: FT004 too deeply nested for the static pass"
+
+
+def test_source_too_deep_for_the_compiler_is_a_one_line_refusal() -> None:
+    """CPython's compiler has a nesting limit of its own (a 3,000-term ``+`` chain): the
+    refusal is FT004, as for the pass's walks, not a RecursionError."""
+    deep = "x = " + " + ".join(["'a'"] * 3000) + "\n"
+    with pytest.raises(FlortrainError) as info:
+        instrument_file("deep.py", deep)
+    assert info.value.one_line() == "deep.py: FT004 too deeply nested for the static pass"

@@ -46,6 +46,7 @@ from flortrain.runtime.state import (
     unpicklable,
     why_unrestorable,
 )
+from flortrain.static.plan import outside_iterator
 
 if TYPE_CHECKING:
     from flortrain.runtime.session import Session
@@ -561,7 +562,7 @@ class SkipBlock(Checkpointable):
                 if name is not None:
                     s.unnamed_effect(
                         self.id,
-                        f"iterates `{name}`, an iterator made before it, whose position no checkpoint holds",
+                        outside_iterator(name),
                     )
         return iterable
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from flortrain.runtime import channels, versions
 from flortrain.runtime.channels import is_channel, type_name
+from flortrain.static import plan
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range, frozenset)
 
@@ -76,8 +77,7 @@ def carries_graph(path: str, obj: Any) -> str:
     leaf: a later ``backward()`` through it (REINFORCE's ``torch.stack(log_probs).sum()``, a
     ``total = total + loss`` accumulated over the loop) would miss every parameter upstream and
     the update would be silently lost. The instance executes instead."""
-    node = type(obj.grad_fn).__name__
-    return f"`{path}` holds a tensor carrying an autograd graph (grad_fn={node}); it executes on replay"
+    return plan.carries_graph(path, type(obj.grad_fn).__name__)
 
 
 def _torch() -> Any:

@@ -20,7 +20,7 @@ from flortrain.static.plan import (
     Span,
 )
 from flortrain.static.program import MODULE, Loop, Program, index
-from flortrain.static.source import Source
+from flortrain.static.source import TOO_DEEP, Source
 from flortrain.static.spans import boundary_state
 from flortrain.static.untracked import untracked_writes
 from flortrain.static.values import value_only
@@ -59,9 +59,7 @@ def analyse(source: Source, prefix: str = "") -> Plan:
     try:
         return _analyse(source, prefix)
     except RecursionError:
-        raise FlortrainError(
-            "too deeply nested for the static pass", Located(source.path), "FT004"
-        ) from None
+        raise FlortrainError(TOO_DEEP, Located(source.path), "FT004") from None
 
 
 def _analyse(source: Source, prefix: str) -> Plan:

@@ -87,6 +87,11 @@ def _training_call(prog: Program, nodes: Sequence[cst.CSTNode]) -> int | None:
     return None
 
 
+#: why a script's loop nest is its main loop when no nest visibly trains (its step may sit in a
+#: module it imports): ``flortrain check`` does not report such a nest's refusals
+FALLBACK_MAIN = "the outermost loop that contains another loop (no backward() or step() found)"
+
+
 @dataclass(frozen=True)
 class Candidate:
     loop: Loop
@@ -161,9 +166,7 @@ class LoopForest:
             return []
         for lp in nests:
             if not training:
-                self.why[lp] = (
-                    "the outermost loop that contains another loop (no backward() or step() found)"
-                )
+                self.why[lp] = FALLBACK_MAIN
             elif trains[lp] is not None:
                 self.why[lp] = f"it contains the training step (line {trains[lp]})"
             else:

@@ -49,6 +49,29 @@ UNTRACKED = (
 )
 
 
+def not_memoized(reason: str) -> str:
+    """A refused loop, as record's stderr and ``flortrain check`` say it."""
+    return f"loop not memoized: {reason}"
+
+
+def no_iteration_spans(reason: str) -> str:
+    """A main loop without boundary state, as ``--explain`` and ``flortrain check`` say it."""
+    return f"no iteration spans: {reason}"
+
+
+def outside_iterator(name: str) -> str:
+    """Why a memoized loop whose header advances an iterator a name holds is not checkpointed
+    (found at record by ``audit.outside_iterator``, before it by ``flortrain check``)."""
+    return f"iterates `{name}`, an iterator made before it, whose position no checkpoint holds"
+
+
+def carries_graph(path: str, node: str = "") -> str:
+    """Why a tensor that leaves a loop with its autograd graph makes the loop's instances
+    execute; ``node`` is its ``grad_fn``'s type when a run has seen it."""
+    seen = f" (grad_fn={node})" if node else ""
+    return f"`{path}` holds a tensor carrying an autograd graph{seen}; it executes on replay"
+
+
 @dataclass(frozen=True)
 class Block:
     """A memoized loop: skipped and restored on replay unless probed."""
@@ -142,7 +165,7 @@ class Plan:
                 held = ", ".join(c.expr for c in m.boundary.changes) or "(nothing)"
                 out.append(f"  iteration boundary state (iteration spans): {held}")
             else:
-                out.append(f"  no iteration spans: {m.no_boundary}")
+                out.append(f"  {no_iteration_spans(m.no_boundary)}")
             for b in (b for b in self.blocks if b.main == m.id):
                 out.append(
                     f"  {self.path}:{b.span.line}:{b.span.col} memoized {b.kind} loop {b.id} in {b.function}"

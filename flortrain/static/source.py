@@ -11,6 +11,9 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from flortrain.errors import FlortrainError, Located
 from flortrain.static.text import read_text
 
+#: a file whose nesting exceeds a recursive walk's depth (``FT004``)
+TOO_DEEP = "too deeply nested for the static pass"
+
 
 @dataclass(frozen=True)
 class Source:
@@ -48,6 +51,8 @@ def parse(path: str, text: str | None = None) -> Source:
         ) from None
     except ValueError as e:  # e.g. source with NUL bytes
         raise FlortrainError(f"cannot compile: {e}", Located(path), "FT002") from None
+    except RecursionError:  # CPython's compiler has a nesting limit of its own
+        raise FlortrainError(TOO_DEEP, Located(path), "FT004") from None
     # libcst may still refuse what CPython accepts (syntax newer than it knows).
     try:
         module = cst.parse_module(text)
@@ -58,6 +63,8 @@ def parse(path: str, text: str | None = None) -> Source:
             Located(path, e.editor_line, e.editor_column),
             "FT002",
         ) from None
+    except RecursionError:
+        raise FlortrainError(TOO_DEEP, Located(path), "FT004") from None
     return Source(path, text, MetadataWrapper(module, unsafe_skip_copy=True))
 
 

@@ -26,7 +26,7 @@ from libcst.metadata import PositionProvider
 from flortrain.errors import FlortrainError, Located
 from flortrain.static.expressions import impurity
 from flortrain.static.plan import Block, Change, Instrumentation, MainLoop, Restore
-from flortrain.static.source import Source
+from flortrain.static.source import TOO_DEEP, Source
 
 RUNTIME = "__flortrain__"
 IMPORT = f"import flortrain.runtime as {RUNTIME}"
@@ -285,9 +285,7 @@ def transform(source: Source, inst: Instrumentation) -> str:
     except RecursionError:
         # libcst walks the tree recursively; a huge implicit string concatenation or a deeply
         # nested expression exhausts the stack. A one-line refusal, not a traceback.
-        raise FlortrainError(
-            "too deeply nested for the static pass", Located(source.path), "FT004"
-        ) from None
+        raise FlortrainError(TOO_DEEP, Located(source.path), "FT004") from None
     missing = (set(inst.blocks) | set(inst.mains) | set(inst.probes)) - t.applied
     if missing:
         raise ValueError(f"instrumentation points not found at lines {sorted(missing)}")
