@@ -23,7 +23,9 @@ class UntrackedWrite(Rule):
         " (`p.data.add_(..)`, `p.data[0] = 1`) or through a NumPy view (`t.numpy()[i] = x`)"
         " escapes the counter, so a script with one gets both shortcuts turned off: every"
         " checkpoint copies every tensor. Replays stay exact; records and checkpoints get slower"
-        " and larger. Reported where the script has a main loop, as record applies it. Such"
+        " and larger. Reported where the file has a training main loop (a nest of loops that never"
+        " calls `backward()` or `step()` is not reported, though record applies the same rule"
+        " to it). Such"
         " writes inside a library the script calls, or through another name for `.data`"
         " (`d = p.data; d.mul_(2)`), are not seen."
     )
@@ -68,7 +70,7 @@ class UntrackedWrite(Rule):
 
     def check(self, unit: Unit) -> Iterator[Hit]:
         p = plan_facts.plan(unit)
-        if p is None:
+        if p is None or not plan_facts.training_mains(p):
             return
         for u in p.untracked:
             yield Hit(line=u.line, col=u.col)
