@@ -118,6 +118,14 @@ def _target_nodes(target: cst.CSTNode) -> list[cst.CSTNode]:
     return out
 
 
+def is_clock_call(call: cst.Call) -> bool:
+    """Whether ``call`` reads a clock (``time.time()``, ``datetime.now()``, ``perf_counter()``)."""
+    name = dotted(call.func) or ""
+    return ".".join(name.split(".")[-2:]) in _CLOCKS or (
+        isinstance(call.func, cst.Name) and name in _BARE_CLOCKS
+    )
+
+
 def _kind(value: cst.BaseExpression | None, clocks: set[str], prog: Program) -> str:
     """``clock``, ``literal``, ``plain`` (no clock in it, no call) or ``other``."""
     if value is None:
@@ -134,9 +142,7 @@ def _kind(value: cst.BaseExpression | None, clocks: set[str], prog: Program) -> 
         return _combine(_kind(value.left, clocks, prog), _kind(value.right, clocks, prog))
     if isinstance(value, cst.Call):
         name = dotted(value.func) or ""
-        if ".".join(name.split(".")[-2:]) in _CLOCKS or (
-            isinstance(value.func, cst.Name) and name in _BARE_CLOCKS
-        ):
+        if is_clock_call(value):
             return "clock" if not value.args else "other"
         args = [_kind(a.value, clocks, prog) for a in value.args]
         if isinstance(value.func, cst.Name) and name in _NUMERIC:
@@ -161,4 +167,4 @@ def _combine(a: str, b: str) -> str:
     return "plain"
 
 
-__all__ = ["clock_names"]
+__all__ = ["clock_names", "is_clock_call"]

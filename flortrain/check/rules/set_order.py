@@ -1,0 +1,314 @@
+"""Iteration over a set, whose order for strings and most objects changes from run to run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from flortrain.check import plan_facts
+from flortrain.check.finding import Edit, Fix, Severity
+from flortrain.check.rule import Family, Hit, Invalid, Rule, Valid
+from flortrain.check.unit import Unit
+from flortrain.static.program import Program, Scope
+
+_SETS = frozenset({"set", "frozenset"})
+_SET_METHODS = frozenset({"union", "intersection", "difference", "symmetric_difference", "copy"})
+_SET_OPS = (cst.BitOr, cst.BitAnd, cst.Subtract, cst.BitXor)
+#: consumers that see their argument's order: ``sorted`` may stand for the first two
+_ORDERED = frozenset({"list", "tuple", "enumerate", "zip", "next", "iter", "reversed"})
+_STR_METHODS = frozenset({"split", "splitlines", "readlines", "read", "strip", "lower", "upper"})
+_STR_CALLS = frozenset({"str", "open", "os.listdir", "glob.glob", "repr", "chr"})
+_INT_CALLS = frozenset({"int", "len", "range", "ord", "float", "round", "abs", "hash"})
+#: consumers whose result does not depend on the order they are given
+_ORDER_FREE = frozenset({"sorted", "set", "frozenset", "len", "min", "max", "sum", "any", "all"})
+#: loop bodies whose effect does not depend on the order: adding to a set, storing by key
+_ORDER_FREE_METHODS = frozenset({"add", "discard", "remove", "update", "pop"})
+
+STR = "str"
+NUMBER = "number"
+UNKNOWN = "unknown"
+
+
+class SetOrder(Rule):
+    code = f"{Family.DETERMINISM}102"
+    name = "set-order"
+    severity = Severity.WARNING
+    message = (
+        "iteration over a set of strings: its order changes with PYTHONHASHSEED from run to run"
+    )
+    hint = "iterate sorted(...) of it"
+    doc = (
+        "A set iterates in the order of its elements' hashes. A string's hash is salted per"
+        " process (PYTHONHASHSEED), and an object without `__hash__` of its own (a tensor, a"
+        " module, a parameter) hashes by its address, so a vocabulary, a list of classes or"
+        " parameter groups built by iterating a set come out in another order in the next run:"
+        " other indices, other batches, another run that no seed repeats. Integers, floats and"
+        " tuples of them hash by value and iterate the same in every run, so they are not"
+        " reported. The static pass knows the elements' type only where the text says it (string"
+        " literals, `str.split()`, file lines, `range`, `len`); a set of unknown elements is"
+        " reported with a message that says so. Order-free uses are not: `sorted`, `len`, `min`,"
+        " `max`, `sum`, `in`, set comprehensions, a loop that only adds to a set or stores by key."
+        " The fix, `sorted(...)`, is unsafe: elements that do not compare raise `TypeError`."
+    )
+    valid = (
+        Valid("words = {'a', 'b'}\nvocab = sorted(words)\n"),
+        Valid("ids = set(range(10))\nfor i in ids:\n    print(i)\n"),
+        Valid("seen = set(names)\nn = len(seen)\nok = 'x' in seen\n"),
+        Valid("chars = sorted(list(set(open('input.txt').read())))\n"),
+        Valid("patterns = set(['add', 'mul'])\nhit = any(n == p for p in patterns)\n"),
+        Valid("tags = {'a', 'b'}\nkept = set()\nfor t in tags:\n    kept.add(t.upper())\n"),
+    )
+    invalid = (
+        Invalid(
+            "text = open('input.txt').read()\nchars = list(set(text))\n",
+            line=2,
+            col=14,
+            fixed="text = open('input.txt').read()\nchars = sorted(set(text))\n",
+        ),
+        Invalid(
+            "labels = {'cat', 'dog'}\nfor i, name in enumerate(labels):\n    print(i, name)\n",
+            line=2,
+            col=26,
+            fixed="labels = {'cat', 'dog'}\nfor i, name in enumerate(sorted(labels)):\n    print(i, name)\n",
+        ),
+        Invalid(
+            "stoi = {c: i for i, c in enumerate(set(words))}\n",
+            line=1,
+            col=36,
+            fixed="stoi = {c: i for i, c in enumerate(sorted(set(words)))}\n",
+        ),
+    )
+
+    def check(self, unit: Unit) -> Iterator[Hit]:
+        prog = plan_facts.program(unit)
+        if prog is None or not _mentions_sets(unit.text):
+            return
+        for node, scope in _iterated(unit, prog):
+            if _order_dropped(unit, node):
+                continue
+            kind = _set_kind(prog, scope, node, 0)
+            if kind is None or kind == NUMBER:
+                continue
+            message = (
+                self.message
+                if kind == STR
+                else "iteration over a set: unless its elements are numbers, its order changes"
+                " from run to run (strings by PYTHONHASHSEED, other objects by address)"
+            )
+            yield Hit(node, message=message, fix=_fix(unit, node))
+
+
+def _order_dropped(unit: Unit, node: cst.CSTNode) -> bool:
+    """Whether what iterates ``node`` hands its result to a consumer that drops the order
+    (``sorted(list(set(t)))``, ``any(p == x for p in patterns)``), through ``list``/``tuple``
+    and comprehensions."""
+    up = unit.parent(node)
+    while up is not None:
+        if isinstance(up, cst.CompFor | cst.Arg | cst.GeneratorExp | cst.ListComp):
+            up = unit.parent(up)
+            continue
+        if isinstance(up, cst.Call) and isinstance(up.func, cst.Name):
+            if up.func.value in _ORDER_FREE:
+                return True
+            if up.func.value in ("list", "tuple"):
+                up = unit.parent(up)
+                continue
+        return False
+    return False
+
+
+def _mentions_sets(text: str) -> bool:
+    return "set(" in text or "{" in text
+
+
+def _iterated(unit: Unit, prog: Program) -> Iterator[tuple[cst.BaseExpression, Scope]]:
+    """Expressions whose iteration order reaches the program: ``for`` and comprehension
+    iterables (not a set comprehension's, nor a loop that only adds or stores by key) and
+    arguments of order-keeping consumers."""
+    for scope in prog.scopes.values():
+        for loop in scope.loops:
+            if isinstance(loop, cst.For) and not _order_free(loop):
+                yield loop.iter, scope
+    module_scope = prog.scopes["<module>"]
+    for call in unit.calls:
+        f = call.func
+        name = f.value if isinstance(f, cst.Name) else None
+        if name in _ORDERED or (
+            isinstance(f, cst.Attribute) and f.attr.value in ("join", "fromkeys")
+        ):
+            for a in call.args:
+                if a.keyword is None:
+                    yield a.value, _scope_of(unit, prog, call, module_scope)
+
+    class _Comps(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.found: list[cst.BaseExpression] = []
+
+        def visit_SetComp(self, node: cst.SetComp) -> bool:
+            return False  # its result has no order
+
+        def visit_CompFor(self, node: cst.CompFor) -> None:
+            self.found.append(node.iter)
+
+    comps = _Comps()
+    unit.module.visit(comps)
+    for it in comps.found:
+        yield it, _scope_of(unit, prog, it, module_scope)
+
+
+def _scope_of(unit: Unit, prog: Program, node: cst.CSTNode, default: Scope) -> Scope:
+    up = unit.parent(node)
+    while up is not None:
+        if isinstance(up, cst.FunctionDef):
+            for s in prog.scopes.values():
+                if s.node is up:
+                    return s
+        up = unit.parent(up)
+    return default
+
+
+def _order_free(loop: cst.For) -> bool:
+    body = loop.body
+    if not isinstance(body, cst.IndentedBlock) or loop.orelse is not None:
+        return False
+    for s in body.body:
+        if not isinstance(s, cst.SimpleStatementLine):
+            return False
+        for small in s.body:
+            if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                f = small.value.func
+                if isinstance(f, cst.Attribute) and f.attr.value in _ORDER_FREE_METHODS:
+                    continue
+            if isinstance(small, cst.Assign) and all(
+                isinstance(t.target, cst.Subscript) for t in small.targets
+            ):
+                continue
+            if isinstance(small, cst.Pass | cst.Del):
+                continue
+            return False
+    return True
+
+
+def _set_kind(prog: Program, scope: Scope, node: cst.BaseExpression, depth: int) -> str | None:
+    """The kind of the elements of ``node`` when it is a set (None: not a set)."""
+    if depth > 3:
+        return None
+    if isinstance(node, cst.Set):
+        return _combine(_value_kind(prog, scope, e.value, depth) for e in node.elements)
+    if isinstance(node, cst.SetComp):
+        return _value_kind(prog, scope, node.elt, depth)
+    if isinstance(node, cst.Call):
+        f = node.func
+        if (
+            isinstance(f, cst.Name)
+            and f.value in _SETS
+            and prog.binding_scope(scope, f.value) is None
+        ):
+            if not node.args:
+                return None  # an empty set filled later: its elements are not known here
+            return _iter_kind(prog, scope, node.args[0].value, depth)
+        if isinstance(f, cst.Attribute) and f.attr.value in _SET_METHODS:
+            return _set_kind(prog, scope, f.value, depth + 1)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, _SET_OPS):
+        left = _set_kind(prog, scope, node.left, depth + 1)
+        right = _set_kind(prog, scope, node.right, depth + 1)
+        if left is None and right is None:
+            return None
+        return _combine(k for k in (left, right) if k is not None)
+    if isinstance(node, cst.Name):
+        values = _bindings(prog, scope, node.value)
+        if not values or any(v is None for v in values):
+            return None
+        kinds = [_set_kind(prog, scope, v, depth + 1) for v in values if v is not None]
+        if any(k is None for k in kinds):
+            return None
+        return _combine(k for k in kinds if k is not None)
+    return None
+
+
+def _bindings(prog: Program, scope: Scope, name: str) -> list[cst.BaseExpression | None]:
+    owner = prog.binding_scope(scope, name)
+    return owner.assigned.get(name, []) if owner is not None else []
+
+
+def _iter_kind(prog: Program, scope: Scope, node: cst.BaseExpression, depth: int) -> str:
+    """The kind of what iterating ``node`` yields."""
+    if isinstance(node, cst.SimpleString | cst.FormattedString | cst.ConcatenatedString):
+        return STR
+    if isinstance(node, cst.List | cst.Tuple | cst.Set):
+        return _combine(_value_kind(prog, scope, e.value, depth) for e in node.elements)
+    if isinstance(node, cst.ListComp | cst.GeneratorExp | cst.SetComp):
+        return _value_kind(prog, scope, node.elt, depth)
+    if isinstance(node, cst.Call):
+        name = _callee(node)
+        last = name.rsplit(".", 1)[-1]
+        if (isinstance(node.func, cst.Attribute) and last in _STR_METHODS) or name in _STR_CALLS:
+            return STR
+        if name == "range":
+            return NUMBER
+        if isinstance(node.func, cst.Attribute) and last == "join":
+            return STR
+    if isinstance(node, cst.Name) and depth < 3:
+        values = _bindings(prog, scope, node.value)
+        if values and all(v is not None for v in values):
+            kinds = []
+            for v in values:
+                assert v is not None
+                k = _value_kind(prog, scope, v, depth + 1)
+                kinds.append(STR if k == STR else _iter_kind(prog, scope, v, depth + 1))
+            return _combine(kinds)
+    return UNKNOWN
+
+
+def _value_kind(prog: Program, scope: Scope, node: cst.BaseExpression, depth: int) -> str:
+    if isinstance(node, cst.SimpleString | cst.FormattedString | cst.ConcatenatedString):
+        return STR
+    if isinstance(node, cst.Integer | cst.Float):
+        return NUMBER
+    if isinstance(node, cst.Tuple):
+        return _combine(_value_kind(prog, scope, e.value, depth) for e in node.elements)
+    if isinstance(node, cst.Call):
+        name = _callee(node)
+        if name in _INT_CALLS:
+            return NUMBER
+        if name in ("str", "repr", "chr") or (
+            isinstance(node.func, cst.Attribute) and name.rsplit(".", 1)[-1] in _STR_METHODS
+        ):
+            return STR
+    return UNKNOWN
+
+
+def _callee(call: cst.Call) -> str:
+    f = call.func
+    parts: list[str] = []
+    while isinstance(f, cst.Attribute):
+        parts.append(f.attr.value)
+        f = f.value
+    if isinstance(f, cst.Name):
+        parts.append(f.value)
+    return ".".join(reversed(parts))
+
+
+def _combine(kinds: Iterator[str] | list[str]) -> str:
+    found = set(kinds)
+    if STR in found:
+        return STR
+    if found and found <= {NUMBER}:
+        return NUMBER
+    return UNKNOWN
+
+
+def _fix(unit: Unit, node: cst.BaseExpression) -> Fix:
+    parent = unit.parent(node)
+    consumer = unit.parent(parent) if isinstance(parent, cst.Arg) else None
+    if (
+        isinstance(consumer, cst.Call)
+        and isinstance(consumer.func, cst.Name)
+        and consumer.func.value == "list"
+        and len(consumer.args) == 1
+    ):
+        start, end = unit.span(consumer.func)
+        return Fix((Edit(start, end, "sorted"),), safe=False)
+    start, end = unit.span(node)
+    return Fix((Edit(start, start, "sorted("), Edit(end, end, ")")), safe=False)
