@@ -6,7 +6,7 @@ name *may* carry a graph when a binding of it outside ``torch.no_grad()`` is mad
 
 - a call of a module object (a name or ``self`` attribute bound to an instance of a local
   ``nn.Module`` subclass or of a ``torch.nn`` class, or to ``.to(..)``/``torch.compile`` of one),
-- a name a ``.backward()`` is called on (the loss, whatever computed it),
+- a name a ``.backward()`` is called on in the file (the loss, whatever computed it),
 - a local function whose ``return`` carries one,
 - or another such name, read other than as a number (:func:`flortrain.static.values.value_read`:
   ``.item()``, ``.detach()``, ``float()`` cut the graph).
@@ -19,7 +19,7 @@ does. Types are not known: a name bound to a model's output that happens to be a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import libcst as cst
 
@@ -30,7 +30,7 @@ from flortrain.static.values import value_read
 _NO_GRAD = ("no_grad", "inference_mode", "set_grad_enabled(False)")
 _WRAPPERS = frozenset({"compile", "DataParallel", "DistributedDataParallel", "DDP"})
 _MODULE_METHODS = frozenset({"to", "cuda", "cpu", "train", "eval", "half", "float", "double"})
-_ADDERS = frozenset({"append", "extend", "insert", "appendleft", "add"})
+ADDERS = frozenset({"append", "extend", "insert", "appendleft", "add"})
 #: tensor methods and attributes whose result has no graph, whatever their receiver's
 _CUT = frozenset(
     {
@@ -51,13 +51,24 @@ class Flow:
         self.container = container
         self.value = value
         self.chain = chain  # the value's ancestors, statement first
+        self._nodes: list[tuple[cst.CSTNode, list[cst.CSTNode]]] | None = None
+
+    @property
+    def nodes(self) -> list[tuple[cst.CSTNode, list[cst.CSTNode]]]:
+        """The value's nodes with their ancestors, walked once (libcst builds ``children``
+        anew at each access, and the fixpoint asks again)."""
+        if self._nodes is None:
+            self._nodes = list(_walk(self.value, self.chain))
+        return self._nodes
 
 
 class Graphs:
     """The may-carry-a-graph facts of one program, per scope, computed on demand."""
 
-    def __init__(self, prog: Program) -> None:
+    def __init__(self, prog: Program, backward: set[str]) -> None:
+        """``backward``: the names a ``.backward()`` is called on anywhere in the file."""
         self.prog = prog
+        self.backward = backward
         self.module_classes = _module_classes(prog)
         self._flows: dict[str, list[Flow]] = {}
         self._tainted: dict[str, tuple[set[str], set[str]]] = {}
@@ -81,14 +92,7 @@ class Graphs:
         names: set[str] = set()
         containers: set[str] = set()
         self._tainted[scope.qualname] = (names, containers)  # recursion: the facts so far
-        for call in self.prog.calls_in(list(scope.body)):
-            f = call.func
-            if (
-                isinstance(f, cst.Attribute)
-                and f.attr.value == "backward"
-                and isinstance(f.value, cst.Name)
-            ):
-                names.add(f.value.value)
+        names.update(self.backward & scope.bound)
         names.update(n for fl in self.flows(scope) for n in fl.names if _is_leaf(fl.value))
         changed = True
         while changed:
@@ -117,8 +121,9 @@ class Graphs:
     def carries(self, fl: Flow, scope: Scope) -> bool:
         """Whether the value of ``fl`` may carry a graph, given what the scope knows so far."""
         graph, containers = self._tainted.get(scope.qualname, (set(), set()))
-        for node, chain in _walk(fl.value, fl.chain):
-            if _cut(node, chain):
+        base = len(fl.chain)
+        for node, chain in fl.nodes:
+            if _cut(node, chain, base):
                 continue
             if isinstance(node, cst.Name) and node.value in graph:
                 if not value_read(node, chain):
@@ -191,13 +196,13 @@ class Graphs:
         return self._returns[qual]
 
 
-def _cut(node: cst.CSTNode, chain: list[cst.CSTNode]) -> bool:
-    """Whether what ``node`` holds reaches its statement only through something that drops the
-    graph: a comparison or boolean operator, or a method or attribute in :data:`_CUT`."""
+def _cut(node: cst.CSTNode, chain: list[cst.CSTNode], base: int) -> bool:
+    """Whether what ``node`` holds reaches the flow's value (its ancestors from ``chain[base]``
+    on) only through something that drops the graph: a comparison or boolean operator, or a
+    method or attribute in :data:`_CUT`."""
     child = node
-    for p in reversed(chain):
-        if isinstance(p, cst.BaseSmallStatement | cst.BaseCompoundStatement):
-            return False
+    for i in range(len(chain) - 1, base - 1, -1):
+        p = chain[i]
         if isinstance(p, cst.Comparison | cst.BooleanOperation):
             return True
         if isinstance(p, cst.UnaryOperation) and isinstance(p.operator, cst.Not):
@@ -322,7 +327,7 @@ def _flows(root: cst.CSTNode, prog: Program) -> Iterator[Flow]:
             yield Flow(list(_names(s.target)), None, s.value, chain)
         elif isinstance(s, cst.Expr) and isinstance(s.value, cst.Call):
             f = s.value.func
-            if isinstance(f, cst.Attribute) and f.attr.value in _ADDERS and s.value.args:
+            if isinstance(f, cst.Attribute) and f.attr.value in ADDERS and s.value.args:
                 arg = s.value.args[-1]
                 yield Flow([], prog.code(f.value), arg.value, [*chain, s.value, arg])
 
@@ -344,3 +349,14 @@ def _returns(root: cst.CSTNode) -> Iterator[tuple[cst.Return, list[cst.CSTNode]]
 
 
 __all__ = ["MODULE", "Graphs"]
+
+
+def backward_receivers(calls: Iterable[cst.Call]) -> set[str]:
+    """The names ``.backward()`` is called on among ``calls``."""
+    return {
+        c.func.value.value
+        for c in calls
+        if isinstance(c.func, cst.Attribute)
+        and c.func.attr.value == "backward"
+        and isinstance(c.func.value, cst.Name)
+    }

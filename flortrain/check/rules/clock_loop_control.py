@@ -184,18 +184,37 @@ def _source(
         elif isinstance(n, cst.Subscript) and "os.environ" in unit.qualified_names(n.value):
             return "environment"
         elif isinstance(n, cst.Name):
-            if n.value not in clocks.setdefault(scope.qualname, _clock_names(prog, scope)):
-                owner = prog.binding_scope(scope, n.value)
-                if owner is None or owner is scope:
-                    continue
-                if n.value not in clocks.setdefault(owner.qualname, _clock_names(prog, owner)):
-                    continue
-            return "clock"
+            owner = prog.binding_scope(scope, n.value)
+            if owner is not None and _is_clock_name(prog, owner, n.value, clocks):
+                return "clock"
         if isinstance(n, cst.Lambda):
             continue
         stack.extend(n.children)
     return None
 
 
-def _clock_names(prog: Program, scope: Scope) -> set[str]:
-    return clock_names(prog, scope, set(scope.bound))
+def _is_clock_name(prog: Program, scope: Scope, name: str, cache: dict[str, set[str]]) -> bool:
+    """Whether ``name`` of ``scope`` holds only clock readings and values made from them
+    (:func:`clock_names`, asked about the name and the names its bindings read)."""
+    key = f"{scope.qualname}:{name}"
+    if key not in cache:
+        candidates = {name}
+        todo = [name]
+        while todo and len(candidates) < 32:
+            for value in scope.assigned.get(todo.pop(), []):
+                for n in _names_in(value):
+                    if n not in candidates and n in scope.bound:
+                        candidates.add(n)
+                        todo.append(n)
+        cache[key] = clock_names(prog, scope, candidates)
+    return name in cache[key]
+
+
+def _names_in(node: cst.CSTNode | None) -> Iterator[str]:
+    stack = [node] if node is not None else []
+    while stack:
+        n = stack.pop()
+        if isinstance(n, cst.Name):
+            yield n.value
+        elif not isinstance(n, cst.Lambda):
+            stack.extend(n.children)

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from flortrain.check import plan_facts
 from flortrain.check.finding import Severity
-from flortrain.check.graphs import Graphs
+from flortrain.check.graphs import ADDERS, Graphs, backward_receivers
 from flortrain.check.rule import Family, Hit, Invalid, Rule, Valid
 from flortrain.check.unit import Unit
 from flortrain.static.plan import Restore, carries_graph
@@ -115,7 +115,7 @@ class GraphEscape(Rule):
         prog = plan_facts.program(unit)
         if p is None or prog is None:
             return
-        graphs = Graphs(prog)
+        graphs = Graphs(prog, backward_receivers(unit.calls))
         for b in plan_facts.training_blocks(p):
             loop = plan_facts.loop_at(prog, b.span)
             scope = prog.scopes.get(b.function)
@@ -130,7 +130,14 @@ class GraphEscape(Rule):
                         and graphs.binds_graph(scope, c.expr, loop)
                     )
                 else:
-                    hit = any(c.expr in graphs.tainted(s)[1] for s in scopes)
+                    hit = _filled(unit.text, c.expr) and any(
+                        c.expr in graphs.tainted(s)[1] for s in scopes
+                    )
                 if hit:
                     yield Hit(line=b.span.line, col=b.span.col, message=carries_graph(c.expr))
                     break  # one is enough: the instance executes
+
+
+def _filled(text: str, expr: str) -> bool:
+    """Whether the file's text adds to ``expr`` anywhere (a cheap test before the pass)."""
+    return f"{expr}[" in text or any(f"{expr}.{m}(" in text for m in ADDERS)

@@ -126,11 +126,15 @@ def _iterated(unit: Unit, prog: Program) -> Iterator[tuple[cst.BaseExpression, S
     """Expressions whose iteration order reaches the program: ``for`` and comprehension
     iterables (not a set comprehension's, nor a loop that only adds or stores by key) and
     arguments of order-keeping consumers."""
+    module_scope = prog.scopes["<module>"]
+    comps: list[cst.BaseExpression] = []
+    for node in unit.positions:  # every node, without another walk of the tree
+        if isinstance(node, cst.CompFor) and not isinstance(unit.parent(node), cst.SetComp):
+            comps.append(node.iter)  # a set comprehension's result has no order
     for scope in prog.scopes.values():
         for loop in scope.loops:
             if isinstance(loop, cst.For) and not _order_free(loop):
                 yield loop.iter, scope
-    module_scope = prog.scopes["<module>"]
     for call in unit.calls:
         f = call.func
         name = f.value if isinstance(f, cst.Name) else None
@@ -140,20 +144,7 @@ def _iterated(unit: Unit, prog: Program) -> Iterator[tuple[cst.BaseExpression, S
             for a in call.args:
                 if a.keyword is None:
                     yield a.value, _scope_of(unit, prog, call, module_scope)
-
-    class _Comps(cst.CSTVisitor):
-        def __init__(self) -> None:
-            self.found: list[cst.BaseExpression] = []
-
-        def visit_SetComp(self, node: cst.SetComp) -> bool:
-            return False  # its result has no order
-
-        def visit_CompFor(self, node: cst.CompFor) -> None:
-            self.found.append(node.iter)
-
-    comps = _Comps()
-    unit.module.visit(comps)
-    for it in comps.found:
+    for it in comps:
         yield it, _scope_of(unit, prog, it, module_scope)
 
 
