@@ -53,6 +53,10 @@ from flortrain.static.program import MODULE, Loop, Program, Scope
 RULE_CALLEE = 7
 
 
+#: why a generator's loop is refused: it is a data source, resumed by whoever iterates it
+YIELDS = "`yield` inside the loop suspends it midway"
+
+
 class NoEstimate(Exception):
     """A statement for which no safe changeset exists: the loop is refused."""
 
@@ -322,7 +326,7 @@ class _Walker:
                     f"line {line}: `return` inside the loop leaves it without finishing"
                 )
             if isinstance(n, cst.Yield):
-                raise NoEstimate(f"line {line}: `yield` inside the loop suspends it midway")
+                raise NoEstimate(f"line {line}: {YIELDS}")
             if isinstance(n, cst.Await):
                 raise NoEstimate(f"line {line}: `await` inside the loop")
 

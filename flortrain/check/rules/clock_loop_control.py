@@ -40,7 +40,9 @@ class ClockLoopControl(Rule):
         " training loops (the main loop, the loops in it, the functions it calls) where a `while`"
         " test, a `for` header or an `if` test that leads to `break`, `continue` or `return` reads"
         " a clock, directly or through names made only from clock readings (`deadline = t0 +"
-        " budget`), `os.environ`/`os.getenv`, or `os.getpid()`. A clock read through a helper"
+        " budget`), `os.environ`/`os.getenv`, or `os.getpid()`. An environment variable read once"
+        " in a `for` header (`range(int(os.environ['EPOCHS']))`) is configuration, like the command"
+        " line, and is not reported: the replay must run under the same one. A clock read through a helper"
         " function or another module is not seen."
     )
     valid = (
@@ -52,6 +54,15 @@ class ClockLoopControl(Rule):
                 for x in data:
                     model(x).backward()
                 print(time.time() - t0)
+            """
+        ),
+        # the environment read once, as configuration: the same at replay as at record
+        Valid(
+            """
+            import os
+            for epoch in range(int(os.environ.get("EPOCHS", 3))):
+                for x in data:
+                    model(x).backward()
             """
         ),
         Valid(
@@ -113,6 +124,8 @@ class ClockLoopControl(Rule):
             scope = prog.loop_scope[loop]
             for test in _controls(loop):
                 kind = _source(unit, prog, scope, test, clocks)
+                if kind == "environment" and isinstance(loop, cst.For) and test is loop.iter:
+                    continue  # read once, as configuration (`range(int(os.environ["EPOCHS"]))`)
                 if kind is not None:
                     yield Hit(test, message=f"loop control {_WHY[kind]}")
 

@@ -8,6 +8,7 @@ from flortrain.check import plan_facts
 from flortrain.check.finding import Severity
 from flortrain.check.rule import Family, Hit, Invalid, Rule, Valid
 from flortrain.check.unit import Unit
+from flortrain.static.changeset import YIELDS
 from flortrain.static.plan import not_memoized
 
 
@@ -24,7 +25,8 @@ class RefusedLoop(Rule):
         " replay: correct, but nothing is skipped there. The message is the plan's own reason,"
         " as `flortrain instrument --explain` and `record` print it. Loops outside training"
         " (setup, a final evaluation, the nests of a script that never calls `backward()` or"
-        " `step()`) are not reported. The pass sees one file: a call into another module is taken"
+        " `step()`) are not reported, nor a generator's loop (`yield` inside it): a data source the"
+        " training loop iterates, which no replay could skip. The pass sees one file: a call into another module is taken"
         " to change nothing the loop names (library functions), and what such a call does change"
         " is left to record's run-time watches."
     )
@@ -46,6 +48,19 @@ class RefusedLoop(Rule):
                 for r in rows:
                     for c in r:
                         step_fn(c)
+            """
+        ),
+        # a generator the training loop iterates: a data source, not a finding
+        Valid(
+            """
+            def main(model, opt):
+                def batches():
+                    for i in range(5):
+                        yield i
+                for epoch in range(3):
+                    for x in batches():
+                        model(x).backward()
+                        opt.step()
             """
         ),
     )
@@ -88,5 +103,5 @@ class RefusedLoop(Rule):
             return
         mains = plan_facts.training_mains(p)
         for r in p.refused:
-            if r.main in mains:
+            if r.main in mains and not r.reason.endswith(YIELDS):
                 yield Hit(line=r.span.line, col=r.span.col, message=not_memoized(r.reason))
