@@ -75,6 +75,10 @@ def test_syntax_error_is_a_finding_and_the_other_files_are_checked(tmp_path: Pat
     assert lines[i + 2] == "    " + " " * 17 + "^"
     assert _where(r.output) == ["b.py:2"]
     assert lines[-1] == "Found 1 error and 1 warning. [*] 1 fixable with --fix."
+    (tmp_path / "c_binary.py").write_bytes(b"x = '\xff\xfe'\n")  # not UTF-8: cannot be read
+    r = _check(tmp_path)
+    assert "c_binary.py: CHK001 cannot decode" in r.output
+    assert r.output.splitlines()[-1].startswith("Found 2 errors and 1 warning.")
 
 
 def test_noqa(tmp_path: Path) -> None:

@@ -41,7 +41,9 @@ $ flortrain check --output-format json src/
 | 2 | bad usage: a missing path, a bad option or configuration (one line on stderr) |
 
 `--exit-zero` exits 0 whatever was found. A file that cannot be read or parsed is a finding
-(CHK001) for that file; the other files are still checked.
+(CHK001) for that file; the other files are still checked. A rule that fails on a file (the
+checker's own bug) is an error finding too, CHK002, naming the rule, so the file does not pass
+unchecked (`FLORTRAIN_DEBUG=1` shows the traceback instead).
 
 ## Output formats
 

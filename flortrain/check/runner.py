@@ -21,6 +21,8 @@ from flortrain.static.source import parse
 from flortrain.static.text import read_text
 
 UNPARSABLE = "CHK001"
+#: a rule failed on a file: the checker's bug, reported so the file does not pass unchecked
+CRASHED = "CHK002"
 
 
 def check_text(
@@ -43,11 +45,16 @@ def check_text(
     for rule_cls in all_rules() if rules is None else rules:
         if not config.enabled(rule_cls.code) or config.ignored_in(rule_cls.code, relpath):
             continue
-        rule = rule_cls()
-        for hit in rule.check(unit):
-            f = _finding(unit, rule, hit)
-            if not noqa.covers(f.line, f.code):
-                out.append(f)
+        try:
+            found = [
+                _finding(unit, rule, hit) for rule in (rule_cls(),) for hit in rule.check(unit)
+            ]
+        except Exception as e:  # one rule's bug on one file must not end the whole check
+            if os.environ.get("FLORTRAIN_DEBUG"):
+                raise
+            out.append(_crashed(path, rule_cls, e))
+            continue
+        out.extend(f for f in found if not noqa.covers(f.line, f.code))
     out.sort(key=lambda f: (f.line, f.col, f.code))
     return out
 
@@ -66,6 +73,19 @@ def unparsable(path: str, text: str | None, e: FlortrainError) -> Finding:
         Severity.ERROR,
         "the file is not checked until it parses",
         source_line=lines[line - 1] if 0 < line <= len(lines) else "",
+    )
+
+
+def _crashed(path: str, rule: type[Rule], e: Exception) -> Finding:
+    what = e.message if isinstance(e, FlortrainError) else f"{type(e).__name__}: {e}"
+    return Finding(
+        path,
+        0,
+        0,
+        CRASHED,
+        f"{rule.code} failed on this file ({what})",
+        Severity.ERROR,
+        f"report it to flortrain; `--ignore {rule.code}` skips the rule meanwhile",
     )
 
 

@@ -19,7 +19,8 @@ def render(report: Report) -> str:
 
 def finding(f: Finding, unsafe: bool) -> list[str]:
     mark = "[*] " if applicable(f, unsafe) else ""
-    lines = [f"{f.path}:{f.line}:{f.col}: {f.code} {mark}{f.message}"]
+    where = f"{f.path}:{f.line}:{f.col}" if f.line else f.path  # an unreadable file: no line
+    lines = [f"{where}: {f.code} {mark}{f.message}"]
     if f.source_line:
         shown = f.source_line.replace("\t", " ")  # one column per character, as col counts
         lines += [f"    {shown}", "    " + " " * max(f.col - 1, 0) + "^"]
