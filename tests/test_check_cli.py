@@ -63,6 +63,8 @@ def test_directories_recursed_with_excludes(tmp_path: Path) -> None:
     # ... unless --force-exclude (the pre-commit hook's way: it names every staged file)
     r = _check(tmp_path, "--force-exclude", "vendor/c.py", "build/e.py", "gen/d.py", "a.py")
     assert _where(r.output) == ["a.py:2"]
+    r = _check(tmp_path, "--force-exclude", "vendor", "sub")
+    assert _where(r.output) == ["sub/deep/b.py:2"]
 
 
 def test_syntax_error_is_a_finding_and_the_other_files_are_checked(tmp_path: Path) -> None:
@@ -219,6 +221,12 @@ def test_github_output(tmp_path: Path) -> None:
         "::error file=b.py,line=2,col=18,title=CHK001::syntax error: expected ':'%0Ahint: the file"
         " is not checked until it parses",
     ]
+
+
+def test_github_output_is_empty_when_nothing_is_found(tmp_path: Path) -> None:
+    _tree(tmp_path, {"a.py": CLEAN})
+    r = _check(tmp_path, "--output-format", "github")
+    assert (r.exit_code, r.stdout) == (0, "")
 
 
 def test_sarif_output(tmp_path: Path) -> None:

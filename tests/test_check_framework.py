@@ -12,8 +12,10 @@ import pytest
 from flortrain.check.config import CheckConfig, Selection
 from flortrain.check.finding import Edit, Fix, Severity
 from flortrain.check.fix import fix_text
+from flortrain.check.formats.concise import summary
 from flortrain.check.globs import matches
 from flortrain.check.noqa import Suppressions, parse_comment
+from flortrain.check.report import Report
 from flortrain.check.rule import Hit, Rule
 from flortrain.check.runner import check_text
 from flortrain.check.unit import Unit
@@ -91,6 +93,7 @@ def test_selection_layers_as_ruff() -> None:
     c = CheckConfig(select=("DET1",), ignore=("DET1",))
     assert not c.enabled("DET101")
     assert CheckConfig(ignore=("ALL",), extend_select=("RNG",)).enabled("RNG002")
+    assert not CheckConfig(select=()).enabled("RNG002")  # `select = []` selects nothing
     base = CheckConfig(select=("RNG",), ignore=("RNG002",))
     cli = CheckConfig(select=base.select, ignore=base.ignore, overrides=(Selection(("RNG002",)),))
     assert cli.enabled("RNG002") and not cli.enabled("RNG001")
@@ -130,6 +133,17 @@ class _Names(Rule):
             yield Hit(node, fix=Fix((Edit(start, end, self.replacement),)))
 
 
+class _Unsafe(_Names):
+    """Its fix may change a correct program's meaning: only ``--unsafe-fixes`` applies it."""
+
+    code = "TST005"
+
+    def check(self, unit: Unit) -> Iterator[Hit]:
+        for hit in super().check(unit):
+            assert hit.fix is not None
+            yield Hit(hit.node, fix=Fix(hit.fix.edits, safe=False))
+
+
 class _Breaks(_Names):
     """Its fix leaves the file unparsable."""
 
@@ -144,15 +158,27 @@ class _Keeps(_Names):
     replacement = "(a)"
 
 
-def _fix(text: str, rule: type[Rule]) -> tuple[str, int, bool, list[str]]:
+def _fix(text: str, rule: type[Rule], unsafe: bool = False) -> tuple[str, int, bool, list[str]]:
     config = CheckConfig()
     found = check_text("t.py", text, config, rules=[rule])
-    r = fix_text(text, found, lambda t: check_text("t.py", t, config, rules=[rule]))
+    r = fix_text(text, found, lambda t: check_text("t.py", t, config, rules=[rule]), unsafe)
     return r.text, r.fixed, r.converged, [f.code for f in r.findings]
 
 
 def test_fix_rounds_apply_every_fix() -> None:
     assert _fix("a = 1\nprint(a, a)\n", _Names) == ("b = 1\nprint(b, b)\n", 3, True, [])
+
+
+def test_unsafe_fixes_only_when_asked() -> None:
+    text = "a = 1\n"
+    assert _fix(text, _Unsafe) == (text, 0, True, ["TST005"])
+    assert _fix(text, _Unsafe, unsafe=True) == ("b = 1\n", 1, True, [])
+    found = check_text("t.py", text, CheckConfig(), rules=[_Unsafe])
+    assert (
+        summary(Report(found))
+        == "Found 1 error and 0 warnings. (1 more with --fix --unsafe-fixes.)"
+    )
+    assert summary(Report(found, unsafe_fixes=True)).endswith("[*] 1 fixable with --fix.")
 
 
 def test_a_fix_that_breaks_the_parse_is_never_taken() -> None:

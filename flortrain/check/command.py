@@ -46,7 +46,9 @@ def run(o: Options) -> int:
     report.findings.sort(key=lambda f: (f.path, f.line, f.col, f.code))  # ruff's order
     if o.diff:
         return _show_diffs(diffs, report.fixed)
-    click.echo(render(report, o.fmt))
+    text = render(report, o.fmt)
+    if text:  # github annotations: nothing at all when nothing was found
+        click.echo(text)
     return 0 if o.exit_zero or not report.errors else 1
 
 

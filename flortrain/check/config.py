@@ -71,7 +71,7 @@ def _weight(prefix: str) -> int:
 
 @dataclass(frozen=True)
 class CheckConfig:
-    select: tuple[str, ...] = ()  # code prefixes; empty: every rule
+    select: tuple[str, ...] | None = None  # code prefixes; None: every rule (``[]``: none)
     ignore: tuple[str, ...] = ()
     extend_select: tuple[str, ...] = ()
     #: torch release the op lists are taken from (``"2.13"``), never read from an installed torch
@@ -90,7 +90,7 @@ class CheckConfig:
     overrides: tuple[Selection, ...] = ()
 
     def enabled(self, code: str) -> bool:
-        state = Selection(self.select or None, self.extend_select, self.ignore).decide(code, True)
+        state = Selection(self.select, self.extend_select, self.ignore).decide(code, True)
         for layer in self.overrides:
             state = layer.decide(code, state)
         return state

@@ -19,9 +19,11 @@ def relative(path: str, config: CheckConfig) -> str:
 
 def discover(paths: Iterable[str], configs: Configs, force_exclude: bool = False) -> Iterator[str]:
     for p in paths:
+        if _forced_out(p, configs.for_file(p), force_exclude):
+            continue
         if os.path.isdir(p):
             yield from _walk(p, configs)
-        elif not _forced_out(p, configs.for_file(p), force_exclude):
+        else:
             yield p
 
 
@@ -38,11 +40,13 @@ def _walk(top: str, configs: Configs) -> Iterator[str]:
 
 
 def _forced_out(path: str, config: CheckConfig, force: bool) -> bool:
-    """An explicit file is excluded only under force-exclude: when it, or a directory between it
+    """An explicit path is excluded only under force-exclude: when it, or a directory between it
     and the configuration's root, matches an exclude pattern."""
     if not (force or config.force_exclude):
         return False
     rel = relative(path, config)
+    if rel == ".":
+        return False
     if rel.startswith("../"):
         return config.excluded(os.path.basename(path))
     parts = rel.split("/")
