@@ -63,7 +63,7 @@ added, never renamed or removed. Lines and columns are 1-based; columns count ch
 | field | type | meaning |
 |---|---|---|
 | `path` | string | the file, as found from the paths given |
-| `line`, `col` | int | where the finding starts (0 when the file could not be read) |
+| `line`, `col` | int | where the finding starts (0 for a finding about the whole file, such as an unreadable one) |
 | `end` | `{"line", "col"}` or null | where the flagged code ends |
 | `code` | string | the rule's code, e.g. `"DET101"` |
 | `severity` | `"error"` or `"warning"` | after configuration and CUDA use are applied |
@@ -102,8 +102,8 @@ own name.
 select = ["RNG", "DET", "RPL"]          # code prefixes to run (default: every rule; "ALL")
 extend-select = ["CHK"]                 # added to select
 ignore = ["DET101"]                     # prefixes not to run
-per-file-ignores = { "tests/**" = ["RNG002"], "!train_*.py" = ["RPL"] }  # "!": files not matching
-severity = { DET004 = "error", RNG = "warning" }   # the most specific prefix wins
+per-file-ignores = { "tests/**" = ["RNG"], "!train_*.py" = ["RPL"] }  # "!": files not matching
+severity = { DET = "error", DET101 = "warning" }   # the most specific prefix wins
 torch-version = "2.13"                  # the torch release the op lists are taken from
 extend-exclude = ["third_party"]        # added to the default excludes (.git, .venv, build, ...)
 # exclude = [...]                       # replaces the default excludes
