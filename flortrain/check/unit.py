@@ -1,6 +1,6 @@
 """One file under check, and the facts rules ask of it, each computed at most once.
 
-Rules share the parse, libcst's qualified names (``np.random.default_rng`` is
+Rules share the parse, the names' import paths (``np.random.default_rng`` is
 ``numpy.random.default_rng`` however numpy was imported) and flortrain's own program index and
 plan, so a dozen rules cost about one pass over the file.
 """
@@ -11,15 +11,9 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import libcst as cst
-from libcst.metadata import (
-    CodeRange,
-    ParentNodeProvider,
-    PositionProvider,
-    QualifiedName,
-    QualifiedNameProvider,
-)
-from libcst.metadata.base_provider import LazyValue  # type: ignore[attr-defined]
+from libcst.metadata import CodeRange, PositionProvider
 
+from flortrain.check.names import Names, resolve_names
 from flortrain.static.source import Source
 
 if TYPE_CHECKING:
@@ -55,41 +49,25 @@ class Unit:
         return start.line, start.column + 1
 
     @cached_property
-    def _qualified(self) -> dict[cst.CSTNode, object]:
-        return dict(self.source.wrapper.resolve(QualifiedNameProvider))
+    def _names(self) -> Names:
+        return resolve_names(self.module)
 
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """What ``node`` (a name, attribute or call's callee) may stand for, by dotted import path
-        (``numpy.random.default_rng``); names bound in the file itself keep their local path
-        (``Net.forward``)."""
-        found = self._qualified.get(node, ())
-        if isinstance(found, LazyValue):  # libcst resolves qualified names on first access
-            found = found()
-        if not isinstance(found, set | frozenset | list | tuple):
-            return set()
-        return {q.name for q in found if isinstance(q, QualifiedName)}
+        (``numpy.random.default_rng``; ``builtins.print``); names bound in the file itself keep
+        their local path (``f.<locals>.rng.normal``). See :mod:`flortrain.check.names`."""
+        return self._names.qualified(node)
 
     def called(self, call: cst.Call) -> set[str]:
         return self.qualified_names(call.func)
 
-    @cached_property
-    def _parents(self) -> dict[cst.CSTNode, cst.CSTNode]:
-        return dict(self.source.wrapper.resolve(ParentNodeProvider))
-
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        return self._parents.get(node)
+        return self._names.parents.get(node)
 
-    @cached_property
+    @property
     def calls(self) -> tuple[cst.Call, ...]:
         """Every call in the file, in source order."""
-        found: list[cst.Call] = []
-
-        class _Calls(cst.CSTVisitor):
-            def visit_Call(self, node: cst.Call) -> None:
-                found.append(node)
-
-        self.module.visit(_Calls())
-        return tuple(found)
+        return tuple(self._names.calls)
 
     @cached_property
     def program(self) -> Program:
