@@ -112,7 +112,7 @@ def test_a_training_module_above_the_script_is_reported_and_one_beside_it_is_not
 def test_a_file_the_static_pass_refuses_is_a_finding() -> None:
     deep = (
         "x = "
-        + " + ".join(["'a'"] * 600)
+        + "+".join(["1"] * 600)
         + "\nfor i in range(2):\n    for j in range(2):\n        pass\n"
     )
     found = check_text("deep.py", deep, CheckConfig(select=CODES))

@@ -29,7 +29,7 @@ class StaticRefusal(Rule):
     invalid = (
         Invalid(
             "x = "
-            + " + ".join(["'a'"] * 600)
+            + "+".join(["1"] * 600)
             + "\nfor i in range(2):\n    for j in range(2):\n        pass\n",
             line=1,
             col=1,
