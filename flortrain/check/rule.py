@@ -72,6 +72,8 @@ class Hit:
     fix: Fix | None = None
     line: int = 0
     col: int = 0
+    #: this finding's own severity, where the rule's depends on what else the file does
+    severity: Severity | None = None
 
 
 class Rule:

@@ -89,7 +89,7 @@ def _finding(unit: Unit, rule: Rule, hit: Hit) -> Finding:
         line, col = unit.where(hit.node)
     else:
         line, col = hit.line, hit.col
-    severity = rule.severity
+    severity = hit.severity or rule.severity
     if rule.cuda_error and unit.uses_cuda:
         severity = Severity.ERROR
     override = unit.config.severity.get(rule.code)

@@ -1,0 +1,217 @@
+"""The order a script's calls and assignments run in, as far as its text says: statements in
+source order, each call to a function of the script or of a project module it imports walked
+into where it is first called, a project module's body walked where it is first imported.
+
+Rules that ask "was the stream seeded before this draw?" or "was the variable set before CUDA
+started?" read this one sequence. It is an approximation, stated in the rules' docs: both arms
+of an ``if`` run, a loop body runs once, a function is walked at its first call only, and calls
+the pass cannot resolve (a callable passed as an argument, a library's own code) are not
+followed. Steps in another file are reported at the call or import in the checked file that
+leads there.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from flortrain.errors import FlortrainError
+from flortrain.static.program import MODULE, Scope
+from flortrain.static.source import parse
+from flortrain.static.text import _module_file
+
+if TYPE_CHECKING:
+    from flortrain.check.unit import Unit
+
+#: nodes a step can be
+Node = cst.Call | cst.Assign | cst.AugAssign | cst.AnnAssign
+#: how deep calls are followed
+_DEPTH = 12
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    unit: Unit  # the file the node is in
+    node: Node
+    scope: Scope  # the function (or module body) it runs in, in ``unit.program``
+    #: where to report it in the checked file: the node itself, or the call or import there
+    #: that leads to another file
+    anchor: cst.CSTNode
+    reached: bool = True  # False: a function the walk never called (run later, implicitly)
+
+
+def steps(unit: Unit) -> tuple[Step, ...]:
+    """The checked file's steps in execution order; then, for a script (a ``__main__`` guard
+    or a loop at module level), the steps of the functions the walk did not reach
+    (``forward``, ``__getitem__``, callbacks), ``reached=False``."""
+    found = _STEPS.get(unit)
+    if found is None:
+        walk = _Walk(unit)
+        walk.scope(unit, unit.program.scopes[MODULE], None, 0)
+        out = walk.out
+        if is_script(unit):
+            for qual, scope in unit.program.scopes.items():
+                if (unit.path, qual) not in walk.seen:
+                    out.extend(
+                        Step(unit, n, scope, n, reached=False)
+                        for n in _nodes(unit, scope)
+                        if not isinstance(n, cst.Import | cst.ImportFrom)
+                    )
+        found = tuple(out)
+        _STEPS[unit] = found
+    return found
+
+
+_STEPS: weakref.WeakKeyDictionary[Unit, tuple[Step, ...]] = weakref.WeakKeyDictionary()
+
+
+def is_script(unit: Unit) -> bool:
+    """The file runs as a program: a ``if __name__ == "__main__":`` block or a loop at module
+    level. A module of helpers has no path of its own: its functions run when a script calls
+    them, after whatever that script did first."""
+    for stmt in unit.module.body:
+        if isinstance(stmt, cst.For | cst.While):
+            return True
+        if isinstance(stmt, cst.If) and "__main__" in unit.source.code(stmt.test):
+            return True
+    return False
+
+
+def callee(unit: Unit, scope: Scope, call: cst.Call) -> tuple[Unit, Scope] | None:
+    """The function of the script or of a project module that ``call`` runs (a class's
+    ``__init__`` for ``Class(...)``, ``forward`` for ``model(x)``), or None."""
+    prog = unit.program
+    resolved = prog.resolve_call(call, scope)
+    if resolved is not None and resolved[0] in prog.scopes:
+        return unit, prog.scopes[resolved[0]]
+    cls = prog.type_of(call.func, scope) if not isinstance(call.func, cst.Call) else None
+    if cls is not None:
+        for name in ("forward", "__call__"):
+            m = prog.method(cls, name)
+            if m is not None and m in prog.scopes:
+                return unit, prog.scopes[m]
+    for qual in unit.called(call):
+        if "." not in qual:
+            continue
+        dotted, name = qual.rsplit(".", 1)
+        other = project_unit(unit, dotted)
+        if other is None:
+            continue
+        p = other.program
+        if name in p.scopes:
+            return other, p.scopes[name]
+        if name in p.classes:
+            init = p.method(name, "__init__")
+            if init is not None:
+                return other, p.scopes[init]
+    return None
+
+
+def project_unit(unit: Unit, dotted: str) -> Unit | None:
+    """The project module ``dotted`` as a unit, when it is a file beside the checked script
+    (the way ``sys.path[0]`` finds it), parsed once per content."""
+    from flortrain.check.unit import Unit
+
+    root = os.path.dirname(os.path.abspath(unit.path))
+    path = _module_file(root, dotted)
+    if path is None or os.path.abspath(path) == os.path.abspath(unit.path):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    if key not in _PROJECT:
+        try:
+            _PROJECT[key] = Unit(parse(path), unit.config)
+        except FlortrainError:
+            _PROJECT[key] = None
+    return _PROJECT[key]
+
+
+_PROJECT: dict[tuple[str, int, int], Unit | None] = {}
+
+
+class _Walk:
+    def __init__(self, root: Unit) -> None:
+        self.root = root
+        self.out: list[Step] = []
+        self.seen: set[tuple[str, str]] = set()
+        self.imported: set[str] = set()
+
+    def scope(self, unit: Unit, scope: Scope, anchor: cst.CSTNode | None, depth: int) -> None:
+        self.seen.add((unit.path, scope.qualname))
+        for node in _nodes(unit, scope):
+            here = anchor if anchor is not None else node
+            if isinstance(node, cst.Import | cst.ImportFrom):
+                self._import(unit, node, here, depth)
+                continue
+            self.out.append(Step(unit, node, scope, here))
+            if isinstance(node, cst.Call) and depth < _DEPTH:
+                target = callee(unit, scope, node)
+                if target is None:
+                    continue
+                t_unit, t_scope = target
+                if (t_unit.path, t_scope.qualname) in self.seen:
+                    continue
+                inner = anchor if anchor is not None or t_unit is self.root else node
+                self.scope(t_unit, t_scope, inner, depth + 1)
+
+    def _import(
+        self, unit: Unit, node: cst.Import | cst.ImportFrom, anchor: cst.CSTNode, depth: int
+    ) -> None:
+        names: list[str] = []
+        if isinstance(node, cst.Import):
+            names = [unit.source.code(a.name) for a in node.names]
+        elif node.module is not None and not node.relative:
+            names = [unit.source.code(node.module)]
+        for dotted in names:
+            other = project_unit(self.root, dotted)
+            if other is None or other.path in self.imported:
+                continue
+            self.imported.add(other.path)
+            self.scope(other, other.program.scopes[MODULE], anchor, depth + 1)
+
+
+Visited = Node | cst.Import | cst.ImportFrom
+_NODES: weakref.WeakKeyDictionary[Unit, dict[str, tuple[Visited, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _nodes(unit: Unit, scope: Scope) -> tuple[Visited, ...]:
+    """The scope's calls, assignments and imports in source order (a node before the nodes
+    inside it), not counting nested functions, classes and lambdas."""
+    cache = _NODES.setdefault(unit, {})
+    found = cache.get(scope.qualname)
+    if found is None:
+        out: list[Visited] = []
+        visitor = _Collect(out)
+        body = scope.node.body if isinstance(scope.node, cst.FunctionDef) else scope.node
+        if isinstance(body, cst.Module):
+            for stmt in body.body:
+                stmt.visit(visitor)
+        else:
+            body.visit(visitor)
+        found = tuple(out)
+        cache[scope.qualname] = found
+    return found
+
+
+class _Collect(cst.CSTVisitor):
+    def __init__(self, out: list[Visited]) -> None:
+        self.out = out
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.FunctionDef | cst.ClassDef | cst.Lambda):
+            return False
+        if isinstance(node, cst.Call | cst.Assign | cst.AugAssign | cst.AnnAssign):
+            self.out.append(node)
+        elif isinstance(node, cst.Import | cst.ImportFrom):
+            self.out.append(node)
+            return False
+        return True
