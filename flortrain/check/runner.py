@@ -89,9 +89,11 @@ def _finding(unit: Unit, rule: Rule, hit: Hit) -> Finding:
         line, col = unit.where(hit.node)
     else:
         line, col = hit.line, hit.col
-    severity = hit.severity or rule.severity
+    severity = rule.severity
     if rule.cuda_error and unit.uses_cuda:
         severity = Severity.ERROR
+    if hit.severity is not None:
+        severity = hit.severity
     override = unit.config.severity.get(rule.code)
     if override is not None:
         severity = Severity(override)

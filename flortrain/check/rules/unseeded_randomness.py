@@ -60,6 +60,12 @@ class UnseededRandomness(Rule):
             "g.manual_seed(0)\nloader = DataLoader([1, 2], shuffle=True, generator=g)\n"
         ),
         Valid(
+            "import numpy as np\nimport torch\n\n\nclass Noisy(torch.utils.data.Dataset):\n"
+            "    def __getitem__(self, i):\n        return np.random.rand()\n\n\n"
+            "if __name__ == '__main__':\n    np.random.seed(0)\n"
+            "    for x in torch.utils.data.DataLoader(Noisy()):\n        print(x)\n"
+        ),
+        Valid(
             "import lightning as L\nimport numpy as np\nL.seed_everything(3)\n"
             "x = np.random.rand()\n"
         ),
@@ -90,6 +96,14 @@ class UnseededRandomness(Rule):
             line=3,
             col=5,
             files=(_SET_SEED,),
+        ),
+        Invalid(
+            "import numpy as np\nimport torch\n\n\nclass Noisy(torch.utils.data.Dataset):\n"
+            "    def __getitem__(self, i):\n        return np.random.rand()\n\n\n"
+            "if __name__ == '__main__':\n    torch.manual_seed(0)\n"
+            "    for x in torch.utils.data.DataLoader(Noisy()):\n        print(x)\n",
+            line=7,
+            col=16,
         ),
     )
 
