@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -58,7 +59,7 @@ def steps(unit: Unit) -> tuple[Step, ...]:
                 if (unit.path, qual) not in walk.seen:
                     out.extend(
                         Step(unit, n, scope, n, reached=False)
-                        for n in _nodes(unit, scope)
+                        for n in nodes(unit, scope)
                         if not isinstance(n, cst.Import | cst.ImportFrom)
                     )
         found = tuple(out)
@@ -67,6 +68,14 @@ def steps(unit: Unit) -> tuple[Step, ...]:
 
 
 _STEPS: weakref.WeakKeyDictionary[Unit, tuple[Step, ...]] = weakref.WeakKeyDictionary()
+
+
+def every_call(unit: Unit) -> Iterator[tuple[Scope, cst.Call]]:
+    """Every call of the file (lambdas' excepted) with the function it is in, reached or not."""
+    for scope in unit.program.scopes.values():
+        for node in nodes(unit, scope):
+            if isinstance(node, cst.Call):
+                yield scope, node
 
 
 def is_script(unit: Unit) -> bool:
@@ -145,7 +154,7 @@ class _Walk:
 
     def scope(self, unit: Unit, scope: Scope, anchor: cst.CSTNode | None, depth: int) -> None:
         self.seen.add((unit.path, scope.qualname))
-        for node in _nodes(unit, scope):
+        for node in nodes(unit, scope):
             here = anchor if anchor is not None else node
             if isinstance(node, cst.Import | cst.ImportFrom):
                 self._import(unit, node, here, depth)
@@ -183,35 +192,62 @@ _NODES: weakref.WeakKeyDictionary[Unit, dict[str, tuple[Visited, ...]]] = (
 )
 
 
-def _nodes(unit: Unit, scope: Scope) -> tuple[Visited, ...]:
-    """The scope's calls, assignments and imports in source order (a node before the nodes
-    inside it), not counting nested functions, classes and lambdas."""
-    cache = _NODES.setdefault(unit, {})
-    found = cache.get(scope.qualname)
-    if found is None:
-        out: list[Visited] = []
-        visitor = _Collect(out)
-        body = scope.node.body if isinstance(scope.node, cst.FunctionDef) else scope.node
-        if isinstance(body, cst.Module):
-            for stmt in body.body:
-                stmt.visit(visitor)
-        else:
-            body.visit(visitor)
-        found = tuple(out)
-        cache[scope.qualname] = found
+def nodes(unit: Unit, scope: Scope) -> tuple[Visited, ...]:
+    """The scope's calls, assignments and imports in source order (a statement before the
+    calls inside it), not counting nested functions; calls in a class body belong to the
+    scope around the class (they run where it is defined), those in a lambda to the scope the
+    lambda is written in."""
+    return _by_scope(unit).get(scope.qualname, ())
+
+
+def _by_scope(unit: Unit) -> dict[str, tuple[Visited, ...]]:
+    """Built from facts the unit has anyway: its calls (one pass, shared with other rules) are
+    placed in the innermost function whose range holds them; only statement lists are walked
+    for assignments and imports, never expressions."""
+    found = _NODES.get(unit)
+    if found is not None:
+        return found
+    prog = unit.program
+    functions = sorted(
+        (
+            (prog.range(s.node).start, prog.range(s.node).end, q)
+            for q, s in prog.scopes.items()
+            if isinstance(s.node, cst.FunctionDef)
+        ),
+        key=lambda f: (f[0].line, f[0].column),
+    )
+
+    def owner(node: cst.CSTNode) -> str:
+        start = prog.range(node).start
+        at = (start.line, start.column)
+        inner = MODULE
+        for begin, end, qual in functions:
+            if (begin.line, begin.column) > at:
+                break
+            if at < (end.line, end.column):
+                inner = qual  # later starts are nested deeper (or siblings after)
+        return inner
+
+    keyed: dict[str, list[tuple[tuple[int, int, int], Visited]]] = {}
+    for stmt in _statements(unit.module):
+        start = prog.range(stmt).start
+        keyed.setdefault(owner(stmt), []).append(((start.line, start.column, 0), stmt))
+    for call in unit.calls:
+        start = prog.range(call).start
+        keyed.setdefault(owner(call), []).append(((start.line, start.column, 1), call))
+    found = {q: tuple(n for _, n in sorted(v, key=lambda kv: kv[0])) for q, v in keyed.items()}
+    _NODES[unit] = found
     return found
 
 
-class _Collect(cst.CSTVisitor):
-    def __init__(self, out: list[Visited]) -> None:
-        self.out = out
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.FunctionDef | cst.ClassDef | cst.Lambda):
-            return False
-        if isinstance(node, cst.Call | cst.Assign | cst.AugAssign | cst.AnnAssign):
-            self.out.append(node)
-        elif isinstance(node, cst.Import | cst.ImportFrom):
-            self.out.append(node)
-            return False
-        return True
+def _statements(node: cst.CSTNode) -> Iterator[Visited]:
+    """Assignments and imports under ``node``, through compound statements' bodies only."""
+    for child in node.children:
+        if isinstance(child, cst.SimpleStatementLine | cst.SimpleStatementSuite):
+            for small in child.body:
+                if isinstance(
+                    small, cst.Assign | cst.AugAssign | cst.AnnAssign | cst.Import | cst.ImportFrom
+                ):
+                    yield small
+        elif not isinstance(child, cst.BaseExpression):
+            yield from _statements(child)

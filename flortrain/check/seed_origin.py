@@ -5,6 +5,7 @@ seeding helpers' parameters (``set_seed(int(time.time()))``)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -128,12 +129,23 @@ def _numeric(call: cst.Call) -> bool:
 def seed_param(unit: Unit, scope: Scope, _depth: int = 0) -> str | None:
     """The parameter a function of the script passes on as a seed (``def set_seed(seed):
     torch.manual_seed(seed)``), directly or through another such function, or None."""
-    from flortrain.check.flow import callee
+    cache = _SEED_PARAMS.setdefault(unit, {})
+    if scope.qualname not in cache:
+        cache[scope.qualname] = _seed_param(unit, scope, _depth)
+    return cache[scope.qualname]
+
+
+_SEED_PARAMS: weakref.WeakKeyDictionary[Unit, dict[str, str | None]] = weakref.WeakKeyDictionary()
+
+
+def _seed_param(unit: Unit, scope: Scope, _depth: int) -> str | None:
+    from flortrain.check.flow import callee, nodes
 
     if _depth > _DEPTH or not isinstance(scope.node, cst.FunctionDef):
         return None
     params = set(scope.params)
-    for call in unit.program.calls_in(list(scope.body)):
+    calls = [n for n in nodes(unit, scope) if isinstance(n, cst.Call)]
+    for call in calls:
         seed: cst.BaseExpression | None = None
         if seeding.seed_taker(unit, call) is not None:
             seed = seeding.seed_argument(call)

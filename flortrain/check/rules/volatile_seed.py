@@ -8,7 +8,7 @@ import libcst as cst
 
 from flortrain.check import seeding
 from flortrain.check.finding import Severity
-from flortrain.check.flow import callee
+from flortrain.check.flow import callee, every_call
 from flortrain.check.rule import Family, Hit, Invalid, Rule, Valid
 from flortrain.check.seed_origin import origin, seed_param
 from flortrain.check.unit import Unit
@@ -66,13 +66,13 @@ class VolatileSeed(Rule):
     )
 
     def check(self, unit: Unit) -> Iterator[Hit]:
-        prog = unit.program
-        for scope in prog.scopes.values():
-            generators = set(seeding.generator_names(unit, scope))
-            for call in prog.calls_in(list(scope.body)):
-                found = _judge(unit, scope, call, generators)
-                if found is not None:
-                    yield Hit(call, message=found)
+        generators: dict[str, set[str]] = {}
+        for scope, call in every_call(unit):
+            if scope.qualname not in generators:
+                generators[scope.qualname] = set(seeding.generator_names(unit, scope))
+            found = _judge(unit, scope, call, generators[scope.qualname])
+            if found is not None:
+                yield Hit(call, message=found)
 
 
 def _judge(unit: Unit, scope: Scope, call: cst.Call, generators: set[str]) -> str | None:
