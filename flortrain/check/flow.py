@@ -71,7 +71,7 @@ _STEPS: weakref.WeakKeyDictionary[Unit, tuple[Step, ...]] = weakref.WeakKeyDicti
 
 
 def every_call(unit: Unit) -> Iterator[tuple[Scope, cst.Call]]:
-    """Every call of the file (lambdas' excepted) with the function it is in, reached or not."""
+    """Every call of the file with the function it is in (see :func:`nodes`), reached or not."""
     for scope in unit.program.scopes.values():
         for node in nodes(unit, scope):
             if isinstance(node, cst.Call):
@@ -121,11 +121,12 @@ def callee(unit: Unit, scope: Scope, call: cst.Call) -> tuple[Unit, Scope] | Non
 
 
 def project_unit(unit: Unit, dotted: str) -> Unit | None:
-    """The project module ``dotted`` as a unit, when it is a file beside the checked script
-    (the way ``sys.path[0]`` finds it), parsed once per content."""
+    """The project module ``dotted`` as a unit, when it is a file under the checked script's
+    directory (the way ``sys.path[0]`` finds it, also from inside another project module),
+    parsed once per content."""
     from flortrain.check.unit import Unit
 
-    root = os.path.dirname(os.path.abspath(unit.path))
+    root = _ROOTS.get(unit) or os.path.dirname(os.path.abspath(unit.path))
     path = _module_file(root, dotted)
     if path is None or os.path.abspath(path) == os.path.abspath(unit.path):
         return None
@@ -139,10 +140,15 @@ def project_unit(unit: Unit, dotted: str) -> Unit | None:
             _PROJECT[key] = Unit(parse(path), unit.config)
         except FlortrainError:
             _PROJECT[key] = None
-    return _PROJECT[key]
+    found = _PROJECT[key]
+    if found is not None:
+        _ROOTS[found] = root
+    return found
 
 
 _PROJECT: dict[tuple[str, int, int], Unit | None] = {}
+#: the script directory a project module was found from
+_ROOTS: weakref.WeakKeyDictionary[Unit, str] = weakref.WeakKeyDictionary()
 
 
 class _Walk:

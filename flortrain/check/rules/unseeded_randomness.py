@@ -54,6 +54,17 @@ class UnseededRandomness(Rule):
             "import torch\nfrom seed import set_seed\nset_seed(1)\nx = torch.rand(2)\n",
             files=(_SET_SEED,),
         ),
+        Valid(
+            "import torch\nfrom pkg.setup import setup\nsetup()\nx = torch.rand(2)\n",
+            files=(
+                ("pkg/__init__.py", ""),
+                (
+                    "pkg/setup.py",
+                    "from pkg.seeding import set_seed\n\n\ndef setup():\n    set_seed(0)\n",
+                ),
+                ("pkg/seeding.py", _SET_SEED[1]),
+            ),
+        ),
         Valid("import numpy as np\nrng = np.random.default_rng(0)\nx = rng.normal()\n"),
         Valid(
             "import torch\nfrom torch.utils.data import DataLoader\ng = torch.Generator()\n"
