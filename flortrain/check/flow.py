@@ -47,16 +47,17 @@ class Step:
 
 def steps(unit: Unit) -> tuple[Step, ...]:
     """The checked file's steps in execution order; then, for a script (a ``__main__`` guard
-    or a loop at module level), the steps of the functions the walk did not reach
-    (``forward``, ``__getitem__``, callbacks), ``reached=False``."""
+    or a loop at module level), the steps of the functions the walk did not reach but that may
+    run (``forward``, ``__getitem__``, callbacks: :func:`_live`), ``reached=False``."""
     found = _STEPS.get(unit)
     if found is None:
         walk = _Walk(unit)
         walk.scope(unit, unit.program.scopes[MODULE], None, 0)
         out = walk.out
         if is_script(unit):
+            live = _live(unit, walk)
             for qual, scope in unit.program.scopes.items():
-                if (unit.path, qual) not in walk.seen:
+                if qual in live:
                     out.extend(
                         Step(unit, n, scope, n, reached=False)
                         for n in nodes(unit, scope)
@@ -68,6 +69,61 @@ def steps(unit: Unit) -> tuple[Step, ...]:
 
 
 _STEPS: weakref.WeakKeyDictionary[Unit, tuple[Step, ...]] = weakref.WeakKeyDictionary()
+
+
+def _live(unit: Unit, walk: _Walk) -> set[str]:
+    """Functions of the file the walk did not call that may still run: the methods of a class
+    the path names (``Aug()`` makes ``Aug.__getitem__`` live, for the DataLoader), functions it
+    hands on by name (``model.apply(init_weights)``), and, in turn, what those name. Others
+    (a ``__main__`` block that only prepares data leaves the training code dead) are not."""
+    prog = unit.program
+    reached = {q for path, q in walk.seen if path == unit.path}
+    names: set[str] = set()
+    for step in walk.out:
+        if step.unit is unit:
+            names |= _references(step.node)
+    live: set[str] = set()
+    while True:
+        classes = {c for c in prog.classes if c.rsplit(".", 1)[-1] in names}
+        stack = list(classes)
+        while stack:  # a live class's bases hold methods it runs
+            for base in prog.classes[stack.pop()].bases:
+                if base in prog.classes and base not in classes:
+                    classes.add(base)
+                    stack.append(base)
+        new = {m for c in classes for m in prog.classes[c].methods.values()}
+        for qual in prog.scopes:
+            if qual != MODULE and qual.rsplit(".", 1)[-1] in names:
+                outer = qual.rsplit(".", 1)[0] if "." in qual else MODULE
+                if outer == MODULE or outer in reached or outer in live or outer in classes:
+                    new.add(qual)
+        new -= reached | live
+        new &= set(prog.scopes)
+        if not new:
+            return live
+        live |= new
+        for qual in new:
+            for node in nodes(unit, prog.scopes[qual]):
+                names |= _references(node)
+
+
+def _references(node: cst.CSTNode) -> set[str]:
+    """Names a call or an assignment hands on: its callee, its arguments, the value assigned
+    (the last part of a dotted name: ``self._init_weights`` names ``_init_weights``)."""
+    values: list[cst.BaseExpression] = []
+    if isinstance(node, cst.Call):
+        values = [node.func, *(a.value for a in node.args)]
+    elif isinstance(node, cst.Assign | cst.AnnAssign | cst.AugAssign) and node.value is not None:
+        values = [node.value]
+        if isinstance(node.value, cst.List | cst.Tuple | cst.Dict | cst.Set):
+            values += [e.value for e in node.value.elements if isinstance(e, cst.BaseElement)]
+    out: set[str] = set()
+    for v in values:
+        if isinstance(v, cst.Name):
+            out.add(v.value)
+        elif isinstance(v, cst.Attribute):
+            out.add(v.attr.value)
+    return out
 
 
 def every_call(unit: Unit) -> Iterator[tuple[Scope, cst.Call]]:

@@ -77,6 +77,12 @@ class UnseededRandomness(Rule):
             "    for x in torch.utils.data.DataLoader(Noisy()):\n        print(x)\n"
         ),
         Valid(
+            "import numpy as np\nimport torch\n\n\nclass Noisy(torch.utils.data.Dataset):\n"
+            "    def __getitem__(self, i):\n        return np.random.rand()\n\n\n"
+            "def prepare():\n    print('preparing')\n\n\n"
+            "if __name__ == '__main__':\n    prepare()\n"
+        ),
+        Valid(
             "import lightning as L\nimport numpy as np\nL.seed_everything(3)\n"
             "x = np.random.rand()\n"
         ),
