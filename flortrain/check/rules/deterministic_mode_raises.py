@@ -22,7 +22,7 @@ class RaisesUnderDeterministicMode(Rule):
         " implementation raises `RuntimeError` when it runs: `CTCLoss` and adaptive pooling"
         " backward, bilinear `interpolate` backward, `histc`, `bincount` with weights,"
         " `cumsum` and `NLLLoss` on CUDA, `MaxUnpool` and `put_` everywhere, per torch's"
-        " documentation of the release configured (`torch-version`). A run that enables the"
+        " documentation of the configured torch release. A run that enables the"
         " mode at start-up then crashes at the first backward on the GPU, possibly hours in;"
         " `warn_only=True` keeps the run going with a warning and the op nondeterministic. A"
         " warning, an error in files that use CUDA and for operations that raise on every"
