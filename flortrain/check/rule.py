@@ -72,6 +72,9 @@ class Hit:
     fix: Fix | None = None
     line: int = 0
     col: int = 0
+    #: this finding's own severity (before configuration overrides), where the rule's depends
+    #: on what else the file does or on a caveat of the pattern found
+    severity: Severity | None = None
 
 
 class Rule:

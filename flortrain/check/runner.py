@@ -100,6 +100,8 @@ def _finding(unit: Unit, rule: Rule, hit: Hit) -> Finding:
     severity = rule.severity
     if rule.cuda_error and unit.uses_cuda:
         severity = Severity.ERROR
+    if hit.severity is not None:
+        severity = hit.severity
     override = unit.config.severity_of(rule.code)
     if override is not None:
         severity = Severity(override)
