@@ -79,7 +79,7 @@ class Unit:
     def plan(self) -> Plan:
         from flortrain.static.analysis import analyse
 
-        return analyse(self.source)
+        return analyse(self.source, prog=self.program)
 
     @cached_property
     def uses_cuda(self) -> bool:

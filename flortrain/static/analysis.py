@@ -52,18 +52,20 @@ def module_prefix(module: str) -> str:
     return f"{module}:"
 
 
-def analyse(source: Source, prefix: str = "") -> Plan:
+def analyse(source: Source, prefix: str = "", prog: Program | None = None) -> Plan:
     """Every static fact about ``source``; ``prefix`` goes before every block and main-loop id
     (see :func:`module_prefix`). A file too deeply nested for libcst's recursive walks
-    (``pydoc_data/topics.py``'s thousand-line string concatenation) is a one-line refusal."""
+    (``pydoc_data/topics.py``'s thousand-line string concatenation) is a one-line refusal.
+    ``prog``: the file's index when the caller has built it already (``flortrain check``)."""
     try:
-        return _analyse(source, prefix)
+        return _analyse(source, prefix, prog)
     except RecursionError:
         raise FlortrainError(TOO_DEEP, Located(source.path), "FT004") from None
 
 
-def _analyse(source: Source, prefix: str) -> Plan:
-    prog = index(source, exports=bool(prefix))
+def _analyse(source: Source, prefix: str, prog: Program | None) -> Plan:
+    if prog is None or prog.exports != bool(prefix):
+        prog = index(source, exports=bool(prefix))
     forest = LoopForest(prog)
     mains: list[MainLoop] = []
     blocks: list[Block] = []
