@@ -40,7 +40,7 @@ import pickle
 import signal
 import sys
 from collections.abc import Callable, Container
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError
@@ -52,6 +52,9 @@ from flortrain.static.text import (
     read_text,
     torch_available,
 )
+
+if TYPE_CHECKING:
+    from flortrain.check.before_record import Checked
 
 T = TypeVar("T")
 
@@ -219,15 +222,19 @@ class Overlapped(Generic[T]):
 
 
 class StaticPass(Overlapped[ScriptPass]):
-    """A script's text and its static pass for record (:func:`begin`)."""
+    """A script's text and its static pass for record (:func:`begin`), with ``flortrain check``'s
+    findings on it unless ``check`` is off."""
 
-    def __init__(self, script: str, text: str, fork: bool) -> None:
+    def __init__(self, script: str, text: str, fork: bool, check: bool = True) -> None:
         self.script, self.text = script, text
         super().__init__(
-            lambda: ScriptPass(_instrument(script, text), module_passes(script, text)),
+            lambda: ScriptPass(
+                _instrument(script, text), module_passes(script, text), _check(script, text, check)
+            ),
             ScriptPass,
             fork,
-            fallback=lambda: ScriptPass(_instrument(script, text)),  # modules: the hook, at import
+            # modules: the import hook's, at import
+            fallback=lambda: ScriptPass(_instrument(script, text), {}, _check(script, text, check)),
         )
 
 
@@ -236,6 +243,16 @@ def _instrument(script: str, text: str) -> Instrumented:
     from flortrain.instrument import instrument_file
 
     return instrument_file(script, text)
+
+
+def _check(script: str, text: str, wanted: bool) -> Checked | None:
+    """``flortrain check`` on the script, after its instrumentation (so a file the pass refuses
+    is refused before anything is checked)."""
+    if not wanted:
+        return None
+    from flortrain.check.before_record import check
+
+    return check(script, text)
 
 
 def module_passes(
@@ -266,11 +283,15 @@ def module_passes(
     return out
 
 
-def begin(script: str) -> StaticPass:
+def begin(script: str, check: bool = True) -> StaticPass:
     """The static pass of ``script`` for record, forked off when that can save wall time
-    (:func:`worth_overlapping`), else run at once. A missing or undecodable script fails here,
-    in one line, before anything is forked."""
+    (:func:`worth_overlapping`), else run at once; with ``flortrain check``'s findings unless
+    ``check`` is off. A missing or undecodable script fails here, in one line, before anything
+    is forked."""
     text = read_text(script)
     return StaticPass(
-        script, text, worth_overlapping(project_uses_torch(script, text) and torch_available())
+        script,
+        text,
+        worth_overlapping(project_uses_torch(script, text) and torch_available()),
+        check,
     )

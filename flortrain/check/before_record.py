@@ -1,0 +1,59 @@
+"""``flortrain check`` as ``flortrain record`` runs it: the same findings, as warnings before
+training.
+
+The check runs beside the rest of record's static pass (in its forked child when there is one,
+:mod:`flortrain.static.overlap`), so that it costs the training process no time there. Its result
+is plain data that unpickles without libcst. An error-level finding is still only a warning
+here: record runs the script whatever the check says, and changes nothing the script computes
+or prints on stdout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from flortrain.check.finding import Finding
+
+#: the prefix of every line record prints for a finding
+PREFIX = "flortrain: check: "
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A script's findings, fixes left out; or why the check could not run (``failed``)."""
+
+    findings: tuple[Finding, ...] = ()
+    failed: str = ""
+
+
+def check(script: str, text: str) -> Checked:
+    """The findings of ``script`` (whose content is ``text``). A rule that fails is the check's
+    bug, never the run's: the record goes on, saying so in one line."""
+    try:
+        from flortrain.check.config import CheckConfig
+        from flortrain.check.runner import check_text
+
+        found = check_text(script, text, CheckConfig())
+    except Exception as e:  # a rule's bug must not stop a training run
+        return Checked(failed=f"{type(e).__name__}: {e}")
+    # a file that does not parse is refused by the static pass itself, in its own words
+    return Checked(tuple(dataclasses.replace(f, fix=None) for f in found if f.code != "CHK001"))
+
+
+def warn(checked: Checked, said: Iterable[int] = ()) -> None:
+    """Print each finding once on stderr, ``flortrain: check: path:line:col: CODE message``. A
+    replay hazard (``RPL``) on a line where record itself says why a loop is not memoized
+    (``said``: those lines) is not repeated: it is the same reason, from the same plan."""
+    if checked.failed:
+        print(f"{PREFIX}not run: {checked.failed}", file=sys.stderr)
+    lines = set(said)
+    seen: set[str] = set()
+    for f in checked.findings:
+        shown = f.concise()
+        if (f.code.startswith("RPL") and f.line in lines) or shown in seen:
+            continue
+        seen.add(shown)
+        print(PREFIX + shown, file=sys.stderr)

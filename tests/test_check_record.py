@@ -1,0 +1,86 @@
+"""``flortrain record`` warns of ``flortrain check``'s findings before training, once each, on
+stderr, and changes nothing the script prints or computes; ``--no-check`` and
+``FLORTRAIN_CHECK=off`` silence it. With torch, the check runs in the static pass's forked child:
+the training process never imports libcst for it."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from tests.protocol import flortrain, plain
+
+#: an unsorted directory listing (DET101, a warning) feeding a pure-Python training loop
+LISTING = textwrap.dedent("""\
+    import os
+    import random
+    os.makedirs("data", exist_ok=True)
+    for name in ("b", "a", "c"):
+        open(os.path.join("data", name), "w").close()
+    names = os.listdir("data")
+    random.seed(0)
+    w = 0.0
+    for epoch in range(3):
+        for name in sorted(names):
+            w += random.random() * len(name)
+        print(f"epoch {epoch} w {w:.6f}")
+""")
+FINDING = "flortrain: check: train.py:6:9: DET101 "
+
+
+def _findings(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if ln.startswith("flortrain: check: ")]
+
+
+def test_record_warns_once_per_finding_and_changes_nothing(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(LISTING)
+    truth = plain(script)
+    assert truth.code == 0, truth.err
+    rec = flortrain(tmp_path, "record", "train.py")
+    assert rec.code == 0 and rec.out == truth.out, rec.err
+    found = _findings(rec.err)
+    assert len(found) == 1 and found[0].startswith(FINDING), rec.err
+    # printed before training, not among what the run says at its end
+    assert rec.err.index(FINDING) < rec.err.index("flortrain: record run 1 ")
+    for quiet in (
+        flortrain(tmp_path, "record", "--no-check", "train.py"),
+        flortrain(tmp_path, "record", "train.py", env={"FLORTRAIN_CHECK": "off"}),
+    ):
+        assert quiet.code == 0 and quiet.out == truth.out, quiet.err
+        assert _findings(quiet.err) == [], quiet.err
+    bad = flortrain(tmp_path, "record", "train.py", env={"FLORTRAIN_CHECK": "maybe"})
+    assert bad.code == 2 and bad.err.startswith("FT050 FLORTRAIN_CHECK='maybe'"), bad.err
+
+
+#: a torch script with the same hazard, telling whether its process imported libcst
+TORCH = textwrap.dedent("""\
+    import os
+    import sys
+    import torch
+    files = os.listdir(".")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.randn(16, 4)
+    for epoch in range(2):
+        for i in range(0, 16, 8):
+            loss = model(data[i:i + 8]).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        print(f"epoch {epoch} loss {loss.item():.6f}")
+    print("libcst imported:", "libcst" in sys.modules)
+""")
+
+
+def test_the_check_runs_in_the_forked_static_pass(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TORCH)
+    truth = plain(script)
+    assert truth.code == 0 and truth.out.endswith("libcst imported: False\n"), truth.err
+    rec = flortrain(tmp_path, "record", "train.py")
+    assert rec.code == 0 and rec.out == truth.out, rec.err
+    assert [f.split(" DET101 ")[0] for f in _findings(rec.err)] == [
+        "flortrain: check: train.py:4:9:"
+    ], rec.err
