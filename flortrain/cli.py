@@ -317,20 +317,66 @@ def instrument(script: str, explain: bool) -> None:
 @click.option(
     "--output-format",
     "fmt",
-    type=click.Choice(["concise"]),
+    type=click.Choice(["concise", "json", "github", "sarif"]),
     default="concise",
     show_default=True,
-    help="How findings are printed.",
+    help="How findings are printed (json: the schema in docs/check.md).",
 )
 @click.option("--fix", is_flag=True, help="Apply the fixes that cannot change a correct program.")
+@click.option(
+    "--unsafe-fixes", is_flag=True, help="Count unsafe fixes as available too (with --fix: apply)."
+)
+@click.option("--diff", is_flag=True, help="Print the fixes as a diff instead of writing them.")
+@click.option("--select", multiple=True, metavar="CODES", help="Rules to run (comma-separated).")
+@click.option("--extend-select", multiple=True, metavar="CODES", help="Rules to add to select.")
+@click.option("--ignore", multiple=True, metavar="CODES", help="Rules not to run.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The pyproject.toml whose [tool.flortrain.check] governs every file.",
+)
+@click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
+@click.option(
+    "--force-exclude", is_flag=True, help="Apply excludes to files named on the command line too."
+)
+@click.option("--exit-zero", is_flag=True, help="Exit 0 even when a finding is an error.")
 @_one_line_errors
-def check(paths: tuple[str, ...], fmt: str, fix: bool) -> None:
+def check(
+    paths: tuple[str, ...],
+    fmt: str,
+    fix: bool,
+    unsafe_fixes: bool,
+    diff: bool,
+    select: tuple[str, ...],
+    extend_select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    config_path: str | None,
+    isolated: bool,
+    force_exclude: bool,
+    exit_zero: bool,
+) -> None:
     """Find what would make training scripts unreplayable or nondeterministic (PATHS: files or
     directories, default the current one). Static: nothing is run and torch is not imported.
-    Exit 0 when no finding is an error, 1 when one is."""
-    from flortrain.check.command import run
+    Exit 0 when no finding is an error, 1 when one is, 2 on bad usage or configuration."""
+    from flortrain.check.command import Options, run
 
-    sys.exit(run(list(paths) or ["."], fmt, fix))
+    options = Options(
+        paths or (".",),
+        fmt,
+        fix,
+        unsafe_fixes,
+        diff,
+        exit_zero,
+        config_path,
+        isolated,
+        force_exclude,
+        select,
+        extend_select,
+        ignore,
+    )
+    sys.exit(run(options))
 
 
 #: PEP 263: a coding declaration on one of the first two lines

@@ -41,6 +41,10 @@ class Finding:
     severity: Severity
     hint: str = ""  # one line: how to fix it
     fix: Fix | None = None
+    end_line: int = 0  # where the flagged code ends (0: unknown)
+    end_col: int = 0
+    #: the offending source line, for findings shown with a caret under it (a syntax error)
+    source_line: str = ""
 
     def concise(self) -> str:
         """``path:line:col CODE message``, the shape ruff and flake8 print."""

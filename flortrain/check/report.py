@@ -1,26 +1,38 @@
-"""Findings as people and tools read them."""
+"""What one ``flortrain check`` found, and its rendering in the format asked for."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from flortrain.check.finding import Finding, Severity
 
-FORMATS = ("concise",)
+FORMATS = ("concise", "json", "github", "sarif")
 
 
-def render(findings: Sequence[Finding], fmt: str) -> str:
-    if fmt == "concise":
-        return concise(findings)
-    raise ValueError(fmt)
+@dataclass
+class Report:
+    findings: list[Finding]
+    fixed: int = 0  # findings ``--fix`` fixed
+    unsafe_fixes: bool = False  # ``--unsafe-fixes``: unsafe fixes count as available
+    #: the checked text of each file whose findings carry fixes (edits are offsets into it)
+    texts: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> int:
+        return sum(f.severity is Severity.ERROR for f in self.findings)
+
+    @property
+    def warnings(self) -> int:
+        return len(self.findings) - self.errors
 
 
-def concise(findings: Sequence[Finding]) -> str:
-    lines = [f.concise() for f in findings]
-    errors = sum(f.severity is Severity.ERROR for f in findings)
-    warnings = len(findings) - errors
-    if findings:
-        lines.append(f"Found {errors} error(s) and {warnings} warning(s).")
-    else:
-        lines.append("All checks passed.")
-    return "\n".join(lines)
+def render(report: Report, fmt: str) -> str:
+    from flortrain.check.formats import concise, github, json_format, sarif
+
+    renderers = {
+        "concise": concise.render,
+        "json": json_format.render,
+        "github": github.render,
+        "sarif": sarif.render,
+    }
+    return renderers[fmt](report)

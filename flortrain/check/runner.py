@@ -1,107 +1,129 @@
-"""Files in, findings out: discovery, parsing, every enabled rule, severities.
+"""Files in, findings out: parsing, every enabled rule, severities, ``# noqa`` and per-file
+ignores.
 
-One file's failure (unreadable, a syntax error) is a finding for that file; the others are still
-checked. Nothing a rule does runs the user's code.
+One file's failure (unreadable, a syntax error) is a finding for that file (CHK001, never
+suppressed); the others are still checked. Nothing a rule does runs the user's code.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Sequence
 
 from flortrain.check.config import CheckConfig
 from flortrain.check.finding import Finding, Severity
+from flortrain.check.noqa import Suppressions
 from flortrain.check.rule import Hit, Rule
 from flortrain.check.rules import all_rules
 from flortrain.check.unit import Unit
 from flortrain.errors import FlortrainError
 from flortrain.static.source import parse
+from flortrain.static.text import read_text
 
-#: directories never descended into (ruff's defaults, plus flortrain's own store)
-SKIPPED_DIRS = frozenset(
-    {
-        ".git",
-        ".hg",
-        ".svn",
-        ".venv",
-        "venv",
-        ".tox",
-        ".nox",
-        "__pycache__",
-        "build",
-        "dist",
-        "node_modules",
-        ".mypy_cache",
-        ".ruff_cache",
-        ".pytest_cache",
-        ".flortrain",
-        "site-packages",
-    }
-)
+UNPARSABLE = "CHK001"
+#: a rule failed on a file: the checker's bug, reported so the file does not pass unchecked
+CRASHED = "CHK002"
 
 
-def discover(paths: Iterable[str]) -> Iterator[str]:
-    """``paths`` as files: a directory stands for the ``.py`` files below it, in sorted order."""
-    for p in paths:
-        if os.path.isdir(p):
-            for root, dirs, files in os.walk(p):
-                dirs[:] = sorted(
-                    d for d in dirs if d not in SKIPPED_DIRS and not d.endswith(".egg-info")
-                )
-                for f in sorted(files):
-                    if f.endswith(".py"):
-                        yield os.path.normpath(os.path.join(root, f))
-        else:
-            yield p
-
-
-def check_text(path: str, text: str | None, config: CheckConfig) -> list[Finding]:
-    """Every finding in one file (``text`` stands for its content when given)."""
+def check_text(
+    path: str,
+    text: str | None,
+    config: CheckConfig,
+    rules: Sequence[type[Rule]] | None = None,
+) -> list[Finding]:
+    """Every finding in one file (``text`` stands for its content when given), in line order."""
     try:
+        if text is None:
+            text = read_text(path)
         source = parse(path, text)
     except FlortrainError as e:
-        where = e.where
-        return [
-            Finding(
-                path,
-                where.line if where else 0,
-                where.col if where else 0,
-                "CHK001",
-                e.message,
-                Severity.ERROR,
-                "the file is not checked until it parses",
-            )
-        ]
+        return [unparsable(path, text, e)]
     unit = Unit(source, config)
+    relpath = os.path.relpath(os.path.abspath(path), config.root).replace(os.sep, "/")
+    noqa = Suppressions(text)
     out: list[Finding] = []
-    for rule_cls in all_rules():
-        if not config.enabled(rule_cls.code):
+    for rule_cls in all_rules() if rules is None else rules:
+        if not config.enabled(rule_cls.code) or config.ignored_in(rule_cls.code, relpath):
             continue
-        rule = rule_cls()
-        for hit in rule.check(unit):
-            out.append(_finding(unit, rule, hit))
+        try:
+            found = [
+                _finding(unit, rule, hit) for rule in (rule_cls(),) for hit in rule.check(unit)
+            ]
+        except Exception as e:  # one rule's bug on one file must not end the whole check
+            if os.environ.get("FLORTRAIN_DEBUG"):
+                raise
+            out.append(_crashed(path, rule_cls, e))
+            continue
+        out.extend(f for f in found if not noqa.covers(f.line, f.code))
     out.sort(key=lambda f: (f.line, f.col, f.code))
     return out
 
 
+def unparsable(path: str, text: str | None, e: FlortrainError) -> Finding:
+    """CHK001 for a file that cannot be read or parsed, with the offending line when known."""
+    where = e.where
+    line = where.line if where else 0
+    lines = (text or "").splitlines()
+    return Finding(
+        path,
+        line,
+        where.col if where else 0,
+        UNPARSABLE,
+        e.message,
+        Severity.ERROR,
+        "the file is not checked until it parses",
+        source_line=lines[line - 1] if 0 < line <= len(lines) else "",
+    )
+
+
+def _crashed(path: str, rule: type[Rule], e: Exception) -> Finding:
+    what = e.message if isinstance(e, FlortrainError) else f"{type(e).__name__}: {e}"
+    return Finding(
+        path,
+        0,
+        0,
+        CRASHED,
+        f"{rule.code} failed on this file ({what})",
+        Severity.ERROR,
+        f"report it to flortrain; `--ignore {rule.code}` skips the rule meanwhile",
+    )
+
+
 def _finding(unit: Unit, rule: Rule, hit: Hit) -> Finding:
+    end_line = end_col = 0
     if hit.node is not None:
         line, col = unit.where(hit.node)
+        end = unit.positions[hit.node].end
+        end_line, end_col = end.line, end.column + 1
     else:
         line, col = hit.line, hit.col
     severity = rule.severity
     if rule.cuda_error and unit.uses_cuda:
         severity = Severity.ERROR
-    override = unit.config.severity.get(rule.code)
+    override = unit.config.severity_of(rule.code)
     if override is not None:
         severity = Severity(override)
     return Finding(
-        unit.path, line, col, rule.code, hit.message or rule.message, severity, rule.hint, hit.fix
+        unit.path,
+        line,
+        col,
+        rule.code,
+        hit.message or rule.message,
+        severity,
+        rule.hint,
+        hit.fix,
+        end_line,
+        end_col,
     )
 
 
 def check_paths(paths: Iterable[str], config: CheckConfig) -> list[Finding]:
+    """Every finding in ``paths`` (files or directories) under one configuration (for callers
+    such as ``record``, which have no command line to take a configuration from)."""
+    from flortrain.check.discovery import discover
+    from flortrain.check.pyproject import Configs
+
     out: list[Finding] = []
-    for path in discover(paths):
+    for path in discover(paths, Configs(fixed=config)):
         out.extend(check_text(path, None, config))
     return out
