@@ -86,6 +86,11 @@ def test_a_commit_with_an_error_is_refused_and_its_fix_passes(project: Project) 
     # a warning is printed by `flortrain check` but does not stop the commit
     code, out = project.commit("listing.py", WARNED)
     assert code == 0, out
+    # the project's excludes hold for the files pre-commit names (--force-exclude)
+    project.commit("pyproject.toml", '[tool.flortrain.check]\nexclude = ["vendor"]\n')
+    (project.path / "vendor").mkdir()
+    code, out = project.commit("vendor/broken.py", BROKEN)
+    assert code == 0, out
 
 
 def test_try_repo_runs_the_hook(project: Project) -> None:

@@ -84,3 +84,19 @@ def test_the_check_runs_in_the_forked_static_pass(tmp_path: Path) -> None:
     assert [f.split(" DET101 ")[0] for f in _findings(rec.err)] == [
         "flortrain: check: train.py:4:9:"
     ], rec.err
+
+
+def test_record_follows_the_projects_check_configuration(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(LISTING)
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[tool.flortrain.check]\nignore = ["DET101"]\n')
+    rec = flortrain(tmp_path, "record", "train.py")
+    assert rec.code == 0 and _findings(rec.err) == [], rec.err
+    # a configuration check cannot read stops the check, not the training run
+    pyproject.write_text('[tool.flortrain.check]\nselect = "DET"\n')
+    rec = flortrain(tmp_path, "record", "train.py")
+    assert rec.code == 0 and rec.out == plain(tmp_path / "train.py").out, rec.err
+    assert _findings(rec.err) == [
+        "flortrain: check: not run: pyproject.toml: FT070 [tool.flortrain.check] select must be"
+        " a list of strings"
+    ], rec.err

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from flortrain.check.finding import Finding
+from flortrain.errors import FlortrainError
 
 #: the prefix of every line record prints for a finding
 PREFIX = "flortrain: check: "
@@ -30,14 +31,24 @@ class Checked:
 
 
 def check(script: str, text: str) -> Checked:
-    """The findings of ``script`` (whose content is ``text``). A rule that fails is the check's
-    bug, never the run's: the record goes on, saying so in one line."""
+    """The findings of ``script`` (whose content is ``text``) under the project's configuration,
+    as ``flortrain check --force-exclude script`` finds them (an excluded script has none). A bad
+    configuration or a failing check is the check's problem, never the run's: the record goes
+    on, saying so in one line."""
     try:
-        from flortrain.check.config import CheckConfig
+        from flortrain.check.discovery import discover
+        from flortrain.check.pyproject import Configs
         from flortrain.check.runner import check_text
 
-        found = check_text(script, text, CheckConfig())
-    except Exception as e:  # a rule's bug must not stop a training run
+        configs = Configs()
+        found = [
+            f
+            for path in discover([script], configs, force_exclude=True)
+            for f in check_text(path, text, configs.for_file(path))
+        ]
+    except FlortrainError as e:
+        return Checked(failed=e.one_line())
+    except Exception as e:  # a bug must not stop a training run
         return Checked(failed=f"{type(e).__name__}: {e}")
     # a file that does not parse is refused by the static pass itself, in its own words
     return Checked(tuple(dataclasses.replace(f, fix=None) for f in found if f.code != "CHK001"))

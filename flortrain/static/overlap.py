@@ -16,7 +16,8 @@ does not import libcst, so that unpickling does not import it in the parent) and
 The parent meanwhile imports torch, then reads the result. On two cores the pass then costs
 the run almost no wall time; its CPU is unchanged. For record, the child also instruments the
 project modules the script imports directly (:func:`module_passes`), which the import hook
-would otherwise do in the training process.
+would otherwise do in the training process, and runs ``flortrain check`` on the script
+(:mod:`flortrain.check.before_record`), whose findings record prints before training.
 
 It is only done where it pays: the script (or a project module it imports) uses torch, torch
 is installed, the process may run on two CPUs or more, and ``os.fork`` exists. Otherwise, or
