@@ -8,6 +8,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.protocol import flortrain, plain
 
 #: an unsorted directory listing (DET101, a warning) feeding a pure-Python training loop
@@ -100,3 +102,19 @@ def test_record_follows_the_projects_check_configuration(tmp_path: Path) -> None
         "flortrain: check: not run: pyproject.toml: FT070 [tool.flortrain.check] select must be"
         " a list of strings"
     ], rec.err
+
+
+def test_each_finding_is_printed_once_and_a_refusal_record_states_is_not_repeated(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from flortrain.check.before_record import Checked, warn
+    from flortrain.check.finding import Finding, Severity
+
+    def at(line: int, code: str) -> Finding:
+        return Finding("train.py", line, 5, code, "m", Severity.ERROR)
+
+    warn(Checked((at(3, "DET101"), at(3, "DET101"), at(7, "RPL001"), at(9, "RPL001"))), [7])
+    assert capsys.readouterr().err.splitlines() == [
+        "flortrain: check: train.py:3:5: DET101 m",
+        "flortrain: check: train.py:9:5: RPL001 m",
+    ]
