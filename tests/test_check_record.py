@@ -5,6 +5,7 @@ the training process never imports libcst for it."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -43,6 +44,12 @@ def test_record_warns_once_per_finding_and_changes_nothing(tmp_path: Path) -> No
     assert rec.code == 0 and rec.out == truth.out, rec.err
     found = _findings(rec.err)
     assert len(found) == 1 and found[0].startswith(FINDING), rec.err
+    # the same findings as `flortrain check` reports
+    checked = flortrain(tmp_path, "check", "--output-format", "json", "train.py")
+    assert found == [
+        f"flortrain: check: {f['path']}:{f['line']}:{f['col']}: {f['code']} {f['message']}"
+        for f in json.loads(checked.out)
+    ], checked.out
     # printed before training, not among what the run says at its end
     assert rec.err.index(FINDING) < rec.err.index("flortrain: record run 1 ")
     for quiet in (

@@ -14,9 +14,14 @@ import dataclasses
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from flortrain.check.finding import Finding
 from flortrain.errors import FlortrainError
+
+if TYPE_CHECKING:
+    from flortrain.static.plan import Plan
+    from flortrain.static.source import Source
 
 #: the prefix of every line record prints for a finding
 PREFIX = "flortrain: check: "
@@ -30,11 +35,12 @@ class Checked:
     failed: str = ""
 
 
-def check(script: str, text: str) -> Checked:
+def check(script: str, text: str, parsed: tuple[Source, Plan] | None = None) -> Checked:
     """The findings of ``script`` (whose content is ``text``) under the project's configuration,
-    as ``flortrain check --force-exclude script`` finds them (an excluded script has none). A bad
-    configuration or a failing check is the check's problem, never the run's: the record goes
-    on, saying so in one line."""
+    as ``flortrain check --force-exclude script`` finds them (an excluded script has none);
+    ``parsed`` is the static pass's own parse and plan of that text, reused. A bad configuration
+    or a failing check is the check's problem, never the run's: the record goes on, saying so in
+    one line."""
     try:
         from flortrain.check.discovery import discover
         from flortrain.check.pyproject import Configs
@@ -44,7 +50,7 @@ def check(script: str, text: str) -> Checked:
         found = [
             f
             for path in discover([script], configs, force_exclude=True)
-            for f in check_text(path, text, configs.for_file(path))
+            for f in check_text(path, text, configs.for_file(path), parsed=parsed)
         ]
     except FlortrainError as e:
         return Checked(failed=e.one_line())

@@ -41,11 +41,11 @@ import pickle
 import signal
 import sys
 from collections.abc import Callable, Container
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError
-from flortrain.static.plan import Instrumented, ModulePass, ScriptPass
+from flortrain.static.plan import ModulePass, ModulePasses, ScriptPass
 from flortrain.static.text import (
     loop_count,
     project_imports,
@@ -53,9 +53,6 @@ from flortrain.static.text import (
     read_text,
     torch_available,
 )
-
-if TYPE_CHECKING:
-    from flortrain.check.before_record import Checked
 
 T = TypeVar("T")
 
@@ -229,31 +226,28 @@ class StaticPass(Overlapped[ScriptPass]):
     def __init__(self, script: str, text: str, fork: bool, check: bool = True) -> None:
         self.script, self.text = script, text
         super().__init__(
-            lambda: ScriptPass(
-                _instrument(script, text), module_passes(script, text), _check(script, text, check)
-            ),
+            lambda: _script_pass(script, text, check, module_passes(script, text)),
             ScriptPass,
             fork,
             # modules: the import hook's, at import
-            fallback=lambda: ScriptPass(_instrument(script, text), {}, _check(script, text, check)),
+            fallback=lambda: _script_pass(script, text, check, {}),
         )
 
 
-def _instrument(script: str, text: str) -> Instrumented:
+def _script_pass(script: str, text: str, check: bool, modules: ModulePasses) -> ScriptPass:
+    """The script instrumented and, when ``check``, ``flortrain check`` run on the same parse and
+    plan (after the instrumentation, so that a file the pass refuses is refused as it is)."""
     # libcst is imported here, in whichever process runs the pass
-    from flortrain.instrument import instrument_file
+    from flortrain.instrument import for_record
+    from flortrain.static.source import parse
 
-    return instrument_file(script, text)
+    source = parse(script, text)
+    inst = for_record(source)
+    if not check:
+        return ScriptPass(inst, modules)
+    from flortrain.check.before_record import check as check_script
 
-
-def _check(script: str, text: str, wanted: bool) -> Checked | None:
-    """``flortrain check`` on the script, after its instrumentation (so a file the pass refuses
-    is refused before anything is checked)."""
-    if not wanted:
-        return None
-    from flortrain.check.before_record import check
-
-    return check(script, text)
+    return ScriptPass(inst, modules, check_script(script, text, (source, inst.plan)))
 
 
 def module_passes(
