@@ -118,6 +118,11 @@ def cli(ctx: click.Context, store: str | None, trust: bool) -> None:
     help="Continue the killed record RUN of SCRIPT from its last committed main-loop boundary "
     "checkpoint, into the same run (its arguments are reused).",
 )
+@click.option(
+    "--no-check",
+    is_flag=True,
+    help="Do not warn of `flortrain check`'s findings before training (env FLORTRAIN_CHECK=off).",
+)
 @click.pass_context
 @_one_line_errors
 def record(
@@ -126,6 +131,7 @@ def record(
     args: tuple[str, ...],
     epsilon: float | None,
     resume: int | None,
+    no_check: bool,
 ) -> None:
     """Run SCRIPT instrumented, checkpointing its memoized loops. Its stdout is unchanged.
     Options go before SCRIPT; everything after it is the script's."""
@@ -137,7 +143,8 @@ def record(
     knobs.validate()
     check_environment(script, "record")
     launch()  # the launcher waits here for the training process, which goes on
-    static = begin(script)  # forked off now, before the runtime's and torch's imports
+    # forked off now, before the runtime's and torch's imports
+    static = begin(script, not no_check and knobs.check())
     try:
         from flortrain.record import record as do_record
     except BaseException:

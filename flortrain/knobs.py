@@ -99,6 +99,11 @@ PRESTARTS = ("on", "off")
 STATIC_OVERLAP_ENV = "FLORTRAIN_STATIC_OVERLAP"
 STATIC_OVERLAPS = ("on", "off")
 
+#: Whether ``flortrain record`` runs ``flortrain check`` on the script and warns of its findings
+#: before training ("on", the default) or not ("off", as ``record --no-check``).
+CHECK_ENV = "FLORTRAIN_CHECK"
+CHECKS = ("on", "off")
+
 #: How long a store operation waits for another process's SQLite lock, in seconds, before it
 #: gives up: a command then fails with a one-line error, a recording process stops recording.
 DB_TIMEOUT_ENV = "FLORTRAIN_DB_TIMEOUT"
@@ -244,6 +249,11 @@ def static_overlap() -> str:
     return _choice(STATIC_OVERLAP_ENV, STATIC_OVERLAPS)
 
 
+def check() -> bool:
+    """Whether record warns of ``flortrain check``'s findings (:data:`CHECK_ENV`)."""
+    return _choice(CHECK_ENV, CHECKS) == "on"
+
+
 def period() -> str:
     return _choice(PERIOD_ENV, PERIODS)
 
@@ -283,5 +293,6 @@ def validate() -> None:
     resume()
     prestart()
     static_overlap()
+    check()
     db_timeout()
     _injections()

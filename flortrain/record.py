@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from flortrain import knobs, launcher
+from flortrain.check.before_record import warn
 from flortrain.errors import FlortrainError, Located
 from flortrain.launcher import Summary
 from flortrain.runtime import runner, stopping
@@ -138,7 +139,7 @@ def record(
     (the CLI forks it off before importing this module: :mod:`flortrain.static.overlap`)."""
     knobs.validate()
     if static is None:
-        static = begin(script)
+        static = begin(script, knobs.check())
     try:
         text = static.text
         torch_script = project_uses_torch(script, text)
@@ -184,6 +185,9 @@ def record(
             file=sys.stderr,
         )
     launcher.tell("run", run_id, script, str(store.root))
+    if done.checked is not None:
+        said = [r.span.line for r in plan.refused] + [u.line for u in plan.untracked[:1]]
+        warn(done.checked, said)
     for r in plan.refused:
         print(
             f"flortrain: {script}:{r.span.line}:{r.span.col}: {not_memoized(r.reason)}",

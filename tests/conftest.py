@@ -8,6 +8,11 @@ intra-op thread unless a test asks for more: the ground truth (``python script.p
 and the replay all inherit the same setting, so every comparison stays like for like. The tests
 that are about thread counts set ``OMP_NUM_THREADS`` themselves (test_runtime's pinning test
 records with one thread and replays under two; test_parallel's direct-resume test trains with two).
+
+``flortrain record`` runs ``flortrain check`` on the script before training. That is one to two
+seconds of CPU per record, several minutes over the suite's records, and it changes nothing a
+record or replay computes; so it is off here (``FLORTRAIN_CHECK=off``) except in the tests of
+that feature, which turn it on (tests/test_check_record.py, tests/test_check_fixtures_rpl.py).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import pytest
 from tests.protocol import PLAIN_RUNS
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("FLORTRAIN_CHECK", "off")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -24,6 +24,9 @@ EXPECTED = {
     ("realcode/actor_critic.py", 200, "RPL005"),  # model.saved_actions, likewise
 }
 
+#: the suite turns record's check off (tests/conftest.py); these tests are about it
+CHECK_ON = {"FLORTRAIN_CHECK": "on"}
+
 
 def test_the_fixtures_hazards_are_found_and_nothing_else() -> None:
     found = check_paths([str(FIXTURES)], CheckConfig(select=CODES))
@@ -73,7 +76,7 @@ def test_check_says_what_record_says(tmp_path: Path) -> None:
     found = check_text(str(tmp_path / "train.py"), None, CheckConfig(select=CODES))
     by_code = {f.code: f for f in found}
     assert {"RPL001", "RPL002", "RPL004"} <= set(by_code)
-    record = flortrain(tmp_path, "record", "train.py")
+    record = flortrain(tmp_path, "record", "train.py", env=CHECK_ON)
     assert record.code == 0, record.err
     assert (
         f"train.py:{by_code['RPL001'].line}:{by_code['RPL001'].col}: {by_code['RPL001'].message}"

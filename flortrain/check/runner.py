@@ -17,7 +17,8 @@ from flortrain.check.rule import Hit, Rule
 from flortrain.check.rules import all_rules
 from flortrain.check.unit import Unit
 from flortrain.errors import FlortrainError
-from flortrain.static.source import parse
+from flortrain.static.plan import Plan
+from flortrain.static.source import Source, parse
 from flortrain.static.text import read_text
 
 UNPARSABLE = "CHK001"
@@ -30,15 +31,17 @@ def check_text(
     text: str | None,
     config: CheckConfig,
     rules: Sequence[type[Rule]] | None = None,
+    parsed: tuple[Source, Plan] | None = None,
 ) -> list[Finding]:
-    """Every finding in one file (``text`` stands for its content when given), in line order."""
+    """Every finding in one file (``text`` stands for its content when given), in line order.
+    ``parsed``: that text already parsed and analysed (record's static pass), not done again."""
     try:
         if text is None:
             text = read_text(path)
-        source = parse(path, text)
+        source = parse(path, text) if parsed is None else parsed[0]
     except FlortrainError as e:
         return [unparsable(path, text, e)]
-    unit = Unit(source, config)
+    unit = Unit(source, config, parsed[1] if parsed is not None else None)
     relpath = os.path.relpath(os.path.abspath(path), config.root).replace(os.sep, "/")
     noqa = Suppressions(text)
     out: list[Finding] = []

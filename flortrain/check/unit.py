@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 
 
 class Unit:
-    def __init__(self, source: Source, config: CheckConfig) -> None:
+    def __init__(self, source: Source, config: CheckConfig, plan: Plan | None = None) -> None:
         self.source = source
         self.config = config
+        self._plan = plan  # the plan already made of this very source (record's static pass)
 
     @property
     def path(self) -> str:
@@ -79,7 +80,7 @@ class Unit:
     def plan(self) -> Plan:
         from flortrain.static.analysis import analyse
 
-        return analyse(self.source, prog=self.program)
+        return self._plan if self._plan is not None else analyse(self.source, prog=self.program)
 
     @cached_property
     def uses_cuda(self) -> bool:

@@ -16,7 +16,8 @@ does not import libcst, so that unpickling does not import it in the parent) and
 The parent meanwhile imports torch, then reads the result. On two cores the pass then costs
 the run almost no wall time; its CPU is unchanged. For record, the child also instruments the
 project modules the script imports directly (:func:`module_passes`), which the import hook
-would otherwise do in the training process.
+would otherwise do in the training process, and runs ``flortrain check`` on the script
+(:mod:`flortrain.check.before_record`), whose findings record prints before training.
 
 It is only done where it pays: the script (or a project module it imports) uses torch, torch
 is installed, the process may run on two CPUs or more, and ``os.fork`` exists. Otherwise, or
@@ -44,7 +45,7 @@ from typing import Generic, TypeVar
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError
-from flortrain.static.plan import Instrumented, ModulePass, ScriptPass
+from flortrain.static.plan import ModulePass, ModulePasses, ScriptPass
 from flortrain.static.text import (
     loop_count,
     project_imports,
@@ -219,23 +220,34 @@ class Overlapped(Generic[T]):
 
 
 class StaticPass(Overlapped[ScriptPass]):
-    """A script's text and its static pass for record (:func:`begin`)."""
+    """A script's text and its static pass for record (:func:`begin`), with ``flortrain check``'s
+    findings on it unless ``check`` is off."""
 
-    def __init__(self, script: str, text: str, fork: bool) -> None:
+    def __init__(self, script: str, text: str, fork: bool, check: bool = True) -> None:
         self.script, self.text = script, text
         super().__init__(
-            lambda: ScriptPass(_instrument(script, text), module_passes(script, text)),
+            lambda: _script_pass(script, text, check, module_passes(script, text)),
             ScriptPass,
             fork,
-            fallback=lambda: ScriptPass(_instrument(script, text)),  # modules: the hook, at import
+            # modules: the import hook's, at import
+            fallback=lambda: _script_pass(script, text, check, {}),
         )
 
 
-def _instrument(script: str, text: str) -> Instrumented:
+def _script_pass(script: str, text: str, check: bool, modules: ModulePasses) -> ScriptPass:
+    """The script instrumented and, when ``check``, ``flortrain check`` run on the same parse and
+    plan (after the instrumentation, so that a file the pass refuses is refused as it is)."""
     # libcst is imported here, in whichever process runs the pass
-    from flortrain.instrument import instrument_file
+    from flortrain.instrument import for_record
+    from flortrain.static.source import parse
 
-    return instrument_file(script, text)
+    source = parse(script, text)
+    inst = for_record(source)
+    if not check:
+        return ScriptPass(inst, modules)
+    from flortrain.check.before_record import check as check_script
+
+    return ScriptPass(inst, modules, check_script(script, text, (source, inst.plan)))
 
 
 def module_passes(
@@ -266,11 +278,15 @@ def module_passes(
     return out
 
 
-def begin(script: str) -> StaticPass:
+def begin(script: str, check: bool = True) -> StaticPass:
     """The static pass of ``script`` for record, forked off when that can save wall time
-    (:func:`worth_overlapping`), else run at once. A missing or undecodable script fails here,
-    in one line, before anything is forked."""
+    (:func:`worth_overlapping`), else run at once; with ``flortrain check``'s findings unless
+    ``check`` is off. A missing or undecodable script fails here, in one line, before anything
+    is forked."""
     text = read_text(script)
     return StaticPass(
-        script, text, worth_overlapping(project_uses_torch(script, text) and torch_available())
+        script,
+        text,
+        worth_overlapping(project_uses_torch(script, text) and torch_available()),
+        check,
     )

@@ -10,8 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from flortrain.errors import FlortrainError
+
+if TYPE_CHECKING:
+    from flortrain.check.before_record import Checked
 
 
 class Restore(StrEnum):
@@ -259,3 +263,5 @@ class ScriptPass:
 
     script: Instrumented
     modules: ModulePasses = field(default_factory=dict)
+    #: ``flortrain check``'s findings on the script, which record prints as warnings (None: not run)
+    checked: Checked | None = None
