@@ -1,5 +1,5 @@
 """``flortrain record --resume RUN``: a killed record continues from its last committed main-loop
-boundary checkpoint, into the same run. It prints the rest of what ``python`` prints (not what
+boundary checkpoint and the iterations after it whose blocks are checkpointed, into the same run. It prints the rest of what ``python`` prints (not what
 the killed run already printed), the run's whole log is then python's output, and a probed
 replay of it is exact. The fault-injection harness (tests/faults.py) also resumes every run it
 kills; these are the deterministic cases and the refusals."""
@@ -298,3 +298,115 @@ def test_a_record_stopped_by_a_signal_resumes_after_its_last_checkpointed_epoch(
     assert res.out == truth[truth.index(f"epoch {k} loss") :]
     assert latest_run(tmp_path)["status"] == "complete"
     assert _log(tmp_path, 1) == truth.splitlines()
+
+
+SPACED = textwrap.dedent(
+    """\
+    import os
+    import random
+    import signal
+    import sys
+
+    random.seed(5)
+    w = [0.0, 0.0]
+    data = [(random.random(), random.random()) for _ in range(40)]
+    print("setup done")
+    for epoch in range(10):
+        if epoch == 7 and os.path.exists("KILL"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        random.shuffle(data)
+        total = 0.0
+        for n, (x, y) in enumerate(data):
+            if n == 0:
+                print(f"computing epoch {epoch}", file=sys.stderr)
+            err = w[0] * x + w[1] - y
+            w[0] -= 0.05 * err * x
+            w[1] -= 0.05 * err
+            total += err * err
+        #PROBE
+        print(f"epoch {epoch} loss {total:.12f} draw {random.random():.6f}")
+    print("done", w)
+    """
+)
+
+#: the same shape in torch, as a ``while`` loop: a shuffling DataLoader, momentum, and a
+#: scheduler stepped outside the batch loop (code a replayed iteration executes)
+SPACED_TORCH = textwrap.dedent(
+    """\
+    import os
+    import signal
+    import sys
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    loader = DataLoader(
+        TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,))), batch_size=16, shuffle=True
+    )
+    print("setup done")
+    epoch = 0
+    while epoch < 10:
+        if epoch == 7 and os.path.exists("KILL"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        total = 0.0
+        for n, (x, y) in enumerate(loader):
+            if n == 0:
+                print(f"computing epoch {epoch}", file=sys.stderr)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += loss.item()
+        sched.step()
+        #PROBE
+        print(f"epoch {epoch} loss {total:.8f} lr {sched.get_last_lr()[0]:.6f} draw {torch.rand(1).item():.6f}")
+        epoch += 1
+    print("done", f"{model.weight.sum().item():.8f}")
+    """
+)
+
+SPACED_SCRIPTS = {
+    "for": (SPACED, "    print('PROBE', epoch, repr(w[0]))"),
+    "while-torch": (SPACED_TORCH, "    print('PROBE', epoch, model.weight.sum().item())"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPACED_SCRIPTS))
+def test_a_resume_continues_past_its_last_boundary_through_checkpointed_blocks(
+    tmp_path: Path, name: str
+) -> None:
+    """Boundaries at iterations 4 and 8 only (``FLORTRAIN_BOUNDARY_EVERY``), every block
+    instance checkpointed, SIGTERM at the start of epoch 7: the resume restores boundary 4 and
+    runs epochs 4..6 as a replay would (their batch loops restored from their checkpoints, the
+    code between them executed, their output not printed again), so it computes from epoch 7
+    on. Its output and the run's log are python's, and a probed replay of the resumed run is
+    exact."""
+    text, probe = SPACED_SCRIPTS[name]
+    env = {**KILLABLE, "FLORTRAIN_BOUNDARY_EVERY": "4"}
+    script = tmp_path / "train.py"
+    script.write_text(text)
+    truth = plain(script).out
+    (tmp_path / "KILL").touch()
+    rec = flortrain(tmp_path, "record", "train.py", env=env)
+    assert rec.code == -signal.SIGTERM and truth.startswith(rec.out), rec.err
+    assert latest_run(tmp_path)["status"] == "interrupted", rec.err
+    assert rec.out.count("\nepoch ") == 7 and _boundaries(tmp_path) == 1, rec.err
+    (tmp_path / "KILL").unlink()
+    res = flortrain(tmp_path, "record", "--resume", "1", "train.py", env=env)
+    assert res.code == 0, res.err
+    assert "resumes at main loop M" in res.err and " iteration 7, after" in res.err, res.err
+    computed = [ln for ln in res.err.splitlines() if ln.startswith("computing epoch")]
+    assert computed == [f"computing epoch {e}" for e in (7, 8, 9)], res.err
+    assert res.out == truth[truth.index("epoch 7 loss") :]
+    assert latest_run(tmp_path)["status"] == "complete"
+    assert _log(tmp_path, 1) == truth.splitlines()
+    script.write_text(text.replace("    #PROBE", probe))
+    want = probe_lines(plain(script).out)
+    rep = flortrain(tmp_path, "replay", "train.py", env=env)
+    assert rep.code == 0 and probe_lines(rep.out) == want, rep.err
+    d = flortrain(tmp_path, "diff")
+    assert d.code == 0, d.out + d.err
