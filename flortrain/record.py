@@ -117,13 +117,18 @@ def _resumable(
             "FT040",
         )
     point = store.resume_point(run_id)
-    if point is None:
+    if point is None:  # no boundary: from the first main loop's start, if its blocks reach past it
+        first = store.first_main_loop(run_id)
+        point = None if first is None else (*first, 0)
+    until = 0 if point is None else store.replayable_through(run_id, *point)
+    if point is None or until == 0:
         raise FlortrainError(
-            f"run {run_id} committed no main-loop boundary checkpoint to continue from; record it again",
+            f"run {run_id} committed no main-loop boundary checkpoint, nor a checkpointed"
+            " iteration, to continue from; record it again",
             where,
             "FT042",
         )
-    return run, point, store.replayable_through(run_id, *point)
+    return run, point, until
 
 
 def record(
@@ -183,6 +188,9 @@ def record(
             if until == point[2]
             else f"after its last committed boundary checkpoint (iteration {point[2]}) and"
             f" iterations {point[2]}..{until - 1} with their blocks restored"
+            if point[2]
+            else f"after iterations 0..{until - 1} with their blocks restored (no boundary"
+            " checkpoint was committed)"
         )
         print(
             f"flortrain: record run {run_id} resumes at main loop {point[0]} iteration {until}"

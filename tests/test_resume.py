@@ -126,7 +126,9 @@ def test_what_cannot_be_resumed_is_refused(tmp_path: Path) -> None:
     # killed in its first iteration: no boundary was committed (iteration 0's is never taken)
     _killed(tmp_path, SCRIPT.replace("KILL_AT", "0"))
     _refused(
-        flortrain(tmp_path, "record", "--resume", "1", "train.py"), "FT042", "no main-loop boundary"
+        flortrain(tmp_path, "record", "--resume", "1", "train.py"),
+        "FT042",
+        "nor a checkpointed iteration",
     )
     _refused(
         flortrain(tmp_path, "record", "--resume", "1", "train.py", "--x"), "FT040", "give none"
@@ -369,9 +371,26 @@ SPACED_TORCH = textwrap.dedent(
     """
 )
 
+#: script, its probe, the boundary stride, what the resume says it restored
 SPACED_SCRIPTS = {
-    "for": (SPACED, "    print('PROBE', epoch, repr(w[0]))"),
-    "while-torch": (SPACED_TORCH, "    print('PROBE', epoch, model.weight.sum().item())"),
+    "for": (
+        SPACED,
+        "    print('PROBE', epoch, repr(w[0]))",
+        4,
+        "boundary checkpoint (iteration 4) and iterations 4..6",
+    ),
+    "while-torch": (
+        SPACED_TORCH,
+        "    print('PROBE', epoch, model.weight.sum().item())",
+        4,
+        "boundary checkpoint (iteration 4) and iterations 4..6",
+    ),
+    "no-boundary": (
+        SPACED,
+        "    print('PROBE', epoch, repr(w[0]))",
+        100,
+        "after iterations 0..6 with their blocks restored (no boundary",
+    ),
 }
 
 
@@ -379,14 +398,14 @@ SPACED_SCRIPTS = {
 def test_a_resume_continues_past_its_last_boundary_through_checkpointed_blocks(
     tmp_path: Path, name: str
 ) -> None:
-    """Boundaries at iterations 4 and 8 only (``FLORTRAIN_BOUNDARY_EVERY``), every block
-    instance checkpointed, SIGTERM at the start of epoch 7: the resume restores boundary 4 and
-    runs epochs 4..6 as a replay would (their batch loops restored from their checkpoints, the
-    code between them executed, their output not printed again), so it computes from epoch 7
-    on. Its output and the run's log are python's, and a probed replay of the resumed run is
-    exact."""
-    text, probe = SPACED_SCRIPTS[name]
-    env = {**KILLABLE, "FLORTRAIN_BOUNDARY_EVERY": "4"}
+    """Boundaries at iterations 4 and 8 only (``FLORTRAIN_BOUNDARY_EVERY``), or none, every
+    block instance checkpointed, SIGTERM at the start of epoch 7: the resume restores boundary 4
+    (or starts the loop afresh) and runs the epochs up to 6 as a replay would (their batch loops
+    restored from their checkpoints, the code between them executed, their output not printed
+    again), so it computes from epoch 7 on. Its output and the run's log are python's, and a
+    probed replay of the resumed run is exact."""
+    text, probe, stride, says = SPACED_SCRIPTS[name]
+    env = {**KILLABLE, "FLORTRAIN_BOUNDARY_EVERY": str(stride)}
     script = tmp_path / "train.py"
     script.write_text(text)
     truth = plain(script).out
@@ -394,11 +413,12 @@ def test_a_resume_continues_past_its_last_boundary_through_checkpointed_blocks(
     rec = flortrain(tmp_path, "record", "train.py", env=env)
     assert rec.code == -signal.SIGTERM and truth.startswith(rec.out), rec.err
     assert latest_run(tmp_path)["status"] == "interrupted", rec.err
-    assert rec.out.count("\nepoch ") == 7 and _boundaries(tmp_path) == 1, rec.err
+    assert rec.out.count("\nepoch ") == 7 and _boundaries(tmp_path) == 7 // stride, rec.err
     (tmp_path / "KILL").unlink()
     res = flortrain(tmp_path, "record", "--resume", "1", "train.py", env=env)
     assert res.code == 0, res.err
-    assert "resumes at main loop M" in res.err and " iteration 7, after" in res.err, res.err
+    assert "resumes at main loop M" in res.err and " iteration 7, " in res.err, res.err
+    assert says in res.err, res.err
     computed = [ln for ln in res.err.splitlines() if ln.startswith("computing epoch")]
     assert computed == [f"computing epoch {e}" for e in (7, 8, 9)], res.err
     assert res.out == truth[truth.index("epoch 7 loss") :]

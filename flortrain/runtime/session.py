@@ -235,6 +235,8 @@ class Session:
         boundary: Boundary | None = None
         scalars: str | None = None
         if self.mode == "record":
+            if self.resume is not None and self.resume == (main_id, self.main[1], 0):
+                self._replay_from_start(main_id)
             if self.replaying is not None and self._replayed_until(main_id, i):
                 return None  # the killed run's row, output and checkpoints of it are kept
             self._time_iteration(main_id)
@@ -395,6 +397,13 @@ class Session:
         else:
             self._record_on()
         return b
+
+    def _replay_from_start(self, main_id: str) -> None:
+        """``record --resume`` of a run that committed no boundary: its main loop runs from its
+        start as a replay would, up to the iteration it records from."""
+        assert self.main is not None
+        self.resume = None
+        self.replaying = (main_id, self.main[1], self.resume_until)
 
     def _replayed_until(self, main_id: str, i: int) -> bool:
         """In a resumed record, whether iteration ``i`` is one it runs as a replay; at the

@@ -787,8 +787,17 @@ class Store:
         ).fetchone()
         return None if row is None else (str(row[0]), int(row[1]), int(row[2]))
 
+    def first_main_loop(self, run_id: int) -> tuple[str, int] | None:
+        """The main loop and entry of a run's first committed iteration row."""
+        row = self.db.execute(
+            "SELECT main_id, main_inst FROM iterations WHERE run_id=? ORDER BY rowid LIMIT 1",
+            (run_id,),
+        ).fetchone()
+        return None if row is None else (str(row[0]), int(row[1]))
+
     def replayable_through(self, run_id: int, main_id: str, entry: int, boundary: int) -> int:
-        """How far past its resume boundary a killed record can be continued without computing:
+        """How far past its resume boundary (0: the loop's start) a killed record can be continued
+        without computing:
         the first iteration ``k >= boundary`` that is not followed by a committed iteration row,
         or that has no block instance or one without a committed checkpoint. A resumed record
         runs ``boundary..k-1`` as a replay would (their blocks restored, the code between them
