@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 from flortrain.errors import FlortrainError
 from flortrain.static.analysis import analyse, module_prefix
 from flortrain.static.plan import Instrumentation, Instrumented
 from flortrain.static.source import Source, parse
-from flortrain.static.text import loop_count, project_imports, read_text
+from flortrain.static.text import loop_count, path_imports, project_imports, read_text
 from flortrain.static.transform import transform
 
 
@@ -37,10 +39,12 @@ def instrument_module(path: str, text: str, module: str) -> Instrumented | None:
 def explain_modules(script: str, text: str) -> list[str]:
     """``--explain`` lines for the project modules the script imports directly: each module's
     plan, as the import hook will apply it (ids prefixed by the module name), or why it is
-    imported plainly."""
+    imported plainly; then the modules it imports from a ``sys.path`` directory outside the
+    project, which are not instrumented (:func:`outside_lines`)."""
     found = project_imports(script, text)
+    outside = outside_lines(script, text, found)
     if not found:
-        return []
+        return outside
     out = ["project modules are instrumented when imported; those this script imports directly:"]
     for name, path in found:
         try:
@@ -52,4 +56,30 @@ def explain_modules(script: str, text: str) -> list[str]:
             out.append(f"{path}: module {name}: no main loop; imported plainly")
         else:
             out.append(inst.plan.explain())
+    return out + outside
+
+
+def outside_lines(script: str, text: str, found: list[tuple[str, str]]) -> list[str]:
+    """Why a module the script imports from source on ``sys.path`` outside the project (an
+    editable install's tree, a ``PYTHONPATH`` entry: minGPT's ``mingpt`` imported from the
+    repository's root by a script in ``projects/chargpt``) has none of its loops memoized: the
+    import hook instruments only the project's files, those under the script's directory or
+    the working directory. Installed packages (``site-packages``) are not listed; one under the
+    working directory is the project's, and joins ``found``."""
+    from flortrain.runtime.importhook import ProjectFiles, project_roots
+
+    files = ProjectFiles(project_roots(script), script)
+    out = []
+    for name, path, where in path_imports(script, text):
+        real = os.path.realpath(path)
+        if files.installed(real):
+            continue
+        if files.under_roots(real):
+            found.append((name, os.path.relpath(path)))
+            continue
+        out.append(
+            f"{path}: module {name} is imported from {where}, outside the project (the script's"
+            " directory and the working directory): not instrumented, so none of its loops is"
+            f" memoized; modules under the working directory are the project's (run from {where})"
+        )
     return out

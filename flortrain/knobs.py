@@ -40,6 +40,9 @@ PERIOD_ENV = "FLORTRAIN_PERIOD"
 #: would not (its blocks' checkpoints cover the iterations), so ``record --resume`` has one
 BOUNDARY_INTERVAL_ENV = "FLORTRAIN_BOUNDARY_INTERVAL"
 DEFAULT_BOUNDARY_INTERVAL_S = 60.0
+#: N > 0: a main loop takes boundary checkpoints only at iterations that are multiples of N (with
+#: ``FLORTRAIN_PERIOD=every``: exactly those), so tests can space boundaries out without timing
+BOUNDARY_EVERY_ENV = "FLORTRAIN_BOUNDARY_EVERY"
 PERIODS = ("adaptive", "every")
 
 
@@ -277,12 +280,25 @@ def boundary_interval() -> float:
     )
 
 
+def boundary_every() -> int:
+    """The stride of main-loop boundaries (0: the period decides)."""
+    return int(
+        _number(
+            BOUNDARY_EVERY_ENV,
+            0,
+            lambda v: v >= 0 and v == int(v),
+            "a whole number of iterations >= 0 (default 0: the period decides)",
+        )
+    )
+
+
 def validate() -> None:
     """Check every environment knob before a run starts, so a typo fails in one line up front."""
     epsilon()
     period()
     commit_interval()
     boundary_interval()
+    boundary_every()
     materializer()
     launcher()
     buffer_bytes()

@@ -92,8 +92,9 @@ def _note_load(store: Store, run_id: int, session: Session) -> None:
 
 def _resumable(
     store: Store, run_id: int, script: str, text: str, args: list[str]
-) -> tuple[Run, tuple[str, int, int]]:
-    """The killed record ``run_id`` of ``script`` and where it can continue, or a one-line refusal."""
+) -> tuple[Run, tuple[str, int, int], int]:
+    """The killed record ``run_id`` of ``script``, the boundary it continues from and the
+    iteration it computes from (:meth:`Store.replayable_through`), or a one-line refusal."""
     where = Located(script)
     run = store.run(run_id)
     if run.kind != "record" or run.script != os.path.abspath(script):
@@ -117,13 +118,18 @@ def _resumable(
             "FT040",
         )
     point = store.resume_point(run_id)
-    if point is None:
+    if point is None:  # no boundary: from the first main loop's start, if its blocks reach past it
+        first = store.first_main_loop(run_id)
+        point = None if first is None else (*first, 0)
+    until = 0 if point is None else store.replayable_through(run_id, *point)
+    if point is None or until == 0:
         raise FlortrainError(
-            f"run {run_id} committed no main-loop boundary checkpoint to continue from; record it again",
+            f"run {run_id} committed no main-loop boundary checkpoint, nor a checkpointed"
+            " iteration, to continue from; record it again",
             where,
             "FT042",
         )
-    return run, point
+    return run, point, until
 
 
 def record(
@@ -168,19 +174,28 @@ def record(
             file=sys.stderr,
         )
     else:
-        killed, point = _resumable(store, resume, script, text, args)
+        killed, point, until = _resumable(store, resume, script, text, args)
         run_id, args, threads = killed.id, killed.argv, killed.threads
         pin_threads(threads)
-        kept, t = store.truncate_for_resume(run_id, *point)
+        kept, t = store.truncate_for_resume(run_id, point[0], point[1], until, point[2])
         resumed: list[Any] = [
             *killed.meta.get("resumed", []),
-            {"at": list(point), "t": time.time()},
+            {"at": [point[0], point[1], until], "boundary": point[2], "t": time.time()},
         ]
         meta = {**killed.meta, "resumed": resumed}
         store.reopen_run(run_id, meta)
+        how = (
+            "its last committed boundary checkpoint"
+            if until == point[2]
+            else f"after its last committed boundary checkpoint (iteration {point[2]}) and"
+            f" iterations {point[2]}..{until - 1} with their blocks restored"
+            if point[2]
+            else f"after iterations 0..{until - 1} with their blocks restored (no boundary"
+            " checkpoint was committed)"
+        )
         print(
-            f"flortrain: record run {run_id} resumes at main loop {point[0]} iteration {point[2]}"
-            f"{f' (entry {point[1]})' if point[1] else ''}, its last committed boundary checkpoint;"
+            f"flortrain: record run {run_id} resumes at main loop {point[0]} iteration {until}"
+            f"{f' (entry {point[1]})' if point[1] else ''}, {how};"
             " what it printed before that is not printed again",
             file=sys.stderr,
         )
@@ -198,7 +213,7 @@ def record(
     session = Session("record", store, run_id)
     if resume is not None:
         m, entry, k = point
-        session.resume, session.resume_seq = point, kept
+        session.resume, session.resume_seq, session.resume_until = point, kept, until
         session.started -= t  # iteration times continue the killed run's clock
         session.replay = ReplaySource(
             run_id,
@@ -257,7 +272,7 @@ def _finish(
     if stopped_by is not None and status != 0:
         outcome = (
             f"interrupted by {signal.Signals(stopped_by).name} (`flortrain record --resume {run_id} {script}`"
-            " continues it from its last main-loop boundary checkpoint)"
+            " continues it from its latest checkpointed iteration)"
         )
     if store.failed:
         outcome = (

@@ -362,13 +362,13 @@ def kill_trial(fx: Fixture, store: Path, rng: random.Random, tally: Tally) -> No
 
 
 def resume_trial(fx: Fixture, store: Path, run_id: int, kind: str, tally: Tally) -> tuple[str, str]:
-    """``record --resume`` of the killed run: it continues from the last committed boundary and
+    """``record --resume`` of the killed run: it continues from where its checkpoints reach and
     prints the rest of what python prints; the run's whole log is then python's output, and a
-    probed replay of it is exact. Or it refuses in one line (no boundary was committed)."""
+    probed replay of it is exact. Or it refuses in one line (nothing to continue from)."""
     res = _ft(fx.dir, store, "record", "--resume", str(run_id), "train.py")
     if res.code == 2 and clean_refusal(res) and "FT042" in res.err:
         tally.resumes_refused += 1
-        return "exact", "resume refused: no boundary committed"
+        return "exact", "resume refused: no boundary or checkpointed iteration committed"
     if res.code != fx.truth.code or not fx.truth.out.endswith(res.out):
         return (
             "broken",

@@ -272,6 +272,43 @@ def test_explain_lists_directly_imported_project_modules(tmp_path: Path) -> None
     assert "mingpt/trainer.py:17:13 memoized for loop mingpt.trainer:L17 in Trainer.run" in r.out
 
 
+def test_explain_names_modules_imported_from_outside_the_project(tmp_path: Path) -> None:
+    """minGPT's layout: the script in ``projects/chargpt``, the ``mingpt`` package at the
+    repository's root on ``PYTHONPATH`` (or an editable install's tree). Its trainer is not
+    instrumented, and ``--explain`` says so for each module the script imports from there, with
+    the directory; an installed package (under ``site-packages``) is not listed."""
+    outside = tmp_path / "repo"
+    mingpt(outside)
+    vendored = tmp_path / "venv" / "site-packages"
+    write_project(vendored, {"vendlib.py": "def f():\n    return 1\n"})
+    project = outside / "projects" / "chargpt"
+    project.mkdir(parents=True)
+    (outside / "train.py").rename(project / "train.py")
+    script = project / "train.py"
+    script.write_text("import vendlib\n" + script.read_text())
+    env = {
+        "PYTHONPATH": os.pathsep.join(
+            [str(outside), str(vendored), os.environ.get("PYTHONPATH", "")]
+        )
+    }
+    r = flortrain(project, "instrument", "--explain", "train.py", env=env)
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    assert lines[0] == "train.py: no main loop (no loop contains another loop); nothing is memoized"
+    said = [ln for ln in lines if "outside the project" in ln]
+    assert said == [
+        f"{outside / 'mingpt' / m}.py: module mingpt.{m} is imported from {outside}, outside the"
+        " project (the script's directory and the working directory): not instrumented, so none"
+        f" of its loops is memoized; modules under the working directory are the project's (run"
+        f" from {outside})"
+        for m in ("model", "trainer")
+    ], r.out
+    # run from there, the trainer is the project's
+    r = flortrain(outside, "instrument", "--explain", "projects/chargpt/train.py", env=env)
+    assert "outside the project" not in r.out, r.out
+    assert "mingpt/trainer.py:15:9 main loop mingpt.trainer:M15 (for) in Trainer.run" in r.out
+
+
 def test_installed_code_reached_through_a_symlink_is_passed_over_by_its_prefix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

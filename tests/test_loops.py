@@ -470,3 +470,48 @@ def test_explain_says_why_every_other_loop_is_plain_code() -> None:
     )
     assert "train.py:6:9 loop in evaluate not memoized: inside the loop at line 5" in explain
     assert "train.py:11:9 loop in <module> not memoized: part of memoized loop L9" in explain
+
+
+def test_a_carried_iterator_is_named_as_the_reason_for_no_iteration_spans() -> None:
+    """``batch = next(loader_iter)`` with a fresh iterator when it runs out (the recycling idiom,
+    makemore's ``InfiniteDataLoader.next``): the main loop has no boundary state because it
+    carries an iterator's position across iterations, and the reason says so with the line that
+    advances it, not as a rebinding after an in-place change."""
+    plan = plan_of("""
+        loader_iter = iter(loader)
+        for step in range(100):
+            try:
+                x = next(loader_iter)
+            except StopIteration:
+                loader_iter = iter(loader)
+                x = next(loader_iter)
+            opt.step()
+    """)
+    assert plan.explain().splitlines()[1] == (
+        "  no iteration spans: line 4: the loop advances `loader_iter`, an iterator made before"
+        " it, whose position no checkpoint holds (line 6 replaces it)"
+    )
+    plan = plan_of("""
+        class Infinite:
+            def __init__(self, loader):
+                self.loader = loader
+                self.data_iter = iter(loader)
+
+            def next(self):
+                try:
+                    batch = self.data_iter.__next__()
+                except StopIteration:
+                    self.data_iter = iter(self.loader)
+                    batch = next(self.data_iter)
+                return batch
+
+        batches = Infinite(loader)
+        while True:
+            x = batches.next()
+            opt.step()
+    """)
+    assert plan.explain().splitlines()[1] == (
+        "  no iteration spans: line 16: in `Infinite.next()`: line 8: the loop advances"
+        " `self.data_iter`, an iterator made before it, whose position no checkpoint holds"
+        " (line 10 replaces it)"
+    )

@@ -1,5 +1,5 @@
 """``flortrain record --resume RUN``: a killed record continues from its last committed main-loop
-boundary checkpoint, into the same run. It prints the rest of what ``python`` prints (not what
+boundary checkpoint and the iterations after it whose blocks are checkpointed, into the same run. It prints the rest of what ``python`` prints (not what
 the killed run already printed), the run's whole log is then python's output, and a probed
 replay of it is exact. The fault-injection harness (tests/faults.py) also resumes every run it
 kills; these are the deterministic cases and the refusals."""
@@ -126,7 +126,9 @@ def test_what_cannot_be_resumed_is_refused(tmp_path: Path) -> None:
     # killed in its first iteration: no boundary was committed (iteration 0's is never taken)
     _killed(tmp_path, SCRIPT.replace("KILL_AT", "0"))
     _refused(
-        flortrain(tmp_path, "record", "--resume", "1", "train.py"), "FT042", "no main-loop boundary"
+        flortrain(tmp_path, "record", "--resume", "1", "train.py"),
+        "FT042",
+        "nor a checkpointed iteration",
     )
     _refused(
         flortrain(tmp_path, "record", "--resume", "1", "train.py", "--x"), "FT040", "give none"
@@ -298,3 +300,133 @@ def test_a_record_stopped_by_a_signal_resumes_after_its_last_checkpointed_epoch(
     assert res.out == truth[truth.index(f"epoch {k} loss") :]
     assert latest_run(tmp_path)["status"] == "complete"
     assert _log(tmp_path, 1) == truth.splitlines()
+
+
+SPACED = textwrap.dedent(
+    """\
+    import os
+    import random
+    import signal
+    import sys
+
+    random.seed(5)
+    w = [0.0, 0.0]
+    data = [(random.random(), random.random()) for _ in range(40)]
+    print("setup done")
+    for epoch in range(10):
+        if epoch == 7 and os.path.exists("KILL"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        random.shuffle(data)
+        total = 0.0
+        for n, (x, y) in enumerate(data):
+            if n == 0:
+                print(f"computing epoch {epoch}", file=sys.stderr)
+            err = w[0] * x + w[1] - y
+            w[0] -= 0.05 * err * x
+            w[1] -= 0.05 * err
+            total += err * err
+        #PROBE
+        print(f"epoch {epoch} loss {total:.12f} draw {random.random():.6f}")
+    print("done", w)
+    """
+)
+
+#: the same shape in torch, as a ``while`` loop: a shuffling DataLoader, momentum, and a
+#: scheduler stepped outside the batch loop (code a replayed iteration executes)
+SPACED_TORCH = textwrap.dedent(
+    """\
+    import os
+    import signal
+    import sys
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    loader = DataLoader(
+        TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,))), batch_size=16, shuffle=True
+    )
+    print("setup done")
+    epoch = 0
+    while epoch < 10:
+        if epoch == 7 and os.path.exists("KILL"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        total = 0.0
+        for n, (x, y) in enumerate(loader):
+            if n == 0:
+                print(f"computing epoch {epoch}", file=sys.stderr)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += loss.item()
+        sched.step()
+        #PROBE
+        print(f"epoch {epoch} loss {total:.8f} lr {sched.get_last_lr()[0]:.6f} draw {torch.rand(1).item():.6f}")
+        epoch += 1
+    print("done", f"{model.weight.sum().item():.8f}")
+    """
+)
+
+#: script, its probe, the boundary stride, what the resume says it restored
+SPACED_SCRIPTS = {
+    "for": (
+        SPACED,
+        "    print('PROBE', epoch, repr(w[0]))",
+        4,
+        "boundary checkpoint (iteration 4) and iterations 4..6",
+    ),
+    "while-torch": (
+        SPACED_TORCH,
+        "    print('PROBE', epoch, model.weight.sum().item())",
+        4,
+        "boundary checkpoint (iteration 4) and iterations 4..6",
+    ),
+    "no-boundary": (
+        SPACED,
+        "    print('PROBE', epoch, repr(w[0]))",
+        100,
+        "after iterations 0..6 with their blocks restored (no boundary",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPACED_SCRIPTS))
+def test_a_resume_continues_past_its_last_boundary_through_checkpointed_blocks(
+    tmp_path: Path, name: str
+) -> None:
+    """Boundaries at iterations 4 and 8 only (``FLORTRAIN_BOUNDARY_EVERY``), or none, every
+    block instance checkpointed, SIGTERM at the start of epoch 7: the resume restores boundary 4
+    (or starts the loop afresh) and runs the epochs up to 6 as a replay would (their batch loops
+    restored from their checkpoints, the code between them executed, their output not printed
+    again), so it computes from epoch 7 on. Its output and the run's log are python's, and a
+    probed replay of the resumed run is exact."""
+    text, probe, stride, says = SPACED_SCRIPTS[name]
+    env = {**KILLABLE, "FLORTRAIN_BOUNDARY_EVERY": str(stride)}
+    script = tmp_path / "train.py"
+    script.write_text(text)
+    truth = plain(script).out
+    (tmp_path / "KILL").touch()
+    rec = flortrain(tmp_path, "record", "train.py", env=env)
+    assert rec.code == -signal.SIGTERM and truth.startswith(rec.out), rec.err
+    assert latest_run(tmp_path)["status"] == "interrupted", rec.err
+    assert rec.out.count("\nepoch ") == 7 and _boundaries(tmp_path) == 7 // stride, rec.err
+    (tmp_path / "KILL").unlink()
+    res = flortrain(tmp_path, "record", "--resume", "1", "train.py", env=env)
+    assert res.code == 0, res.err
+    assert "resumes at main loop M" in res.err and " iteration 7, " in res.err, res.err
+    assert says in res.err, res.err
+    computed = [ln for ln in res.err.splitlines() if ln.startswith("computing epoch")]
+    assert computed == [f"computing epoch {e}" for e in (7, 8, 9)], res.err
+    assert res.out == truth[truth.index("epoch 7 loss") :]
+    assert latest_run(tmp_path)["status"] == "complete"
+    assert _log(tmp_path, 1) == truth.splitlines()
+    script.write_text(text.replace("    #PROBE", probe))
+    want = probe_lines(plain(script).out)
+    rep = flortrain(tmp_path, "replay", "train.py", env=env)
+    assert rep.code == 0 and probe_lines(rep.out) == want, rep.err
+    d = flortrain(tmp_path, "diff")
+    assert d.code == 0, d.out + d.err

@@ -92,10 +92,15 @@ class ProjectFiles:
         return False
 
     def _ours(self, real: str) -> bool:
+        return not self.installed(real) and self.under_roots(real)
+
+    def installed(self, real: str) -> bool:
+        """Whether a resolved path is installed or standard code, never the project's."""
         if {"site-packages", "dist-packages"} & set(Path(real).parts):
-            return False
-        if any(_under(real, x) for x in self.excluded):
-            return False
+            return True
+        return any(_under(real, x) for x in self.excluded)
+
+    def under_roots(self, real: str) -> bool:
         return any(_under(real, r) for r in self.roots)
 
 

@@ -96,6 +96,7 @@ class Session:
     _live_names: dict[int, tuple[Any, int, str]] = field(default_factory=dict)
     _last_commit: float = 0.0
     commit_interval: float = field(default_factory=knobs.commit_interval)
+    boundary_every: int = field(default_factory=knobs.boundary_every)
     track_versions: bool = True  # False when the script writes tensors through `.data`
     _submitting: str | None = None
     _outcome: tuple[str, Any] | None = None
@@ -107,6 +108,12 @@ class Session:
     #: ``record --resume``: the (main id, entry, iteration) to continue a killed run at
     resume: tuple[str, int, int] | None = None
     resume_seq: int = 0  # the killed run's captured lines kept: the resumed log continues there
+    #: ``record --resume``: the iteration it records from; those from the boundary restored up
+    #: to it run as in a replay (:attr:`replaying`)
+    resume_until: int = 0
+    #: (main id, entry, iteration): a resumed record runs its main loop's iterations before
+    #: that one as a replay would, its blocks restored and nothing recorded or printed
+    replaying: tuple[str, int, int] | None = None
     _signal_injected: int | None = None  # ``FLORTRAIN_INJECT=checkpoint-signal=N``, once read
     _pid: int = field(default_factory=os.getpid)  # the training process's (``signals.defer``)
     #: the writer's pid and the keys it still held when the script ended, handed to the launcher
@@ -228,6 +235,10 @@ class Session:
         boundary: Boundary | None = None
         scalars: str | None = None
         if self.mode == "record":
+            if self.resume is not None and self.resume == (main_id, self.main[1], 0):
+                self._replay_from_start(main_id)
+            if self.replaying is not None and self._replayed_until(main_id, i):
+                return None  # the killed run's row, output and checkpoints of it are kept
             self._time_iteration(main_id)
         if objects is not None and names is not None:
             if self.mode == "record":
@@ -237,6 +248,8 @@ class Session:
                     if self.resume is not None
                     else None
                 )
+                if self.replaying is not None:
+                    return boundary
                 scalars = scalars_json(names)
                 if boundary is None:
                     boundary = self._record_boundary(main_id, i, objects, names, values)
@@ -374,13 +387,55 @@ class Session:
             raise RuntimeError(
                 f"flortrain: cannot resume at {main_id} iteration {k}: its boundary checkpoint did not load"
             )
-        self.resume, self.replay = None, None  # from here on, an ordinary record
         b.restore(self, objects, names)
         b.jumped_to = k
         self.main[2] = k
+        self.resume = None
+        if self.resume_until > k:
+            self.replaying = (main_id, entry, self.resume_until)
+            self._main_audit = None  # the audit's image is of the state before the restore
+        else:
+            self._record_on()
+        return b
+
+    def _replay_from_start(self, main_id: str) -> None:
+        """``record --resume`` of a run that committed no boundary: its main loop runs from its
+        start as a replay would, up to the iteration it records from."""
+        assert self.main is not None
+        self.resume = None
+        self.replaying = (main_id, self.main[1], self.resume_until)
+
+    def _replayed_until(self, main_id: str, i: int) -> bool:
+        """In a resumed record, whether iteration ``i`` is one it runs as a replay; at the
+        iteration it records from, the record goes on from there."""
+        assert self.replaying is not None and self.main is not None
+        target, entry, until = self.replaying
+        if main_id != target or self.main[1] != entry:
+            return False
+        if i < until:
+            return True
+        self.replaying = None
+        self._main_audit = None
+        self._boundary_t.pop(main_id, None)  # the iterations replayed are not training time
+        self._record_on()
+        return False
+
+    def _record_on(self) -> None:
+        """A resumed record has reached the iteration it records from: an ordinary record from
+        here on, printing and capturing its output again (the Tee was muted until here)."""
+        self.replay = None
         if self.tee is not None:
             self.tee.muted = False
-        return b
+
+    def replaying_here(self) -> bool:
+        """Whether the current main-loop iteration is one a resumed record runs as a replay."""
+        r = self.replaying
+        return (
+            r is not None
+            and self.main is not None
+            and (self.main[0], self.main[1]) == r[:2]
+            and self.main[2] < r[2]
+        )
 
     @property
     def held(self) -> float:
@@ -428,7 +483,12 @@ class Session:
         now = time.perf_counter()
         if i == 0 and main_id not in self._no_boundary:
             self._entry_identities(main_id, objects, names, values)
-        if i == 0 or main_id in self._no_boundary or not self.adaptive.should_materialize(main_id):
+        if (
+            i == 0
+            or main_id in self._no_boundary
+            or (self.boundary_every and i % self.boundary_every)
+            or not self.adaptive.should_materialize(main_id)
+        ):
             return None
         assert self.main is not None
         b = Boundary(self, main_id, values, i)
@@ -730,7 +790,7 @@ class Session:
 
     # -- blocks ------------------------------------------------------------------------------------
     def initial_state(self, block: SkipBlock) -> State:
-        if self.mode == "record":
+        if self.mode == "record" and not self.replaying_here():
             return State.RECORD
         assert self.replay is not None
         if block.id in self.replay.execute and not self.before_segment():
@@ -757,6 +817,8 @@ class Session:
         self, block: SkipBlock, state: str, digests: dict[str, str] | None = None, **costs: Any
     ) -> None:
         self.counts[state] = self.counts.get(state, 0) + 1
+        if self.replaying_here():
+            return  # the killed run's row of the instance is kept
         assert self.main is not None
         m, entry, it = self.main
         occ = int(block.key.rsplit("#", 1)[1])

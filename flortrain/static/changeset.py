@@ -73,6 +73,8 @@ class Effects:
     reaches: set[str] = field(default_factory=set)
     #: channels written to (``log``, ``self.writer``) -> their kind: outputs, not changes
     outputs: dict[str, str] = field(default_factory=dict)
+    #: iterators advanced (``next(it)``, ``it.__next__()``) -> the line that first does it
+    advanced: dict[str, int] = field(default_factory=dict)
 
 
 class _Walker:
@@ -352,6 +354,14 @@ class _Walker:
                     expr = None  # a view's attribute: charged to the viewed object in place anyway
             if expr is not None and own not in self.fx.bound:
                 old = self._mutated_in_place(expr)
+                at = None if old is None else self.fx.advanced.get(old.expr)
+                if old is not None and at is not None:
+                    # the recycling idiom (`next(it)`, a fresh `iter(loader)` once it runs out):
+                    # what stops the loop is the iterator it carries, not the rebinding
+                    raise NoEstimate(
+                        f"line {at}: the loop advances `{old.expr}`, an iterator made before it,"
+                        f" whose position no checkpoint holds (line {line} replaces it)"
+                    )
                 if old is not None:
                     raise NoEstimate(
                         f"line {line}: rule 0: `{self.prog.code(t)}` is rebound after the loop mutated"
@@ -457,6 +467,8 @@ class _Walker:
             if obj is not None and root(obj) in self.prog.imported:
                 self.library_call(name or func.attr.value, call, line)
                 return 2
+            if func.attr.value == "__next__" and obj is not None:
+                self.fx.advanced.setdefault(self._through_alias(obj), line)
             if func.attr.value in library.MUTATING_LIBRARY:
                 # `rng.shuffle(idx)` on a local Generator/Random changes idx as well as rng
                 self.mutated_arg(call, library.MUTATING_LIBRARY[func.attr.value], line)
@@ -472,6 +484,10 @@ class _Walker:
                 return 2
             if name in library.MUTATING_BUILTINS and not self.scope_shadows(name):
                 self.mutated_arg(call, library.MUTATING_BUILTINS[name], line)
+                if name == "next" and call.args and call.args[0].keyword is None:
+                    it = object_expr(call.args[0].value, self.module)
+                    if it is not None:
+                        self.fx.advanced.setdefault(self._through_alias(it), line)
                 return 2
             if name in self.prog.imported:
                 self.library_call(name, call, line)

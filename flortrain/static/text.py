@@ -61,12 +61,9 @@ def _module_file(root: str, dotted: str) -> str | None:
     return None
 
 
-def project_imports(script: str, text: str) -> list[tuple[str, str]]:
-    """The project modules ``script`` imports directly, as (dotted name, file), in the order of
-    its import statements: absolute imports that resolve to files next to the script, the way
-    ``sys.path[0]`` resolves them. ``from pkg import mod`` names the submodule when it is one.
-    Static and partial on purpose (``flortrain instrument --explain``): the import hook decides
-    at run time, for every module actually imported."""
+def _imported_names(script: str, text: str) -> list[str]:
+    """The modules the script's absolute imports name, in the order of its import statements;
+    ``from pkg import mod`` names the submodule when it is a file next to the script."""
     root = os.path.dirname(os.path.abspath(script))
     try:
         tree = ast.parse(text, filename=script)
@@ -84,11 +81,48 @@ def project_imports(script: str, text: str) -> list[tuple[str, str]]:
                 if _module_file(root, f"{node.module}.{a.name}")
             ]
             names.extend(subs or [node.module])
+    return list(dict.fromkeys(names))
+
+
+def project_imports(script: str, text: str) -> list[tuple[str, str]]:
+    """The project modules ``script`` imports directly, as (dotted name, file), in the order of
+    its import statements: absolute imports that resolve to files next to the script, the way
+    ``sys.path[0]`` resolves them. ``from pkg import mod`` names the submodule when it is one.
+    Static and partial on purpose (``flortrain instrument --explain``): the import hook decides
+    at run time, for every module actually imported."""
+    root = os.path.dirname(os.path.abspath(script))
     out: list[tuple[str, str]] = []
-    for name in dict.fromkeys(names):
+    for name in _imported_names(script, text):
         path = _module_file(root, name)
         if path is not None:
             out.append((name, os.path.relpath(path)))
+    return out
+
+
+def path_imports(script: str, text: str) -> list[tuple[str, str, str]]:
+    """The modules ``script`` imports directly that are not next to it but found as source on
+    ``sys.path``, as (dotted name, file, the ``sys.path`` directory holding it): installed
+    packages, an editable install's source tree or a ``PYTHONPATH`` entry alike (which of them
+    are the project's is the import hook's rule). Located without importing anything: the
+    top-level name's spec, then the dotted name's file under its directory."""
+    root = os.path.dirname(os.path.abspath(script))
+    out: list[tuple[str, str, str]] = []
+    for name in _imported_names(script, text):
+        if _module_file(root, name) is not None:
+            continue
+        try:
+            spec = importlib.util.find_spec(name.partition(".")[0])
+        except (ImportError, ValueError):
+            continue
+        if spec is None or not spec.has_location or spec.origin is None:
+            continue
+        if not spec.origin.endswith(".py"):
+            continue
+        top = os.path.dirname(spec.origin)
+        where = os.path.dirname(top) if spec.submodule_search_locations is not None else top
+        path = _module_file(where, name) or spec.origin
+        if (name, path, where) not in out:
+            out.append((name, path, where))
     return out
 
 
