@@ -1,0 +1,267 @@
+"""Worker seeding that is wrong (from the worker id only) or missing (OpenCV, imgaug)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from flortrain.check import streams as st
+from flortrain.check.finding import Severity
+from flortrain.check.regions import Func, Regions
+from flortrain.check.rngflow import Origin, analysis, callees, calls_in
+from flortrain.check.rule import Family, Hit, Invalid, Rule, Valid
+from flortrain.check.rules.shared_generator import where_drawn
+from flortrain.check.unit import Unit
+
+WID, RUN, TORCH, ENTROPY = "worker id", "run", "torch", "entropy"
+_ENTROPY = ("time.", "os.getpid", "os.urandom", "uuid.", "datetime.", "secrets.")
+
+
+class WorkerSeeding(Rule):
+    code = f"{Family.RANDOMNESS}004"
+    name = "worker-seeding"
+    severity = Severity.ERROR
+    message = "worker seeding that repeats the same numbers"
+    hint = (
+        "seed each worker from torch: `seed = torch.initial_seed() % 2**32` (or"
+        " get_worker_info().seed) in worker_init_fn, for every library the dataset draws from"
+    )
+    doc = (
+        "Torch seeds each DataLoader worker process from a base seed it draws anew every epoch:"
+        " python's `random` and torch get `base_seed + worker_id`, numpy's global stream"
+        " (torch >= 1.9) a hash of both. A `worker_init_fn` that reseeds a library from the"
+        " worker id alone (`np.random.seed(worker_id)`), or from the id and a value fixed for"
+        " the run (`args.seed + worker_id`), throws that away: every epoch's workers repeat the"
+        " same numbers, and with the id alone every run does too, whatever the script's seed."
+        " Seeds derived from `torch.initial_seed()` or `get_worker_info().seed` are right. Torch"
+        " does not reseed OpenCV's `cv2.theRNG` (`cv2.randn`, `cv2.randu`, `cv2.randShuffle`)"
+        " nor imgaug's global stream (an `imgaug` augmenter applied in the worker), so without"
+        " `cv2.setRNGSeed`/`imgaug.seed` in `worker_init_fn` (or in the region itself) every"
+        " worker starts from the same state. albumentations is not reported: 1.x draws from"
+        " python's and numpy's streams, which torch reseeds, and whether 2.x's own per-pipeline"
+        " generators are reseeded per worker depends on its version, which the static pass"
+        " does not see. Nor can it see a seed computed by code outside the project."
+    )
+    valid = (
+        Valid(
+            """
+            import numpy as np
+            import torch
+            from torch.utils.data import DataLoader
+
+            def seed_worker(worker_id):
+                seed = torch.initial_seed() % 2**32
+                np.random.seed(seed)
+
+            loader = DataLoader(range(8), num_workers=2, worker_init_fn=seed_worker)
+            """
+        ),
+        Valid(
+            """
+            import random
+            from torch.utils.data import DataLoader, get_worker_info
+
+            loader = DataLoader(
+                range(8), num_workers=2, worker_init_fn=lambda w: random.seed(get_worker_info().seed)
+            )
+            """
+        ),
+        Valid(  # OpenCV reseeded per worker
+            """
+            import cv2
+            import torch
+            from torch.utils.data import DataLoader, Dataset
+
+            class Noise(Dataset):
+                def __getitem__(self, i):
+                    return cv2.randn(self.buf, 0, 1)
+
+            def init(worker_id):
+                cv2.setRNGSeed(torch.initial_seed() % 2**31)
+
+            loader = DataLoader(Noise(), num_workers=2, worker_init_fn=init)
+            """
+        ),
+    )
+    invalid = (
+        Invalid(
+            """
+            import numpy as np
+            from torch.utils.data import DataLoader
+
+            loader = DataLoader(
+                range(8), num_workers=2, worker_init_fn=lambda wid: np.random.seed(wid)
+            )
+            """,
+            line=5,
+            col=57,
+        ),
+        Invalid(  # through a helper, from the id and a constant of the run
+            """
+            import random
+            import numpy as np
+            from torch.utils.data import DataLoader
+
+            SEED = 42
+
+            def set_seed(seed):
+                random.seed(seed)
+                np.random.seed(seed)
+
+            def init(worker_id):
+                set_seed(SEED + worker_id)
+
+            loader = DataLoader(range(8), num_workers=4, worker_init_fn=init)
+            """,
+            line=9,
+        ),
+        Invalid(  # imgaug's stream is not reseeded by torch
+            """
+            import imgaug.augmenters as iaa
+            from torch.utils.data import Dataset
+
+            class Images(Dataset):
+                def __init__(self):
+                    self.seq = iaa.Sequential([iaa.Fliplr(0.5)])
+
+                def __getitem__(self, i):
+                    return self.seq(image=self.images[i])
+            """,
+            line=9,
+            col=16,
+        ),
+        Invalid(  # OpenCV's stream, in a project module's dataset
+            """
+            from torch.utils.data import DataLoader
+            from data import Noise
+
+            loader = DataLoader(Noise(), num_workers=2)
+            """,
+            line=4,
+            col=21,
+            files=(
+                (
+                    "data.py",
+                    "import cv2\n\nclass Noise:\n    def __getitem__(self, i):\n"
+                    "        return cv2.randu(self.buf, 0, 1)\n",
+                ),
+            ),
+        ),
+    )
+
+    def check(self, unit: Unit) -> Iterator[Hit]:
+        a = analysis(unit)
+        seen: set[int] = set()
+        for draw in a.draws:
+            if draw.region.elsewhere:
+                continue
+            if isinstance(draw.state, Origin) and draw.key in (st.CV2, st.IMGAUG):
+                if id(draw.anchor) in seen:
+                    continue
+                seen.add(id(draw.anchor))
+                call = draw.node
+                name = draw.func.unit.source.code(call.func) if isinstance(call, cst.Call) else ""
+                yield Hit(
+                    draw.anchor,
+                    message=f"`{name}` draws from {st.STREAM_NAMES[draw.key]}"
+                    f" {where_drawn(unit, draw)}: {draw.state.reason}",
+                )
+        for loader in a.regions.loaders:
+            if loader.kind is None:
+                continue
+            arg = loader.keyword("worker_init_fn")
+            for init in loader.init_fns:
+                params = init.params
+                bound = {p: ({WID} if i == 0 else {RUN}) for i, p in enumerate(params)}
+                for node, text, src in _seeds(a.regions, init, bound, 0):
+                    where = node if init.unit is unit and node is not None else arg
+                    if where is None or id(where) in seen:
+                        continue
+                    seen.add(id(where))
+                    yield Hit(where, message=_message(text, src))
+
+
+def _message(text: str, src: set[str]) -> str:
+    if WID in src and RUN not in src:
+        return (
+            f"`{text}` seeds from the worker id only: every epoch's workers, in every run"
+            " whatever its seed, repeat the same numbers"
+        )
+    if WID in src:
+        return (
+            f"`{text}` seeds from the worker id and values fixed for the run: every epoch's"
+            " workers repeat the same numbers"
+        )
+    return f"`{text}` gives every worker the same seed: all workers draw the same numbers"
+
+
+def _seeds(
+    regions: Regions, func: Func, bound: dict[str, set[str]], depth: int
+) -> Iterator[tuple[cst.CSTNode | None, str, set[str]]]:
+    """Seeding calls in ``func`` (and what it calls) whose seed torch did not derive."""
+    for call in calls_in(func.node.body):
+        seed = _seed_arg(func.unit, call)
+        if seed is not None:
+            src = _sources(func, seed, bound, set())
+            if TORCH not in src and ENTROPY not in src:
+                yield call, func.unit.source.code(call), src
+            continue
+        if depth < 4:
+            for target, binding, _ in callees(regions, func, call):
+                inner = {
+                    p: _sources(func, arg, bound, set())
+                    for p, arg in binding.items()
+                    if p != (target.self_param or "")
+                }
+                for node, text, src in _seeds(regions, target, inner, depth + 1):
+                    yield (node if target.unit is func.unit else call), text, src
+
+
+def _seed_arg(unit: Unit, call: cst.Call) -> cst.BaseExpression | None:
+    """The seed of a seeding call or generator creation (None: not one, or no seed given)."""
+    f = call.func
+    reseed = isinstance(f, cst.Attribute) and f.attr.value in ("seed", "manual_seed")
+    if st.seeded_stream(unit, call) or st.creator(unit, call) or reseed:
+        if isinstance(f, cst.Attribute) and st.creator(unit, f.value):
+            pass  # torch.Generator().manual_seed(s): the seed is this call's argument
+        return call.args[0].value if call.args else None
+    return None
+
+
+def _sources(func: Func, expr: cst.CSTNode, bound: dict[str, set[str]], seen: set[str]) -> set[str]:
+    """Where a seed's value comes from: the worker id, torch's per-worker seed, values fixed
+    for the run, or the clock and the like."""
+    if isinstance(expr, cst.Name):
+        name = expr.value
+        if name in bound:
+            return bound[name]
+        if func.is_local(name) and name not in seen and not isinstance(func.node, cst.Lambda):
+            out: set[str] = set()
+            for v in func.scope.assigned.get(name, []):
+                out |= _sources(func, v, bound, seen | {name}) if v is not None else {RUN}
+            return out
+        if name in ("True", "False", "None"):
+            return set()
+        return {RUN}
+    if isinstance(expr, cst.Call):
+        called = func.unit.called(expr)
+        if any(q.startswith("torch.") for q in called):
+            return {TORCH}
+        if any(q.startswith(_ENTROPY) for q in called):
+            return {ENTROPY}
+        out = set()
+        if isinstance(expr.func, cst.Attribute):  # `x.item()`: the receiver's
+            out |= _sources(func, expr.func.value, bound, seen)
+        for a in expr.args:
+            out |= _sources(func, a.value, bound, seen)
+        return out
+    if isinstance(expr, cst.Attribute):
+        return _sources(func, expr.value, bound, seen)
+    if isinstance(expr, cst.BaseNumber | cst.BaseString):
+        return set()
+    out = set()
+    for child in expr.children:
+        if isinstance(child, cst.BaseExpression):
+            out |= _sources(func, child, bound, seen)
+    return out
