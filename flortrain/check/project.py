@@ -24,10 +24,28 @@ _CACHE: dict[tuple[str, int, int], Unit | None] = {}
 
 
 def module_path(importer: Unit, dotted: str) -> str | None:
-    """The file of project module ``dotted`` as seen from ``importer`` (None: not beside it)."""
+    """The file of project module ``dotted`` (``aug``, ``pkg.aug``, relative ``..utils``) as
+    seen from ``importer``: beside it, or, when it is inside a package, beside that package
+    (``from pcdet.utils import x`` in ``pcdet/datasets/__init__.py``). None: not in the
+    project."""
     base = os.path.dirname(os.path.abspath(importer.path))
-    rel = os.path.join(base, *dotted.split("."))
-    for candidate in (rel + ".py", os.path.join(rel, "__init__.py")):
+    dots = len(dotted) - len(dotted.lstrip("."))
+    parts = [p for p in dotted[dots:].split(".") if p]
+    if not parts:
+        return None
+    if dots:
+        for _ in range(dots - 1):  # `from ..utils import x`: one directory up per extra dot
+            base = os.path.dirname(base)
+        return _module_file(os.path.join(base, *parts))
+    while True:
+        found = _module_file(os.path.join(base, *parts))
+        if found is not None or not os.path.isfile(os.path.join(base, "__init__.py")):
+            return found
+        base = os.path.dirname(base)
+
+
+def _module_file(stem: str) -> str | None:
+    for candidate in (stem + ".py", os.path.join(stem, "__init__.py")):
         if os.path.isfile(candidate):
             return candidate
     return None

@@ -152,18 +152,15 @@ class Regions:
     def __init__(self, unit: Unit) -> None:
         self.unit = unit
 
-    @cached_property
-    def call_scope(self) -> dict[cst.Call, Scope]:
-        return call_scopes(self.unit)
-
     def scope_of(self, call: cst.Call) -> Scope:
-        return self.call_scope.get(call, self.unit.program.scopes[MODULE])
+        return scope_of(self.unit, call)
 
     @cached_property
     def loaders(self) -> list[Loader]:
         out = []
+        names = _local_names(self.unit, _LOADERS)
         for call in self.unit.calls:
-            if not self.unit.called(call) & _LOADERS:
+            if _callee_name(call) not in names or not self.unit.called(call) & _LOADERS:
                 continue
             scope = self.scope_of(call)
             loader = Loader(call, scope, _loader_kind(call), _arg(call, 0, "dataset"))
@@ -176,7 +173,7 @@ class Regions:
     def dataset_class(self, loader: Loader) -> tuple[Unit, str] | None:
         if loader.dataset is None:
             return None
-        return class_of(self.unit, loader.dataset, loader.scope, self.call_scope)
+        return class_of(self.unit, loader.dataset, loader.scope)
 
     @cached_property
     def all(self) -> list[Region]:
@@ -203,35 +200,36 @@ class Regions:
                         anchor = None if f.unit is unit else arg.value
                         out.append(Region(loader.kind, f, anchor, loader))
         for qual in unit.program.classes:
-            if (unit.path, qual) not in seen_classes and is_dataset(unit, qual):
+            if (unit.path, qual) in seen_classes:
+                continue
+            entries = entry_methods(unit, qual)
+            if entries and is_dataset(unit, qual):
                 # no loader here says how it is loaded: assume worker processes
-                for f in entry_methods(unit, qual):
-                    out.append(Region(Kind.LOADER, f, dataset=(unit, qual)))
+                out.extend(Region(Kind.LOADER, f, dataset=(unit, qual)) for f in entries)
         out.extend(self._pools())
         return out
 
     def _pools(self) -> Iterator[Region]:
         unit = self.unit
+        names = _local_names(unit, _DATA_PARALLEL | {"joblib.delayed"})
         for call in unit.calls:
-            scope = self.scope_of(call)
+            if not call.args or not (_callee_name(call) in names or _pool_call(call)):
+                continue
             kind: Kind | None = None
             target: cst.BaseExpression | None = None
             called = unit.called(call)
+            scope = self.scope_of(call)
             if "joblib.delayed" in called and call.args:
                 kind, target = _joblib_kind(unit, call), call.args[0].value
             elif called & _DATA_PARALLEL and call.args:
-                cls = class_of(unit, call.args[0].value, scope, self.call_scope)
+                cls = class_of(unit, call.args[0].value, scope)
                 if cls is not None:
                     m = cls[0].program.method(cls[1], "forward")
                     f = func_of(cls[0], cls[0].program.scopes[m]) if m else None
                     if f is not None:
                         yield Region(Kind.REPLICAS, f, None if f.unit is unit else call)
                 continue
-            elif (
-                isinstance(call.func, cst.Attribute)
-                and call.func.attr.value in _POOL_METHODS
-                and call.args
-            ):
+            elif isinstance(call.func, cst.Attribute):
                 kind = _pool_kind(unit, call.func.value, scope)
                 target = call.args[0].value
             if kind is None or target is None:
@@ -240,13 +238,43 @@ class Regions:
                 yield Region(kind, f, None if f.unit is unit else target)
 
 
-def call_scopes(unit: Unit) -> dict[cst.Call, Scope]:
+def scope_of(unit: Unit, call: cst.Call) -> Scope:
+    """The innermost function (or the module) whose text holds ``call``: by the positions the
+    program index already has, with no further pass over the tree."""
     prog = unit.program
-    out: dict[cst.Call, Scope] = {}
+    at = prog.range(call).start
+    best = prog.scopes[MODULE]
+    best_start = (0, 0)
     for s in prog.scopes.values():
-        for c in prog.calls_in(list(s.body)):
-            out[c] = s
+        if not isinstance(s.node, cst.FunctionDef):
+            continue
+        r = prog.range(s.node)
+        start, end = (r.start.line, r.start.column), (r.end.line, r.end.column)
+        if start <= (at.line, at.column) <= end and start > best_start:
+            best, best_start = s, start
+    return best
+
+
+def _callee_name(call: cst.Call) -> str:
+    f = call.func
+    return (
+        f.value if isinstance(f, cst.Name) else f.attr.value if isinstance(f, cst.Attribute) else ""
+    )
+
+
+def _local_names(unit: Unit, qualified: frozenset[str]) -> set[str]:
+    """The names a call to one of ``qualified`` may be spelled with in this file (its own
+    name, or what an import binds it to): a cheap test before asking libcst."""
+    out = {q.rsplit(".", 1)[1] for q in qualified}
+    for name, origin in unit.program.import_origins.items():
+        if origin in qualified:
+            out.add(name)
     return out
+
+
+def _pool_call(call: cst.Call) -> bool:
+    f = call.func
+    return isinstance(f, cst.Attribute) and f.attr.value in _POOL_METHODS
 
 
 def _arg(call: cst.Call, pos: int, name: str) -> cst.BaseExpression | None:
@@ -358,11 +386,7 @@ def entry_methods(unit: Unit, qual: str) -> list[Func]:
 
 
 def class_of(
-    unit: Unit,
-    expr: cst.BaseExpression,
-    scope: Scope,
-    scopes: dict[cst.Call, Scope] | None = None,
-    depth: int = 0,
+    unit: Unit, expr: cst.BaseExpression, scope: Scope, depth: int = 0
 ) -> tuple[Unit, str] | None:
     """The class (local or a project module's) ``expr`` is an instance of, when its
     construction is in sight: ``Aug(...)``, a name bound to one, ``self.ds``."""
@@ -380,7 +404,7 @@ def class_of(
         owner = prog.binding_scope(scope, expr.value)
         for v in owner.assigned.get(expr.value, []) if owner else []:
             if v is not None:
-                found = class_of(unit, v, owner or scope, scopes, depth + 1)
+                found = class_of(unit, v, owner or scope, depth + 1)
                 if found is not None:
                     return found
     return None

@@ -30,14 +30,14 @@ from flortrain.check.regions import (
     Kind,
     Region,
     Regions,
-    call_scopes,
     class_callable,
     class_of,
     func_of,
+    scope_of,
 )
 from flortrain.check.unit import Unit
 from flortrain.static.interprocedural import bind_params
-from flortrain.static.program import MODULE, Scope
+from flortrain.static.program import MODULE
 
 
 @dataclass(frozen=True)
@@ -341,7 +341,7 @@ class _Flow:
     def _expr(
         self, func: Func, node: cst.CSTNode, env: dict[str, State], anchor: cst.CSTNode | None
     ) -> None:
-        for call in calls_in(node):
+        for call in calls_in(func.unit, node):
             self._call(func, call, env, anchor)
 
     def _use(
@@ -448,20 +448,31 @@ def _stmts(suite: cst.BaseSuite) -> Sequence[cst.CSTNode]:
     return [suite]
 
 
-def calls_in(node: cst.CSTNode) -> list[cst.Call]:
-    """Calls in ``node``, inner ones (arguments) first, lambda bodies included, nested defs not."""
-    out: list[cst.Call] = []
+def calls_in(unit: Unit, node: cst.CSTNode) -> list[cst.Call]:
+    """Calls in ``node``, inner ones (arguments) first, lambda bodies included, nested defs
+    not. Kept per node: the reach and the flow ask for the same statements."""
+    cache = _CALLS.setdefault(unit, {})
+    found = cache.get(node)
+    if found is None:
+        out: list[cst.Call] = []
 
-    def walk(n: cst.CSTNode) -> None:
-        if isinstance(n, cst.FunctionDef | cst.ClassDef):
-            return
-        for c in n.children:
-            walk(c)
-        if isinstance(n, cst.Call):
-            out.append(n)
+        def walk(n: cst.CSTNode) -> None:
+            if isinstance(n, cst.FunctionDef | cst.ClassDef):
+                return
+            for c in n.children:
+                walk(c)
+            if isinstance(n, cst.Call):
+                out.append(n)
 
-    walk(node)
-    return out
+        walk(node)
+        found = cache[node] = out
+    return found
+
+
+#: per unit, keyed by the node itself (libcst nodes hash by identity)
+_CALLS: weakref.WeakKeyDictionary[Unit, dict[cst.CSTNode, list[cst.Call]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def attr_values(
@@ -499,31 +510,32 @@ def _constructor_args(
     out: list[tuple[Unit, int, cst.BaseExpression]] = []
     sites = [unit] if unit is regions.unit else [unit, regions.unit]
     for site in sites:
-        table = _scopes_of(site)
         module = site.program.scopes[MODULE]
+        simple = cls.rsplit(".", 1)[-1]
         for call in site.calls:
+            f = call.func
+            named = (
+                f.value
+                if isinstance(f, cst.Name)
+                else f.attr.value
+                if isinstance(f, cst.Attribute)
+                else ""
+            )
+            if named != simple:
+                continue
             found = class_of(site, call, module)
             if found is None or found[0] is not unit or found[1] != cls:
                 continue
             arg = bind_params(call, init, call.func).get(param)
             if arg is None:
                 continue
-            scope = table.get(call, module)
+            scope = scope_of(site, call)
             values: list[cst.BaseExpression | None] = [arg]
             if isinstance(arg, cst.Name):
                 owner = site.program.binding_scope(scope, arg.value)
                 values = list(owner.assigned.get(arg.value, [])) if owner else []
             out.extend((site, id(scope.node), v) for v in values if v is not None)
     return out
-
-
-_SCOPES: weakref.WeakKeyDictionary[Unit, dict[cst.Call, Scope]] = weakref.WeakKeyDictionary()
-
-
-def _scopes_of(unit: Unit) -> dict[cst.Call, Scope]:
-    if unit not in _SCOPES:
-        _SCOPES[unit] = call_scopes(unit)
-    return _SCOPES[unit]
 
 
 def held_values(
@@ -598,17 +610,9 @@ def reach(regions: Regions, entries: Sequence[Func]) -> set[int]:
         if id(f.node) in seen:
             continue
         seen.add(id(f.node))
-        body = f.node.body if isinstance(f.node, cst.Lambda) else f.node
-        for call in calls_in(body) if isinstance(f.node, cst.Lambda) else _bodycalls_in(f):
+        for call in calls_in(f.unit, f.node.body):
             stack.extend(t for t, _, _ in callees(regions, f, call))
     return seen
-
-
-def _bodycalls_in(f: Func) -> list[cst.Call]:
-    out: list[cst.Call] = []
-    for s in _stmts(f.node.body) if isinstance(f.node, cst.FunctionDef) else []:
-        out.extend(calls_in(s))
-    return out
 
 
 class Analysis:
@@ -637,8 +641,7 @@ def worker_seeding(regions: Regions, init: Func) -> tuple[set[str], set[str]]:
     streams: set[str] = set()
     attrs: set[str] = set()
     for f in [init, *_local_callees(regions, init)]:
-        body = f.node.body
-        for call in calls_in(body):
+        for call in calls_in(f.unit, f.node.body):
             s = st.seeded_stream(f.unit, call)
             if s is not None:
                 streams.add(s)
@@ -656,7 +659,7 @@ def worker_seeding(regions: Regions, init: Func) -> tuple[set[str], set[str]]:
 
 
 def _local_callees(regions: Regions, f: Func) -> list[Func]:
-    return [t for c in calls_in(f.node.body) for t, _, _ in callees(regions, f, c)]
+    return [t for c in calls_in(f.unit, f.node.body) for t, _, _ in callees(regions, f, c)]
 
 
 def _assigns(node: cst.CSTNode) -> list[cst.Assign]:

@@ -64,7 +64,7 @@ class Unit:
         (``Net.forward``)."""
         found = self._qualified.get(node, ())
         if isinstance(found, LazyValue):  # libcst resolves qualified names on first access
-            found = found()
+            found = self._qualified[node] = found()  # and again on every access: keep it
         if not isinstance(found, set | frozenset | list | tuple):
             return set()
         return {q.name for q in found if isinstance(q, QualifiedName)}

@@ -200,7 +200,7 @@ def _seeds(
     regions: Regions, func: Func, bound: dict[str, set[str]], depth: int
 ) -> Iterator[tuple[cst.CSTNode | None, str, set[str]]]:
     """Seeding calls in ``func`` (and what it calls) whose seed torch did not derive."""
-    for call in calls_in(func.node.body):
+    for call in calls_in(func.unit, func.node.body):
         seed = _seed_arg(func.unit, call)
         if seed is not None:
             src = _sources(func, seed, bound, set())
