@@ -168,7 +168,8 @@ class PersistentWorkers(Rule):
             if draw is None:
                 continue
             for arg, why in flags:
-                setting = unit.source.code(arg).strip().rstrip(",").strip()
+                assert arg.keyword is not None
+                setting = f"{arg.keyword.value}={unit.source.code(arg.value)}"
                 yield Hit(arg, message=f"`{setting}` {why}: {_drawn(unit, draw)}")
 
 
