@@ -126,7 +126,7 @@ def _initial(region: Region, torch_version: str) -> dict[str, State]:
     env: dict[str, State] = {k: shared for k in st.STREAM_NAMES}
     if kind is Kind.LOADER:
         env[st.PYTHON] = env[st.TORCH] = Safe(False)
-        if _version(torch_version) >= (1, 9):
+        if version(torch_version) >= (1, 9):
             env[st.NUMPY] = Safe(False)
         else:
             env[st.NUMPY] = Origin(
@@ -145,7 +145,7 @@ def _initial(region: Region, torch_version: str) -> dict[str, State]:
     return env
 
 
-def _version(v: str) -> tuple[int, ...]:
+def version(v: str) -> tuple[int, ...]:
     out = []
     for part in v.split(".")[:2]:
         digits = "".join(ch for ch in part if ch.isdigit())

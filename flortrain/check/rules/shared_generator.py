@@ -161,6 +161,21 @@ class SharedGenerator(Rule):
                     return self.rng.normal()
             """
         ),
+        Valid(  # an IterableDataset seeding its own generator per worker
+            """
+            import numpy as np
+            from torch.utils.data import IterableDataset, get_worker_info
+
+            class Stream(IterableDataset):
+                def __init__(self):
+                    self.rng = np.random.default_rng(0)
+
+                def __iter__(self):
+                    rng = np.random.default_rng(get_worker_info().seed)
+                    while True:
+                        yield rng.normal()
+            """
+        ),
         Valid(  # the generator is passed in, created inside the task
             """
             import numpy as np
@@ -192,6 +207,22 @@ class SharedGenerator(Rule):
             """,
             line=9,
             col=16,
+        ),
+        Invalid(  # drawn before the region makes its own: flow-sensitive
+            """
+            import numpy as np
+            from torch.utils.data import Dataset
+
+            class Aug(Dataset):
+                def __init__(self):
+                    self.rng = np.random.default_rng(0)
+
+                def __getitem__(self, i):
+                    x = self.rng.normal()
+                    self.rng = np.random.default_rng(i)
+                    return x + self.rng.normal()
+            """,
+            line=9,
         ),
         Invalid(  # only one branch creates it: after the `if`, it may be the outside one
             """

@@ -9,12 +9,14 @@ import libcst as cst
 from flortrain.check import streams as st
 from flortrain.check.finding import Severity
 from flortrain.check.regions import Func, Regions
-from flortrain.check.rngflow import Origin, analysis, callees, calls_in
+from flortrain.check.rngflow import Origin, analysis, callees, calls_in, version
 from flortrain.check.rule import Family, Hit, Invalid, Rule, Valid
 from flortrain.check.rules.shared_generator import where_drawn
 from flortrain.check.unit import Unit
 
 WID, RUN, TORCH, ENTROPY = "worker id", "run", "torch", "entropy"
+#: reading a global stream's state (``np.random.get_state()[1][0] + worker_id``)
+_STATES = {"numpy.random.get_state": st.NUMPY, "random.getstate": st.PYTHON}
 _ENTROPY = ("time.", "os.getpid", "os.urandom", "uuid.", "datetime.", "secrets.")
 
 
@@ -65,6 +67,17 @@ class WorkerSeeding(Rule):
             loader = DataLoader(
                 range(8), num_workers=2, worker_init_fn=lambda w: random.seed(get_worker_info().seed)
             )
+            """
+        ),
+        Valid(  # torch (>= 1.9) has already reseeded numpy's stream when this runs
+            """
+            import numpy as np
+            from torch.utils.data import DataLoader
+
+            def init(worker_id):
+                np.random.seed(np.random.get_state()[1][0] + worker_id)
+
+            loader = DataLoader(range(8), num_workers=2, worker_init_fn=init)
             """
         ),
         Valid(  # OpenCV reseeded per worker
@@ -229,6 +242,14 @@ def _seed_arg(unit: Unit, call: cst.Call) -> cst.BaseExpression | None:
     return None
 
 
+def _reseeded(unit: Unit) -> set[str]:
+    """The global streams torch has reseeded when a worker_init_fn runs."""
+    out = {st.PYTHON, st.TORCH}
+    if version(unit.config.torch_version) >= (1, 9):
+        out.add(st.NUMPY)
+    return out
+
+
 def _sources(func: Func, expr: cst.CSTNode, bound: dict[str, set[str]], seen: set[str]) -> set[str]:
     """Where a seed's value comes from: the worker id, torch's per-worker seed, values fixed
     for the run, or the clock and the like."""
@@ -248,6 +269,11 @@ def _sources(func: Func, expr: cst.CSTNode, bound: dict[str, set[str]], seen: se
         called = func.unit.called(expr)
         if any(q.startswith("torch.") for q in called):
             return {TORCH}
+        stream = st.global_draw(func.unit, expr) or next(
+            (_STATES[q] for q in called if q in _STATES), None
+        )
+        if stream in _reseeded(func.unit):
+            return {TORCH}  # a stream torch already reseeded in this worker
         if any(q.startswith(_ENTROPY) for q in called):
             return {ENTROPY}
         out = set()
