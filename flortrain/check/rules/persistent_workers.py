@@ -39,7 +39,7 @@ class PersistentWorkers(Rule):
         " process's streams (python's, numpy's, torch's) only; it cannot capture or restore a"
         " worker process's. `flortrain record` warns once for such a loader, and a replay that"
         " restores an epoch's state and runs the next one starts fresh workers whose streams"
-        " are where the record's were at the first epoch, so the augmentation differs there"
+        " are where the record's were at the first epoch, so the augmentation can differ there"
         " (`flortrain diff` reports it). With `persistent_workers=False` every epoch's workers"
         " are seeded from the main process's stream, which checkpoints hold, and the replay is"
         " exact. `in_order=False` lets the loader give the next indices to whichever worker has"
