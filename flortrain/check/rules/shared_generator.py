@@ -146,6 +146,28 @@ class SharedGenerator(Rule):
             loader = DataLoader(Aug(), num_workers=2, worker_init_fn=init)
             """
         ),
+        Valid(  # reseeded per worker by a method of the dataset
+            """
+            import numpy as np
+            from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+            class Aug(Dataset):
+                def __init__(self):
+                    self.rng = np.random.RandomState(0)
+
+                def reseed(self, seed):
+                    self.rng.seed(seed % 2**32)
+
+                def __getitem__(self, i):
+                    return self.rng.rand()
+
+            def init(worker_id):
+                info = get_worker_info()
+                info.dataset.reseed(info.seed)
+
+            loader = DataLoader(Aug(), num_workers=2, worker_init_fn=init)
+            """
+        ),
         Valid(  # created lazily inside the region: after its creation it is safe
             """
             import numpy as np
