@@ -8,6 +8,8 @@ need a plan see none.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
 import libcst as cst
@@ -16,7 +18,7 @@ from flortrain.check.unit import Unit
 from flortrain.errors import FlortrainError, Located
 from flortrain.static.loops import FALLBACK_MAIN
 from flortrain.static.plan import Block, MainLoop, Plan, Span
-from flortrain.static.program import Loop, Program
+from flortrain.static.program import Loop, Program, Scope
 from flortrain.static.source import TOO_DEEP
 
 _PLANS: WeakKeyDictionary[Unit, Plan | FlortrainError] = WeakKeyDictionary()
@@ -69,6 +71,29 @@ def training_mains(p: Plan) -> dict[str, MainLoop]:
 def training_blocks(p: Plan) -> list[Block]:
     mains = training_mains(p)
     return [b for b in p.blocks if b.main in mains]
+
+
+@dataclass(frozen=True)
+class TrainingBlock:
+    """A memoized loop of a training main loop, with its node and the function it is in."""
+
+    block: Block
+    loop: Loop
+    scope: Scope
+    program: Program
+
+
+def training_loops(unit: Unit) -> Iterator[TrainingBlock]:
+    """Every memoized loop of the file's training main loops, located in its program index
+    (none where the pass refuses the file)."""
+    p, prog = plan(unit), program(unit)
+    if p is None or prog is None:
+        return
+    for b in training_blocks(p):
+        loop = loop_at(prog, b.span)
+        scope = prog.scopes.get(b.function)
+        if loop is not None and scope is not None:
+            yield TrainingBlock(b, loop, scope, prog)
 
 
 def loop_at(prog: Program, span: Span) -> Loop | None:

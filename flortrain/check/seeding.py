@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from flortrain.check.streams import PYTHON_DRAWS
 from flortrain.static.program import Scope
 
 if TYPE_CHECKING:
@@ -163,32 +164,8 @@ _NUMPY_NOT_DRAWS = frozenset(
         "set_bit_generator",
     }
 )
-_PYTHON_DRAWS = frozenset(
-    f"random.{n}"
-    for n in (
-        "random",
-        "randint",
-        "randrange",
-        "choice",
-        "choices",
-        "shuffle",
-        "sample",
-        "uniform",
-        "triangular",
-        "gauss",
-        "normalvariate",
-        "lognormvariate",
-        "expovariate",
-        "vonmisesvariate",
-        "gammavariate",
-        "betavariate",
-        "paretovariate",
-        "weibullvariate",
-        "binomialvariate",
-        "getrandbits",
-        "randbytes",
-    )
-)
+#: the random module's draws, named once for both stream analyses (:mod:`flortrain.check.streams`)
+_PYTHON_DRAWS = frozenset(f"random.{n}" for n in PYTHON_DRAWS)
 #: generators that start from OS entropy when made without a seed
 _GENERATORS = {
     "numpy.random.default_rng": "np.random.default_rng()",

@@ -87,7 +87,7 @@ _NUMPY_DRAWS = frozenset(
         "zipf",
     ]
 )
-_PYTHON_DRAWS = frozenset(
+PYTHON_DRAWS = frozenset(
     [
         "random",
         "randint",
@@ -141,13 +141,13 @@ TENSOR_DRAWS = frozenset(
     ]
 )
 #: methods of a generator object that draw from it
-GENERATOR_DRAWS = _NUMPY_DRAWS | _PYTHON_DRAWS
+GENERATOR_DRAWS = _NUMPY_DRAWS | PYTHON_DRAWS
 #: methods that reseed a generator object in place
 RESEEDS = frozenset({"seed", "manual_seed", "set_state", "setstate", "set_random_state"})
 
 _GLOBAL_DRAWS: dict[str, str] = {
     **{f"numpy.random.{n}": NUMPY for n in _NUMPY_DRAWS - {"integers", "permuted"}},
-    **{f"random.{n}": PYTHON for n in _PYTHON_DRAWS},
+    **{f"random.{n}": PYTHON for n in PYTHON_DRAWS},
     **{f"torch.{n}": TORCH for n in _TORCH_DRAWS},
     "cv2.randn": CV2,
     "cv2.randu": CV2,

@@ -111,16 +111,11 @@ class GraphEscape(Rule):
     )
 
     def check(self, unit: Unit) -> Iterator[Hit]:
-        p = plan_facts.plan(unit)
-        prog = plan_facts.program(unit)
-        if p is None or prog is None:
-            return
-        graphs = Graphs(prog, backward_receivers(unit.calls))
-        for b in plan_facts.training_blocks(p):
-            loop = plan_facts.loop_at(prog, b.span)
-            scope = prog.scopes.get(b.function)
-            if loop is None or scope is None:
-                continue
+        graphs: Graphs | None = None
+        for t in plan_facts.training_loops(unit):
+            b, loop, scope, prog = t.block, t.loop, t.scope, t.program
+            if graphs is None:
+                graphs = Graphs(prog, backward_receivers(unit.calls))
             scopes = [scope, *(prog.scopes[q] for q in b.reaches if q in prog.scopes)]
             for c in b.changeset:
                 if c.restore is Restore.REBOUND:

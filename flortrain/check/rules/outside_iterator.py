@@ -89,15 +89,8 @@ class OutsideIterator(Rule):
     )
 
     def check(self, unit: Unit) -> Iterator[Hit]:
-        p = plan_facts.plan(unit)
-        prog = plan_facts.program(unit)
-        if p is None or prog is None:
-            return
-        for b in plan_facts.training_blocks(p):
-            loop = plan_facts.loop_at(prog, b.span)
-            scope = prog.scopes.get(b.function)
-            if loop is None or scope is None:
-                continue
+        for t in plan_facts.training_loops(unit):
+            b, loop, scope, prog = t.block, t.loop, t.scope, t.program
             for name in _advanced(prog, scope, loop):
                 if _iterator_name(prog, scope, name):
                     yield Hit(line=b.span.line, col=b.span.col, message=outside_iterator(name))
