@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import tempfile
 from typing import Any
@@ -75,3 +76,31 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(
         "faults by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
     )
+
+
+# -- where the suite's CPU goes ------------------------------------------------------------------
+# Wall times on a shared machine say more about the neighbours than about the tests; CPU time does
+# not. With FLORTRAIN_TEST_CPU_LOG set to a file, each test appends one line: its node id, the CPU
+# seconds of the processes it started and waited for (their own children included), and its own.
+CPU_LOG = "FLORTRAIN_TEST_CPU_LOG"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Any:
+    log = os.environ.get(CPU_LOG)
+    if not log:
+        yield
+        return
+    kids, own = (
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+        resource.getrusage(resource.RUSAGE_SELF),
+    )
+    yield
+    kids2, own2 = (
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+        resource.getrusage(resource.RUSAGE_SELF),
+    )
+    child = kids2.ru_utime + kids2.ru_stime - kids.ru_utime - kids.ru_stime
+    self_ = own2.ru_utime + own2.ru_stime - own.ru_utime - own.ru_stime
+    with open(log, "a") as f:
+        f.write(f"{item.nodeid}\t{child:.2f}\t{self_:.2f}\n")
