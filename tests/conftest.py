@@ -21,18 +21,40 @@ from typing import Any
 
 import pytest
 
-from tests.protocol import PLAIN_RUNS
+from tests.protocol import PLAIN_RUNS, RECORDS
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One directory of plain runs for the session (``tests/protocol.plain``), shared by the
-    xdist workers, which inherit the controller's environment. Set the variable empty to run
-    every ground truth afresh."""
-    if not hasattr(config, "workerinput") and PLAIN_RUNS not in os.environ:
-        runs = os.environ[PLAIN_RUNS] = tempfile.mkdtemp(prefix="flortrain-plain-runs-")
-        config.add_cleanup(lambda: shutil.rmtree(runs, ignore_errors=True))
+    """One directory of plain runs (``tests/protocol.plain``) and one of records
+    (``tests/protocol.record``) for the session, shared by the xdist workers, which inherit the
+    controller's environment. Set a variable empty to run every ground truth or record afresh."""
+    if hasattr(config, "workerinput"):
+        return
+    for name in (PLAIN_RUNS, RECORDS):
+        if name not in os.environ:
+            kept = os.environ[name] = tempfile.mkdtemp(prefix=f"{name.lower()}-")
+            config.add_cleanup(lambda kept=kept: shutil.rmtree(kept, ignore_errors=True))
+
+
+# -- the order tests are handed out in -------------------------------------------------------------
+#: Modules whose tests take the most CPU each (measured with FLORTRAIN_TEST_CPU_LOG, below), run
+#: first. pytest-xdist's worksteal gives each worker a contiguous share of the collection and lets
+#: the idle one take the back half of the other's queue, so whatever runs last comes from the ends
+#: of the queues: in collection order a minute-long test can be the one left running while the
+#: other worker idles; this way what is left at the end takes seconds.
+LONG_FIRST = (
+    "test_ray_backend.py",
+    "test_fault_injection.py",
+    "test_realcode.py",
+    "test_protocol.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
 
 
 # -- the fault-injection suite's figures (tests/test_fault_injection.py) ------------------------
