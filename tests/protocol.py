@@ -150,8 +150,8 @@ def record(cwd: Path, *args: str, env: dict[str, str] | None = None) -> Result:
     :func:`plain`'s (interpreter, arguments, environment with ``env``, every file under ``cwd``),
     and ``cwd`` holds no store yet. The copy's store is moved by replacing the old directory's
     path in its database (its runs' script and cwd, the files the script opened); a record that
-    failed, whose output names its directory, that opened files outside it, or whose checkpoints
-    hold its path is not kept. Tests that watch a record's processes, signal it, or record into
+    failed, whose output names its directory, that opened files outside it which are still
+    there, or whose checkpoints hold its path is not kept. Tests that watch a record's processes, signal it, or record into
     a store that exists call :func:`flortrain` instead."""
     cache = os.environ.get(RECORDS)
     full_env = {**os.environ, **(env or {})}
@@ -195,12 +195,18 @@ def _movable(store: Path, here: str, result: Result) -> bool:
         return False
     db = sqlite3.connect(store / "flortrain.db")
     try:
-        for table, path in (("files", "path"), ("file_states", "path")):
-            outside = f"SELECT COUNT(*) FROM {table} WHERE substr({path}, 1, ?) != ?"
-            if db.execute(outside, (len(here) + 1, here + "/")).fetchone()[0]:
-                return False
+        outside = [
+            p
+            for table in ("files", "file_states")
+            for (p,) in db.execute(
+                f"SELECT path FROM {table} WHERE substr(path, 1, ?) != ?",
+                (len(here) + 1, here + "/"),
+            )
+        ]
     finally:
         db.close()
+    if any(os.path.lexists(p) for p in outside):  # gone, a temporary file is no test's to share
+        return False
     blobs = (p for p in (store / "blobs").rglob("*") if p.is_file())
     return not any(here.encode() in p.read_bytes() for p in blobs)
 
