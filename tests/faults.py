@@ -53,7 +53,7 @@ from pathlib import Path
 
 import xxhash
 
-from tests.protocol import FIXTURES, plain, probe_lines, record, with_probe
+from tests.protocol import FIXTURES, Result, plain, probe_lines, record, with_probe
 
 #: Fixtures with a few seconds of training at most, several epochs and checkpoints.
 KILL_FIXTURES = (
@@ -408,6 +408,7 @@ def later_record(fx: Fixture, store: Path, tally: Tally) -> None:
 def _complete_record(fx: Fixture, store: Path) -> int:
     """A complete record of the fixture in ``store``: the session's record of it (test_protocol
     records each fixture so) moved there, or, beside the kill trials' store, a record into it."""
+    rec: Proc | Result
     if (fx.dir / ".flortrain").exists():
         rec = _ft(fx.dir, store, "record", fx.script.name, env=EVERY)
     else:
