@@ -19,25 +19,48 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import tempfile
 from typing import Any
 
 import pytest
 
-from tests.protocol import PLAIN_RUNS
+from tests.protocol import PLAIN_RUNS, RECORDS
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("FLORTRAIN_CHECK", "off")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One directory of plain runs for the session (``tests/protocol.plain``), shared by the
-    xdist workers, which inherit the controller's environment. Set the variable empty to run
-    every ground truth afresh."""
-    if not hasattr(config, "workerinput") and PLAIN_RUNS not in os.environ:
-        runs = os.environ[PLAIN_RUNS] = tempfile.mkdtemp(prefix="flortrain-plain-runs-")
-        config.add_cleanup(lambda: shutil.rmtree(runs, ignore_errors=True))
+    """One directory of plain runs (``tests/protocol.plain``) and one of records
+    (``tests/protocol.record``) for the session, shared by the xdist workers, which inherit the
+    controller's environment. Set a variable empty to run every ground truth or record afresh."""
+    if hasattr(config, "workerinput"):
+        return
+    for name in (PLAIN_RUNS, RECORDS):
+        if name not in os.environ:
+            kept = os.environ[name] = tempfile.mkdtemp(prefix=f"{name.lower()}-")
+            config.add_cleanup(lambda kept=kept: shutil.rmtree(kept, ignore_errors=True))
+
+
+# -- the order tests are handed out in -------------------------------------------------------------
+#: Modules whose tests take the most CPU each (measured with FLORTRAIN_TEST_CPU_LOG, below), run
+#: first. pytest-xdist's worksteal gives each worker a contiguous share of the collection and lets
+#: the idle one take the back half of the other's queue, so whatever runs last comes from the ends
+#: of the queues: in collection order a minute-long test can be the one left running while the
+#: other worker idles; this way what is left at the end takes seconds.
+LONG_FIRST = (
+    "test_ray_backend.py",
+    "test_fault_injection.py",
+    "test_realcode.py",
+    "test_protocol.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
 
 
 # -- the fault-injection suite's figures (tests/test_fault_injection.py) ------------------------
@@ -81,3 +104,31 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(
         "faults by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
     )
+
+
+# -- where the suite's CPU goes ------------------------------------------------------------------
+# Wall times on a shared machine say more about the neighbours than about the tests; CPU time does
+# not. With FLORTRAIN_TEST_CPU_LOG set to a file, each test appends one line: its node id, the CPU
+# seconds of the processes it started and waited for (their own children included), and its own.
+CPU_LOG = "FLORTRAIN_TEST_CPU_LOG"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Any:
+    log = os.environ.get(CPU_LOG)
+    if not log:
+        yield
+        return
+    kids, own = (
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+        resource.getrusage(resource.RUSAGE_SELF),
+    )
+    yield
+    kids2, own2 = (
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+        resource.getrusage(resource.RUSAGE_SELF),
+    )
+    child = kids2.ru_utime + kids2.ru_stime - kids.ru_utime - kids.ru_stime
+    self_ = own2.ru_utime + own2.ru_stime - own.ru_utime - own.ru_stime
+    with open(log, "a") as f:
+        f.write(f"{item.nodeid}\t{child:.2f}\t{self_:.2f}\n")

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import xxhash
 
-from tests.protocol import FIXTURES, probe_lines, with_probe
+from tests.protocol import FIXTURES, Result, plain, probe_lines, record, with_probe
 
 #: Fixtures with a few seconds of training at most, several epochs and checkpoints.
 KILL_FIXTURES = (
@@ -201,11 +201,11 @@ class Fixture:
         self.dir = root / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.text = FROZEN if name == "frozen_table" else (FIXTURES / f"{name}.py").read_text()
-        self.script = self.dir / "train.py"
+        # named as tests/test_protocol.py names it, so that their ground truths are one run
+        self.script = self.dir / f"{name}.py"
         self.script.write_text(self.text)
-        t0 = time.perf_counter()
-        self.truth = _run([sys.executable, "train.py"], self.dir)
-        self.seconds = time.perf_counter() - t0
+        self.truth = plain(self.script)
+        self.seconds = self.truth.seconds
         self._probed: dict[str, list[str]] = {}
         self.pristine_run = 0
 
@@ -221,7 +221,7 @@ class Fixture:
     def probed_truth(self, kind: str) -> list[str]:
         if kind not in self._probed:
             self.script.write_text(with_probe(self.text, kind))
-            self._probed[kind] = probe_lines(_run([sys.executable, "train.py"], self.dir).out)
+            self._probed[kind] = probe_lines(plain(self.script).out)
             self.script.write_text(self.text)
             assert self._probed[kind], f"{self.name}: the {kind} probe printed nothing"
         return self._probed[kind]
@@ -232,7 +232,7 @@ class Fixture:
         """A probed replay and, when it succeeded, ``diff``; the script is restored afterwards."""
         self.script.write_text(with_probe(self.text, kind))
         try:
-            rep = _ft(self.dir, store, "replay", "train.py", *extra, env=env)
+            rep = _ft(self.dir, store, "replay", self.script.name, *extra, env=env)
         finally:
             self.script.write_text(self.text)
         d = _ft(self.dir, store, "diff") if rep.code == 0 else None
@@ -298,7 +298,7 @@ def kill_trial(fx: Fixture, store: Path, rng: random.Random, tally: Tally) -> No
     env = {**os.environ, **(EVERY if rng.random() < 0.5 else {})}
     before = len(_runs(fx, store)) if (store / "flortrain.db").exists() else 0
     p = subprocess.Popen(
-        [sys.executable, "-m", "flortrain", "--store", str(store), "record", "train.py"],
+        [sys.executable, "-m", "flortrain", "--store", str(store), "record", fx.script.name],
         cwd=fx.dir,
         env=env,
         stdout=subprocess.PIPE,
@@ -365,7 +365,7 @@ def resume_trial(fx: Fixture, store: Path, run_id: int, kind: str, tally: Tally)
     """``record --resume`` of the killed run: it continues from where its checkpoints reach and
     prints the rest of what python prints; the run's whole log is then python's output, and a
     probed replay of it is exact. Or it refuses in one line (nothing to continue from)."""
-    res = _ft(fx.dir, store, "record", "--resume", str(run_id), "train.py")
+    res = _ft(fx.dir, store, "record", "--resume", str(run_id), fx.script.name)
     if res.code == 2 and clean_refusal(res) and "FT042" in res.err:
         tally.resumes_refused += 1
         return "exact", "resume refused: no boundary or checkpointed iteration committed"
@@ -393,7 +393,7 @@ def resume_trial(fx: Fixture, store: Path, run_id: int, kind: str, tally: Tally)
 def later_record(fx: Fixture, store: Path, tally: Tally) -> None:
     """After crashed records, a complete record of the same script into the same store."""
     tally.later_records += 1
-    rec = _ft(fx.dir, store, "record", "train.py")
+    rec = _ft(fx.dir, store, "record", fx.script.name)
     if rec.out != fx.truth.out or rec.code != fx.truth.code:
         tally.add(
             Trial("kill", fx.name, "broken", "the record after the crashes differs from python")
@@ -406,7 +406,14 @@ def later_record(fx: Fixture, store: Path, tally: Tally) -> None:
 
 # -- store faults ----------------------------------------------------------------------------------
 def _complete_record(fx: Fixture, store: Path) -> int:
-    rec = _ft(fx.dir, store, "record", "train.py", env=EVERY)
+    """A complete record of the fixture in ``store``: the session's record of it (test_protocol
+    records each fixture so) moved there, or, beside the kill trials' store, a record into it."""
+    rec: Proc | Result
+    if (fx.dir / ".flortrain").exists():
+        rec = _ft(fx.dir, store, "record", fx.script.name, env=EVERY)
+    else:
+        rec = record(fx.dir, fx.script.name, env=EVERY)
+        (fx.dir / ".flortrain").rename(store)
     assert rec.out == fx.truth.out and rec.code == fx.truth.code, rec.err
     run_id = _runs(fx, store)[-1]["id"]
     assert isinstance(run_id, int)
@@ -507,7 +514,7 @@ def _locked_record(fx: Fixture, store: Path, rng: random.Random, kind: str, tall
     writes time out, and training must go on untouched."""
     fx.pristine_copy(store)  # the store and its database exist before the lock is taken
     p = subprocess.Popen(
-        [sys.executable, "-m", "flortrain", "--store", str(store), "record", "train.py"],
+        [sys.executable, "-m", "flortrain", "--store", str(store), "record", fx.script.name],
         cwd=fx.dir,
         env={**os.environ, **EVERY, "FLORTRAIN_DB_TIMEOUT": "1", "FLORTRAIN_COMMIT_INTERVAL": "0"},
         stdout=subprocess.PIPE,
@@ -558,7 +565,7 @@ def _full_disk_record(
     env = " ".join(f"{k}={v}" for k, v in EVERY.items())
     script = (
         f"mount -t tmpfs -o size={size_kb}k tmpfs {mnt} || exit 97; "
-        f"{env} {sys.executable} -m flortrain --store {mnt}/store record train.py "
+        f"{env} {sys.executable} -m flortrain --store {mnt}/store record {fx.script.name} "
         f"> {out_dir}/stdout 2> {out_dir}/stderr; echo $? > {out_dir}/code; cp -a {mnt}/store {store} 2>/dev/null; true"
     )
     ns = _in_namespace(script, fx.dir)
@@ -589,8 +596,8 @@ def _read_only_trials(fx: Fixture, store: Path, kind: str, tally: Tally) -> None
     ro = f"mount --bind {store} {store} && mount -o remount,bind,ro {store} || exit 97; "
     cmd = f"{sys.executable} -m flortrain --store {store}"
     for what, tail in (
-        ("replay", f"cp probed.py train.py; {cmd} replay train.py"),
-        ("record", f"{cmd} record train.py"),
+        ("replay", f"cp probed.py {fx.script.name}; {cmd} replay {fx.script.name}"),
+        ("record", f"{cmd} record {fx.script.name}"),
     ):
         ns = _in_namespace(ro + tail, fx.dir)
         fx.script.write_text(fx.text)

@@ -49,14 +49,17 @@ class Result:
     code: int
     out: str
     err: str
+    #: how long the run took (for a result :func:`plain` reused: the run that made it)
+    seconds: float = 0.0
 
 
 def run(
     cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
 ) -> Result:
     full_env = {**os.environ, **(env or {})}
+    t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
-    return Result(p.returncode, p.stdout, p.stderr)
+    return Result(p.returncode, p.stdout, p.stderr, time.perf_counter() - t0)
 
 
 #: where :func:`plain` keeps the runs of this test session (set by conftest for every worker)
@@ -71,10 +74,11 @@ def plain(script: Path, args: list[str] | None = None, cached: bool = True) -> R
     inputs prints the same bytes (the suite asserts exactly that of every script it records), so
     a run whose inputs match an earlier one of this session returns that run's result instead
     of paying another ~4 s of torch import. The inputs are the interpreter, the arguments, the
-    environment and every file under the directory (flortrain's stores excepted: a plain run
-    never reads them); a result that names the directory it ran in is reused only there. A hit
-    does not run the script, so its side effects (files it writes) do not happen again; a run
-    killed by a signal is not kept. The cache lives for one session: a directory of your own
+    environment (pytest's and the session's own ``FLORTRAIN_TEST_*`` variables aside) and every
+    file under the directory (flortrain's stores excepted: a plain run never reads them); a
+    result that names the directory it ran in is reused only there. A hit does not run the
+    script, so its side effects (files it writes) do not happen again; a run killed by a signal
+    is not kept. The cache lives for one session: a directory of your own
     in ``FLORTRAIN_TEST_PLAIN_RUNS`` is not cleaned, and knows nothing of torch upgrades.
 
     ``cached=False`` runs the script whatever the cache holds, and keeps nothing: for a script
@@ -90,7 +94,7 @@ def plain(script: Path, args: list[str] | None = None, cached: bool = True) -> R
     if entry.exists():
         saved = json.loads(entry.read_text())
         if saved["cwd"] == cwd or not saved["names_cwd"]:
-            return Result(saved["code"], saved["out"], saved["err"])
+            return Result(saved["code"], saved["out"], saved["err"], saved["seconds"])
     result = run(cmd, script.parent)
     if result.code < 0:  # killed (the machine's load, the OOM killer): not the script's answer
         return result
@@ -102,11 +106,19 @@ def plain(script: Path, args: list[str] | None = None, cached: bool = True) -> R
     return result
 
 
-def _inputs(cmd: list[str], cwd: Path) -> str:
+def _inputs(cmd: list[str], cwd: Path, environ: dict[str, str] | None = None) -> str:
     """A digest of everything a plain run of ``cmd`` in ``cwd`` can depend on (see :func:`plain`)."""
+    env = os.environ if environ is None else environ
     h = hashlib.sha256(
         json.dumps(
-            [cmd, sorted((k, v) for k, v in os.environ.items() if not k.startswith("PYTEST_"))]
+            [
+                cmd,
+                sorted(
+                    (k, v)
+                    for k, v in env.items()
+                    if not k.startswith(("PYTEST_", "FLORTRAIN_TEST_"))
+                ),
+            ]
         ).encode()
     )
     for root, dirs, files in os.walk(cwd):
@@ -122,6 +134,94 @@ def _inputs(cmd: list[str], cwd: Path) -> str:
 
 def flortrain(cwd: Path, *args: str, env: dict[str, str] | None = None) -> Result:
     return run([sys.executable, "-m", "flortrain", *args], cwd, env)
+
+
+#: where :func:`record` keeps the records of this test session (set by conftest, as PLAIN_RUNS)
+RECORDS = "FLORTRAIN_TEST_RECORDS"
+
+
+def record(cwd: Path, *args: str, env: dict[str, str] | None = None) -> Result:
+    """``flortrain record ARGS`` in ``cwd``, or the directory an earlier record of this session
+    with the same inputs left, copied here.
+
+    Tests that replay a script with their own probes first record it, and several record the
+    same script with the same knobs (a fixture under test_protocol and the Ray backend, a file's
+    shared loop): a record is a torch process, a copy is milliseconds. The inputs are
+    :func:`plain`'s (interpreter, arguments, environment with ``env``, every file under ``cwd``),
+    and ``cwd`` holds no store yet. The copy's store is moved by replacing the old directory's
+    path in its database (its runs' script and cwd, the files the script opened); a record that
+    failed, whose output names its directory, that opened files outside it which are still
+    there, or whose checkpoints hold its path is not kept. Tests that watch a record's processes, signal it, or record into
+    a store that exists call :func:`flortrain` instead."""
+    cache = os.environ.get(RECORDS)
+    full_env = {**os.environ, **(env or {})}
+    if not cache or "FLORTRAIN_STORE" in full_env or any(cwd.rglob("flortrain.db")):
+        return flortrain(cwd, "record", *args, env=env)
+    here = os.path.realpath(cwd)
+    entry = Path(cache) / _inputs(
+        [sys.executable, "-m", "flortrain", "record", *args], cwd, full_env
+    )
+    if (entry / "result.json").exists():
+        saved = json.loads((entry / "result.json").read_text())
+        shutil.copytree(entry / "dir", cwd, symlinks=True, dirs_exist_ok=True)
+        _move_store(cwd / ".flortrain" / "flortrain.db", saved["cwd"], here)
+        return Result(saved["code"], saved["out"], saved["err"], saved["seconds"])
+    result = flortrain(cwd, "record", *args, env=env)
+    if result.code == 0 and _movable(cwd / ".flortrain", here, result):
+        tmp = Path(tempfile.mkdtemp(dir=cache, suffix=".tmp"))
+        shutil.copytree(cwd, tmp / "dir", symlinks=True)
+        (tmp / "result.json").write_text(json.dumps({**vars(result), "cwd": here}))
+        try:
+            os.rename(tmp, entry)  # atomic: the other worker may have kept the same record
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def _text_columns(db: sqlite3.Connection) -> list[tuple[str, str]]:
+    tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    return [
+        (t, c[1])
+        for t in tables
+        if not t.startswith("sqlite_")
+        for c in db.execute(f"PRAGMA table_info({t})")
+        if c[2].upper() == "TEXT"
+    ]
+
+
+def _movable(store: Path, here: str, result: Result) -> bool:
+    """Whether the record in ``store`` names ``here`` only where :func:`_move_store` moves it."""
+    if here in result.out + result.err or not (store / "flortrain.db").exists():
+        return False
+    db = sqlite3.connect(store / "flortrain.db")
+    try:
+        outside = [
+            p
+            for table in ("files", "file_states")
+            for (p,) in db.execute(
+                f"SELECT path FROM {table} WHERE substr(path, 1, ?) != ?",
+                (len(here) + 1, here + "/"),
+            )
+        ]
+    finally:
+        db.close()
+    if any(os.path.lexists(p) for p in outside):  # gone, a temporary file is no test's to share
+        return False
+    blobs = (p for p in (store / "blobs").rglob("*") if p.is_file())
+    return not any(here.encode() in p.read_bytes() for p in blobs)
+
+
+def _move_store(db_path: Path, old: str, new: str) -> None:
+    db = sqlite3.connect(db_path)
+    try:
+        with db:
+            for table, column in _text_columns(db):
+                db.execute(
+                    f"UPDATE {table} SET {column} = replace({column}, ?, ?) WHERE instr({column}, ?)",
+                    (old, new, old),
+                )
+    finally:
+        db.close()
 
 
 def probe_lines(text: str) -> list[str]:
@@ -208,8 +308,18 @@ def record_and_replay_match_plain(
     script = tmp / "train.py"
     script.write_text(text)
     truth = plain(script)
-    rec = flortrain(tmp, "record", "train.py", env=env)
+    rec = record(tmp, "train.py", env=env)
     assert rec.out == truth.out and rec.code == truth.code, rec.err
+    return rec, replay_of_the_record_matches_plain(tmp, text, probe, env)
+
+
+def replay_of_the_record_matches_plain(
+    tmp: Path, text: str, probe: str, env: dict[str, str] | None = None
+) -> Result:
+    """Steps 2 and 3 of :func:`replay_matches_plain` for a ``train.py`` the test recorded itself
+    (watching the record's processes, say): the probed replay of its latest record prints the
+    plain probed run's probe lines, and diff exits 0. ``text`` is what was recorded."""
+    script = tmp / "train.py"
     marker = next(ln for ln in text.splitlines() if ln.strip() == "#PROBE")
     indent = marker[: len(marker) - len(marker.lstrip())]
     script.write_text(text.replace(marker, indent + probe))
@@ -221,4 +331,4 @@ def record_and_replay_match_plain(
     d = flortrain(tmp, "diff")
     assert d.code == 0, d.out + d.err
     script.write_text(text)
-    return rec, rep
+    return rep

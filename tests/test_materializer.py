@@ -34,6 +34,7 @@ from tests.protocol import (
     probe_lines,
     record_and_replay_match_plain,
     replay_matches_plain,
+    replay_of_the_record_matches_plain,
     run,
     writer_below,
 )
@@ -901,13 +902,14 @@ def test_a_recorded_run_writes_on_the_lane_its_backlog_calls_for(
     )
     assert p.stdin is not None and p.stdout is not None
     try:
-        p.stdout.readline()
-        p.stdout.readline()  # epoch 1 printed: its checkpoints staged, the script waits
+        printed = p.stdout.readline()
+        printed += p.stdout.readline()  # epoch 1 printed: its checkpoints staged, the script waits
         time.sleep(0.5)
         own, others = _writer_threads(p.pid, time.monotonic() + 30)
     finally:
-        _, err = p.communicate("\n", timeout=300)
+        out, err = p.communicate("\n", timeout=300)
     assert p.returncode == 0, err
+    assert printed + out == plain(script).out  # PACE_WAIT only pauses it
     assert own == os.SCHED_IDLE
     normal = [woken for policy, woken in others if policy == os.SCHED_OTHER]
     assert normal, others  # the busy thread, whatever the pace
@@ -915,7 +917,10 @@ def test_a_recorded_run_writes_on_the_lane_its_backlog_calls_for(
     # checkpoint at every boundary and block instance, four have been sent (the idle run's busy
     # thread woke twice, at its start)
     assert (max(normal) >= 4) == busy, others
-    replay_matches_plain(tmp_path, PACED, 'print(f"PROBE {model.weight.sum().item():.6f}")', env)
+    # the record whose writer was watched replays exactly (it paused where the replay does not)
+    replay_of_the_record_matches_plain(
+        tmp_path, PACED, 'print(f"PROBE {model.weight.sum().item():.6f}")', env
+    )
 
 
 def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:

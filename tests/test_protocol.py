@@ -11,12 +11,14 @@ says: these fixtures are too small for a division to pay, and it must still be e
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from tests.protocol import (
     PLAIN_RUNS,
+    RECORDS,
     block_states,
     copy_fixture,
     fixture_names,
@@ -24,6 +26,8 @@ from tests.protocol import (
     latest_run,
     plain,
     probe_lines,
+    record,
+    replay_of_the_record_matches_plain,
     with_probe,
 )
 
@@ -39,7 +43,7 @@ def test_protocol(name: str, tmp_path: Path) -> None:
     assert truth.code == 0, truth.err
 
     # 1. record prints exactly what a plain run prints
-    rec = flortrain(tmp_path, "record", script.name, env=EVERY)
+    rec = record(tmp_path, script.name, env=EVERY)
     assert rec.code == 0, rec.err
     assert rec.out == truth.out
     record_id = latest_run(tmp_path)["id"]
@@ -99,3 +103,44 @@ def test_a_ground_truth_is_reused_unless_the_test_says_its_script_races(tmp_path
     fresh = [plain(script, cached=False).out for _ in range(2)]
     assert fresh[0] != fresh[1] and first.out not in fresh
     assert plain(script).out == first.out  # a fresh run did not replace the kept one
+
+
+def test_a_record_is_reused_in_another_directory_and_replays_there(tmp_path: Path) -> None:
+    """``record`` copies an earlier record with the same inputs (its process ids are the first
+    record's), moved to its new directory: the replay there reads and writes that store only,
+    and matches the plain run. A record whose output names its directory is made afresh."""
+    assert os.environ.get(RECORDS), "conftest sets the session's cache of records"
+    text = (
+        "import random\nrandom.seed(3)\nw = 0.0\nfor epoch in range(3):\n"
+        "    for i in range(5):\n        w += random.random()\n    #PROBE\n"
+        "    print(epoch, round(w, 9))\n"
+    )
+    first, second = tmp_path / "first", tmp_path / "second"
+    for d in (first, second):
+        d.mkdir()
+        (d / "train.py").write_text(text)
+    assert record(first, "train.py", env=EVERY).code == 0
+    rec = record(second, "train.py", env=EVERY)
+    assert rec.out == plain(second / "train.py").out and rec.code == 0
+
+    def run_rows(d: Path) -> list[tuple[str, str, str, int]]:
+        db = sqlite3.connect(d / ".flortrain" / "flortrain.db")
+        try:
+            return list(db.execute("SELECT kind, script, cwd, pid FROM runs ORDER BY id"))
+        finally:
+            db.close()
+
+    [(_, _, _, pid)] = run_rows(first)
+    assert run_rows(second) == [("record", str(second / "train.py"), str(second), pid)]
+    rep = replay_of_the_record_matches_plain(second, text, 'print("PROBE", epoch, w)', EVERY)
+    assert "block instances skipped" in rep.err, rep.err
+    assert [r[:3] for r in run_rows(second)] == [
+        ("record", str(second / "train.py"), str(second)),
+        ("replay", str(second / "train.py"), str(second)),
+    ]
+    assert len(run_rows(first)) == 1  # the first directory's store is left as it was
+    where = "import os\nprint(os.getcwd())\n"
+    for d in (first / "a", first / "b"):
+        d.mkdir()
+        (d / "where.py").write_text(where)
+        assert record(d, "where.py").out == f"{d}\n"

@@ -16,7 +16,7 @@ import ray
 from click.testing import CliRunner
 
 from flortrain.cli import cli
-from tests.protocol import copy_fixture, flortrain, plain, probe_lines, with_probe
+from tests.protocol import copy_fixture, flortrain, plain, probe_lines, record, with_probe
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
 
@@ -44,7 +44,7 @@ def _protocol_on_ray(
     script = copy_fixture(name, tmp_path)
     original = script.read_text()
     truth = plain(script)
-    rec = flortrain(tmp_path, "record", script.name, env=EVERY)
+    rec = record(tmp_path, script.name, env=EVERY)
     assert rec.code == 0 and rec.out == truth.out, rec.err
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FLORTRAIN_SEGMENTS", "even")

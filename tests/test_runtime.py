@@ -19,6 +19,7 @@ from tests.protocol import (
     latest_run,
     plain,
     probe_lines,
+    record,
     record_and_replay_match_plain,
     replay_matches_plain,
 )
@@ -58,7 +59,7 @@ def _write(tmp: Path, text: str) -> Path:
 def test_probe_is_isolated_from_rng_and_module_mode(tmp_path: Path) -> None:
     script = _write(tmp_path, BASE)
     truth = plain(script).out
-    assert flortrain(tmp_path, "record", "train.py", env=EVERY).out == truth
+    assert record(tmp_path, "train.py", env=EVERY).out == truth
     # A careless probe: switches the model to eval mode, draws random numbers. In a plain run it
     # would change training; under replay it must not.
     _write(
@@ -246,7 +247,7 @@ def test_killed_record_stays_readable_and_replayable(tmp_path: Path) -> None:
 
 def test_corrupt_checkpoint_is_reexecuted_not_trusted(tmp_path: Path) -> None:
     script = _write(tmp_path, BASE)
-    flortrain(tmp_path, "record", "train.py", env=EVERY)
+    record(tmp_path, "train.py", env=EVERY)
     db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
     [(rel,)] = db.execute("SELECT path FROM checkpoints WHERE key LIKE 'L%.1#0'").fetchall()
     db.close()
@@ -422,7 +423,7 @@ def test_a_futile_instance_is_neither_walked_nor_watched_nor_checkpointed(
 
 def test_intra_op_threads_are_pinned_on_replay(tmp_path: Path) -> None:
     _write(tmp_path, BASE)
-    flortrain(tmp_path, "record", "train.py", env={**EVERY, "OMP_NUM_THREADS": "1"})
+    record(tmp_path, "train.py", env={**EVERY, "OMP_NUM_THREADS": "1"})
     run = latest_run(tmp_path)
     db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
     [(threads,)] = db.execute("SELECT threads FROM runs WHERE id=?", (run["id"],)).fetchall()

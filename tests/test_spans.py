@@ -12,7 +12,7 @@ from pathlib import Path
 
 from flortrain.static.analysis import analyse
 from flortrain.static.source import parse
-from tests.protocol import FIXTURES, flortrain, plain, probe_lines, replay_matches_plain
+from tests.protocol import FIXTURES, flortrain, plain, probe_lines, record, replay_matches_plain
 
 REALCODE = FIXTURES / "realcode"
 
@@ -134,7 +134,7 @@ def test_a_guard_that_calls_a_function_is_not_trusted(tmp_path: Path) -> None:
 def test_a_missing_boundary_checkpoint_means_running_on_not_a_wrong_answer(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(STEPS)
-    assert flortrain(tmp_path, "record", "train.py", env=EVERY).code == 0
+    assert record(tmp_path, "train.py", env=EVERY).code == 0
     blobs = sorted((tmp_path / ".flortrain").rglob("M11_M11.0.5_0.*"))
     assert blobs, sorted(p.name for p in (tmp_path / ".flortrain").rglob("*.pt"))[:5]
     for b in blobs:
