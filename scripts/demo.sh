@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole hindsight-logging workflow on examples/train.py, in build/demo/:
-# record -> add a probe -> replay -> diff.
+# check -> record -> add a probe -> replay -> diff.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -10,6 +10,9 @@ WORK=build/demo
 rm -rf "$WORK" && mkdir -p "$WORK" && cp examples/train.py "$WORK/train.py"
 cd "$WORK"
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+say "0. Before training: would anything make this script unreplayable or nondeterministic?"
+"$FT" check train.py
 
 say "1. Train as usual, but under flortrain record (only the loss is logged)"
 time "$FT" record train.py
