@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from flortrain.errors import FlortrainError
+from flortrain.check.project import unit_at
 from flortrain.static.program import MODULE, Scope
-from flortrain.static.source import parse
 from flortrain.static.text import _module_file
 
 if TYPE_CHECKING:
@@ -180,29 +179,16 @@ def project_unit(unit: Unit, dotted: str) -> Unit | None:
     """The project module ``dotted`` as a unit, when it is a file under the checked script's
     directory (the way ``sys.path[0]`` finds it, also from inside another project module),
     parsed once per content."""
-    from flortrain.check.unit import Unit
-
     root = _ROOTS.get(unit) or os.path.dirname(os.path.abspath(unit.path))
     path = _module_file(root, dotted)
     if path is None or os.path.abspath(path) == os.path.abspath(unit.path):
         return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
-    if key not in _PROJECT:
-        try:
-            _PROJECT[key] = Unit(parse(path), unit.config)
-        except FlortrainError:
-            _PROJECT[key] = None
-    found = _PROJECT[key]
+    found = unit_at(path, unit.config)
     if found is not None:
         _ROOTS[found] = root
     return found
 
 
-_PROJECT: dict[tuple[str, int, int], Unit | None] = {}
 #: the script directory a project module was found from
 _ROOTS: weakref.WeakKeyDictionary[Unit, str] = weakref.WeakKeyDictionary()
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from flortrain.check.config import CheckConfig
 from flortrain.check.unit import Unit
 from flortrain.errors import FlortrainError
 from flortrain.static.program import MODULE, ClassInfo, Scope
@@ -57,11 +58,21 @@ def load(importer: Unit, dotted: str) -> Unit | None:
     path = module_path(importer, dotted)
     if path is None or os.path.abspath(importer.path) == path:
         return None
-    st = os.stat(path)
-    key = (path, st.st_mtime_ns, st.st_size)
+    return unit_at(path, importer.config)
+
+
+def unit_at(path: str, config: CheckConfig) -> Unit | None:
+    """The unit of the project file ``path``, parsed once for as long as it is unchanged (None:
+    it is gone or does not parse). Every rule family that follows calls into project modules
+    reads them through this one cache."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
     if key not in _CACHE:
         try:
-            _CACHE[key] = Unit(parse(path), importer.config)
+            _CACHE[key] = Unit(parse(path), config)
         except FlortrainError:
             _CACHE[key] = None
     return _CACHE[key]
