@@ -141,8 +141,9 @@ external = ["RPL", "RNG", "DET"]
 
 ## Pre-commit
 
-The `flortrain-check` hook installs flortrain without torch and checks the staged Python files.
-In `.pre-commit-config.yaml`:
+The `flortrain-check` hook (this repository's `.pre-commit-hooks.yaml`) installs flortrain
+without torch and checks the staged Python files, keeping the configured excludes in force
+(`--force-exclude`). In `.pre-commit-config.yaml`:
 
 ```yaml
 repos:
@@ -150,6 +151,19 @@ repos:
     rev: <a flortrain release tag>
     hooks:
       - id: flortrain-check
+```
+
+Where `flortrain` is already installed and on the PATH, a local hook needs no URL:
+
+```yaml
+repos:
+  - repo: local
+    hooks:
+      - id: flortrain-check
+        name: flortrain check
+        entry: flortrain check --force-exclude
+        language: system
+        types: [python]
 ```
 
 ## Rules
