@@ -43,20 +43,25 @@ def _write_inputs(tmp: Path, batch: int, hidden: int = 2) -> None:
     (tmp / "config.json").write_text(json.dumps({"batch": batch, "hidden": hidden}))
 
 
+def _recorded(tmp: Path, text: str, probe: str) -> Path:
+    """``text`` as ``train.py`` under ``tmp``: its plain run, its record (every instance
+    checkpointed) asserted to print python's bytes, then ``probe`` put in its ``#PROBE`` line."""
+    script = tmp / "train.py"
+    script.write_text(text)
+    truth = plain(script)
+    rec = flortrain(tmp, "record", "train.py", env=EVERY)
+    assert rec.code == 0 and rec.out == truth.out, rec.err
+    script.write_text(text.replace("#PROBE", probe))
+    return script
+
+
 def test_a_replay_refuses_inputs_changed_since_the_record_unless_told(tmp_path: Path) -> None:
     import torch
 
     torch.manual_seed(1)
     torch.save({"x": torch.randn(64, 4), "y": torch.randint(0, 2, (64,))}, tmp_path / "data.pt")
     _write_inputs(tmp_path, batch=8)
-    script = tmp_path / "train.py"
-    script.write_text(CONFIGURED)
-    truth = plain(script)
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
-    assert rec.code == 0 and rec.out == truth.out, rec.err
-    script.write_text(
-        CONFIGURED.replace("#PROBE", 'print("PROBE", epoch, round(model.bias.sum().item(), 6))')
-    )
+    _recorded(tmp_path, CONFIGURED, 'print("PROBE", epoch, round(model.bias.sum().item(), 6))')
 
     _write_inputs(tmp_path, batch=16)  # the batch size: silently mixed output before
     rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
@@ -119,12 +124,8 @@ with torch.no_grad():
 def test_a_best_checkpoint_saved_in_jumped_iterations_is_there_after_the_loop(
     tmp_path: Path,
 ) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(BEST)
-    truth = plain(script)  # leaves ckpt/best.pt behind, as an earlier run would
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
-    assert rec.code == 0 and rec.out == truth.out, rec.err
-    script.write_text(BEST.replace("#PROBE", 'print("PROBE", epoch, round(best, 6))'))
+    # the plain run leaves ckpt/best.pt behind, as an earlier run would
+    script = _recorded(tmp_path, BEST, 'print("PROBE", epoch, round(best, 6))')
     want = plain(script, cached=False)
     rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
     assert rep.code == 0, rep.err
@@ -171,14 +172,7 @@ print(len(rows), rows[-1], sum(float(r.split(",")[2]) for r in rows))
 def test_a_log_a_skipped_instance_appended_to_is_as_the_record_left_it(tmp_path: Path) -> None:
     """The skipped inner loop's lines reach the file: restoring an instance puts back the
     files it wrote, as it left them."""
-    script = tmp_path / "train.py"
-    script.write_text(LOGGED)
-    truth = plain(script)
-    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
-    assert rec.code == 0 and rec.out == truth.out, rec.err
-    script.write_text(
-        LOGGED.replace("#PROBE", 'print("PROBE", epoch, len(open("log.csv").readlines()))')
-    )
+    script = _recorded(tmp_path, LOGGED, 'print("PROBE", epoch, len(open("log.csv").readlines()))')
     want = plain(script)
     rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
     assert rep.code == 0 and rep.out == want.out, rep.err
