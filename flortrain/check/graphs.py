@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 
 import libcst as cst
 
-from flortrain.static.expressions import dotted
+from flortrain.static.expressions import dotted, names_of
 from flortrain.static.program import MODULE, Program, Scope
 from flortrain.static.values import value_read
 
@@ -311,9 +311,9 @@ def _flows(root: cst.CSTNode, prog: Program) -> Iterator[Flow]:
             continue
         chain = [*up, s]
         if isinstance(s, cst.For):
-            yield Flow(list(_names(s.target)), None, s.iter, chain)
+            yield Flow(names_of(s.target), None, s.iter, chain)
         elif isinstance(s, cst.Assign):
-            names = [n for t in s.targets for n in _names(t.target)]
+            names = [n for t in s.targets for n in names_of(t.target)]
             container = next(
                 (
                     prog.code(t.target.value)
@@ -324,22 +324,12 @@ def _flows(root: cst.CSTNode, prog: Program) -> Iterator[Flow]:
             )
             yield Flow(names, container, s.value, chain)
         elif isinstance(s, cst.AugAssign | cst.AnnAssign) and s.value is not None:
-            yield Flow(list(_names(s.target)), None, s.value, chain)
+            yield Flow(names_of(s.target), None, s.value, chain)
         elif isinstance(s, cst.Expr) and isinstance(s.value, cst.Call):
             f = s.value.func
             if isinstance(f, cst.Attribute) and f.attr.value in ADDERS and s.value.args:
                 arg = s.value.args[-1]
                 yield Flow([], prog.code(f.value), arg.value, [*chain, s.value, arg])
-
-
-def _names(target: cst.BaseExpression) -> Iterator[str]:
-    if isinstance(target, cst.Name):
-        yield target.value
-    elif isinstance(target, cst.Tuple | cst.List):
-        for e in target.elements:
-            yield from _names(e.value)
-    elif isinstance(target, cst.StarredElement):
-        yield from _names(target.value)
 
 
 def _returns(root: cst.CSTNode) -> Iterator[tuple[cst.Return, list[cst.CSTNode]]]:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from flortrain.static.expressions import names_of
+
 _BUILTINS = frozenset(dir(builtins))
 
 Scoped = cst.Module | cst.FunctionDef | cst.Lambda | cst.ClassDef
@@ -155,13 +157,7 @@ class Names(cst.CSTVisitor):
         self._current.imports.setdefault(local, set()).add(path)
 
     def _bind(self, target: cst.CSTNode) -> None:
-        if isinstance(target, cst.Name):
-            self._current.bound.add(target.value)
-        elif isinstance(target, cst.Tuple | cst.List):
-            for el in target.elements:
-                self._bind(el.value)
-        elif isinstance(target, cst.StarredElement):
-            self._bind(target.value)
+        self._current.bound.update(names_of(target))
 
     # -- queries -----------------------------------------------------------------------------
     def qualified(self, node: cst.CSTNode) -> set[str]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 from libcst.metadata import CodeRange, PositionProvider
 
+from flortrain.static.expressions import names_of
 from flortrain.static.source import Source
 
 if TYPE_CHECKING:
@@ -75,16 +76,6 @@ class ClassInfo:
     attr_assigned: dict[str, list[tuple[str, cst.BaseExpression | None]]] = field(
         default_factory=dict
     )
-
-
-def _target_names(node: cst.CSTNode) -> Iterator[str]:
-    if isinstance(node, cst.Name):
-        yield node.value
-    elif isinstance(node, cst.Tuple | cst.List):
-        for el in node.elements:
-            yield from _target_names(el.value)
-    elif isinstance(node, cst.StarredElement):
-        yield from _target_names(node.value)
 
 
 class Program:
@@ -354,7 +345,7 @@ class _Indexer(cst.CSTVisitor):
 
     def visit_For(self, node: cst.For) -> None:
         self._visit_loop(node)
-        self.scope.bound.update(_target_names(node.target))
+        self.scope.bound.update(names_of(node.target))
         self._bind_target(node.target, None)
 
     def leave_For(self, original_node: cst.For) -> None:
@@ -389,7 +380,7 @@ class _Indexer(cst.CSTVisitor):
         if self.in_class_body[-1]:
             return self._class_attribute(node.value)
         for t in node.targets:
-            names = list(_target_names(t.target))
+            names = names_of(t.target)
             self.scope.bound.update(names)
             self._note_type(t.target, node.value)
             self._bind_target(t.target, node.value)
@@ -398,7 +389,7 @@ class _Indexer(cst.CSTVisitor):
     def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
         if self.in_class_body[-1]:
             return self._class_attribute(node.annotation, node.value)
-        self.scope.bound.update(_target_names(node.target))
+        self.scope.bound.update(names_of(node.target))
         if node.value is not None:
             self._note_type(node.target, node.value)
             self._bind_target(node.target, node.value)
@@ -415,11 +406,11 @@ class _Indexer(cst.CSTVisitor):
         return False
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self.scope.bound.update(_target_names(node.target))
+        self.scope.bound.update(names_of(node.target))
         self._bind_target(node.target, None)
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self.scope.bound.update(_target_names(node.target))
+        self.scope.bound.update(names_of(node.target))
         self._bind_target(node.target, None)
 
     def visit_WithItem(self, node: cst.WithItem) -> None:
@@ -428,7 +419,7 @@ class _Indexer(cst.CSTVisitor):
             self._with_names.add(id(node.asname))
 
     def visit_AsName(self, node: cst.AsName) -> None:
-        self.scope.bound.update(_target_names(node.name))
+        self.scope.bound.update(names_of(node.name))
         if id(node) not in self._with_names:  # `except .. as e`, `import .. as m`
             self._bind_target(node.name, None)
 
@@ -444,7 +435,7 @@ class _Indexer(cst.CSTVisitor):
         if isinstance(target, cst.Name):
             self._binds(target.value, value)
         elif isinstance(target, cst.Tuple | cst.List | cst.StarredElement):
-            for n in _target_names(target):
+            for n in names_of(target):
                 self._binds(n, None)
         elif (
             isinstance(target, cst.Attribute)
@@ -467,7 +458,7 @@ class _Indexer(cst.CSTVisitor):
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
             if alias.asname is not None:
-                names = list(_target_names(alias.asname.name))
+                names = list(names_of(alias.asname.name))
             else:
                 top: cst.BaseExpression = alias.name
                 while isinstance(top, cst.Attribute):
@@ -489,7 +480,7 @@ class _Indexer(cst.CSTVisitor):
             return
         for alias in node.names:
             target = alias.asname.name if alias.asname else alias.name
-            names = list(_target_names(target))
+            names = list(names_of(target))
             if alias.asname is None:
                 for n in names:
                     self._binds(n, None)
