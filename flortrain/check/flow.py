@@ -22,7 +22,7 @@ import libcst as cst
 
 from flortrain.check.project import unit_at
 from flortrain.static.program import MODULE, Scope
-from flortrain.static.text import _module_file
+from flortrain.static.text import module_file
 
 if TYPE_CHECKING:
     from flortrain.check.unit import Unit
@@ -180,7 +180,7 @@ def project_unit(unit: Unit, dotted: str) -> Unit | None:
     directory (the way ``sys.path[0]`` finds it, also from inside another project module),
     parsed once per content."""
     root = _ROOTS.get(unit) or os.path.dirname(os.path.abspath(unit.path))
-    path = _module_file(root, dotted)
+    path = module_file(root, dotted)
     if path is None or os.path.abspath(path) == os.path.abspath(unit.path):
         return None
     found = unit_at(path, unit.config)

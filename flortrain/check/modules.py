@@ -19,7 +19,7 @@ from flortrain.errors import FlortrainError
 from flortrain.static.analysis import analyse, module_prefix
 from flortrain.static.plan import Plan
 from flortrain.static.source import parse
-from flortrain.static.text import loop_count, read_text
+from flortrain.static.text import loop_count, module_file, read_text
 
 #: directories above the script searched for a package it imports (a repository's ``src/``)
 ANCESTORS = 3
@@ -37,21 +37,13 @@ def resolve(script: str, dotted: str) -> Found | None:
     base = os.path.dirname(os.path.abspath(script))
     here = base
     for level in range(ANCESTORS + 1):
-        path = _module_file(here, dotted)
+        path = module_file(here, dotted)
         if path is not None:
             return Found(path, level == 0)
         up = os.path.dirname(here)
         if up == here:
             break
         here = up
-    return None
-
-
-def _module_file(root: str, dotted: str) -> str | None:
-    base = os.path.join(root, *dotted.split("."))
-    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
-        if os.path.isfile(candidate):
-            return candidate
     return None
 
 

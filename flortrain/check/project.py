@@ -19,6 +19,7 @@ from flortrain.check.unit import Unit
 from flortrain.errors import FlortrainError
 from flortrain.static.program import MODULE, ClassInfo, Scope
 from flortrain.static.source import parse
+from flortrain.static.text import module_file
 
 #: (absolute path, mtime, size) -> the module's unit, or None when it does not parse
 _CACHE: dict[tuple[str, int, int], Unit | None] = {}
@@ -37,19 +38,12 @@ def module_path(importer: Unit, dotted: str) -> str | None:
     if dots:
         for _ in range(dots - 1):  # `from ..utils import x`: one directory up per extra dot
             base = os.path.dirname(base)
-        return _module_file(os.path.join(base, *parts))
+        return module_file(base, ".".join(parts))
     while True:
-        found = _module_file(os.path.join(base, *parts))
+        found = module_file(base, ".".join(parts))
         if found is not None or not os.path.isfile(os.path.join(base, "__init__.py")):
             return found
         base = os.path.dirname(base)
-
-
-def _module_file(stem: str) -> str | None:
-    for candidate in (stem + ".py", os.path.join(stem, "__init__.py")):
-        if os.path.isfile(candidate):
-            return candidate
-    return None
 
 
 def load(importer: Unit, dotted: str) -> Unit | None:

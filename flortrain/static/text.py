@@ -51,7 +51,7 @@ def loop_count(text: str, path: str) -> int:
     return sum(isinstance(n, ast.For | ast.AsyncFor | ast.While) for n in ast.walk(tree))
 
 
-def _module_file(root: str, dotted: str) -> str | None:
+def module_file(root: str, dotted: str) -> str | None:
     """Where ``dotted`` lives under ``root`` as a project module (``a/b.py`` or
     ``a/b/__init__.py``), or None."""
     base = os.path.join(root, *dotted.split("."))
@@ -78,7 +78,7 @@ def _imported_names(script: str, text: str) -> list[str]:
             subs = [
                 f"{node.module}.{a.name}"
                 for a in node.names
-                if _module_file(root, f"{node.module}.{a.name}")
+                if module_file(root, f"{node.module}.{a.name}")
             ]
             names.extend(subs or [node.module])
     return list(dict.fromkeys(names))
@@ -93,7 +93,7 @@ def project_imports(script: str, text: str) -> list[tuple[str, str]]:
     root = os.path.dirname(os.path.abspath(script))
     out: list[tuple[str, str]] = []
     for name in _imported_names(script, text):
-        path = _module_file(root, name)
+        path = module_file(root, name)
         if path is not None:
             out.append((name, os.path.relpath(path)))
     return out
@@ -108,7 +108,7 @@ def path_imports(script: str, text: str) -> list[tuple[str, str, str]]:
     root = os.path.dirname(os.path.abspath(script))
     out: list[tuple[str, str, str]] = []
     for name in _imported_names(script, text):
-        if _module_file(root, name) is not None:
+        if module_file(root, name) is not None:
             continue
         try:
             spec = importlib.util.find_spec(name.partition(".")[0])
@@ -120,7 +120,7 @@ def path_imports(script: str, text: str) -> list[tuple[str, str, str]]:
             continue
         top = os.path.dirname(spec.origin)
         where = os.path.dirname(top) if spec.submodule_search_locations is not None else top
-        path = _module_file(where, name) or spec.origin
+        path = module_file(where, name) or spec.origin
         if (name, path, where) not in out:
             out.append((name, path, where))
     return out
