@@ -65,9 +65,9 @@ class Unit:
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self._names.parents.get(node)
 
-    @property
+    @cached_property
     def calls(self) -> tuple[cst.Call, ...]:
-        """Every call in the file, in source order."""
+        """Every call in the file, in source order (rules scan it again and again)."""
         return tuple(self._names.calls)
 
     @cached_property
