@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from flortrain.check.streams import PYTHON_DRAWS
+from flortrain.check.streams import PYTHON_DRAWS, TORCH_DRAWS
 from flortrain.static.program import Scope
 
 if TYPE_CHECKING:
@@ -93,34 +93,20 @@ ENTROPY_SEEDERS = frozenset(
     {"torch.seed", "torch.random.seed", "torch.cuda.seed", "torch.cuda.seed_all"}
 )
 
-_TORCH_DRAWS = frozenset(
-    f"torch.{n}"
-    for n in (
-        "rand",
-        "randn",
-        "randint",
-        "randperm",
-        "bernoulli",
-        "multinomial",
-        "normal",
-        "poisson",
-        "rand_like",
-        "randn_like",
-        "randint_like",
-        *(
-            f"nn.init.{i}"
-            for i in (
-                "uniform_",
-                "normal_",
-                "trunc_normal_",
-                "xavier_uniform_",
-                "xavier_normal_",
-                "kaiming_uniform_",
-                "kaiming_normal_",
-                "orthogonal_",
-                "sparse_",
-            )
-        ),
+#: torch's global-stream draws: the functions both stream analyses know
+#: (:mod:`flortrain.check.streams`), and the ``nn.init`` initialisers, which draw too
+_TORCH_DRAWS = frozenset(f"torch.{n}" for n in TORCH_DRAWS) | frozenset(
+    f"torch.nn.init.{i}"
+    for i in (
+        "uniform_",
+        "normal_",
+        "trunc_normal_",
+        "xavier_uniform_",
+        "xavier_normal_",
+        "kaiming_uniform_",
+        "kaiming_normal_",
+        "orthogonal_",
+        "sparse_",
     )
 )
 #: in-place sampling methods of tensors (no other common type has these names)

@@ -112,7 +112,7 @@ PYTHON_DRAWS = frozenset(
         "binomialvariate",
     ]
 )
-_TORCH_DRAWS = frozenset(
+TORCH_DRAWS = frozenset(
     [
         "rand",
         "randn",
@@ -148,7 +148,7 @@ RESEEDS = frozenset({"seed", "manual_seed", "set_state", "setstate", "set_random
 _GLOBAL_DRAWS: dict[str, str] = {
     **{f"numpy.random.{n}": NUMPY for n in _NUMPY_DRAWS - {"integers", "permuted"}},
     **{f"random.{n}": PYTHON for n in PYTHON_DRAWS},
-    **{f"torch.{n}": TORCH for n in _TORCH_DRAWS},
+    **{f"torch.{n}": TORCH for n in TORCH_DRAWS},
     "cv2.randn": CV2,
     "cv2.randu": CV2,
     "cv2.randShuffle": CV2,
