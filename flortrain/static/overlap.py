@@ -41,11 +41,12 @@ import pickle
 import signal
 import sys
 from collections.abc import Callable, Container
-from typing import Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError
-from flortrain.static.plan import ModulePass, ModulePasses, ScriptPass
+from flortrain.static.plan import Instrumented, ModulePass, ModulePasses
 from flortrain.static.text import (
     loop_count,
     project_imports,
@@ -53,6 +54,9 @@ from flortrain.static.text import (
     read_text,
     torch_available,
 )
+
+if TYPE_CHECKING:
+    from flortrain.check.before_record import Checked
 
 T = TypeVar("T")
 
@@ -217,6 +221,18 @@ class Overlapped(Generic[T]):
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self._pid, 0)
         self._pid = self._read = None
+
+
+@dataclass(frozen=True)
+class ScriptPass:
+    """What record's static pass hands the runtime: the script's instrumentation and, when the
+    pass ran in a child, that of the project modules the script imports directly (so that the
+    training process need not import libcst for them either)."""
+
+    script: Instrumented
+    modules: ModulePasses = field(default_factory=dict)
+    #: ``flortrain check``'s findings on the script, which record prints as warnings (None: not run)
+    checked: Checked | None = None
 
 
 class StaticPass(Overlapped[ScriptPass]):

@@ -10,12 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from flortrain.errors import FlortrainError
-
-if TYPE_CHECKING:
-    from flortrain.check.before_record import Checked
 
 
 class Restore(StrEnum):
@@ -253,15 +249,3 @@ class ModulePass:
 
 #: project modules' passes done ahead, by (absolute path, dotted name)
 ModulePasses = Mapping[tuple[str, str], ModulePass]
-
-
-@dataclass(frozen=True)
-class ScriptPass:
-    """What record's static pass hands the runtime: the script's instrumentation and, when the
-    pass ran in a child, that of the project modules the script imports directly (so that the
-    training process need not import libcst for them either)."""
-
-    script: Instrumented
-    modules: ModulePasses = field(default_factory=dict)
-    #: ``flortrain check``'s findings on the script, which record prints as warnings (None: not run)
-    checked: Checked | None = None
