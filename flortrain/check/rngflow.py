@@ -36,7 +36,7 @@ from flortrain.check.regions import (
     scope_of,
 )
 from flortrain.check.unit import Unit
-from flortrain.static.interprocedural import bind_params
+from flortrain.static.arguments import bind_params
 from flortrain.static.program import MODULE
 
 

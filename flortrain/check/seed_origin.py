@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from flortrain.check import seeding
-from flortrain.static.interprocedural import bind_params
+from flortrain.static.arguments import bind_params
 from flortrain.static.program import Scope
 
 if TYPE_CHECKING:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import libcst as cst
 
 from flortrain.errors import FlortrainError, Located
-from flortrain.static.changeset import NoEstimate, loop_changeset
+from flortrain.static.changeset.loop import loop_changeset
 from flortrain.static.clocks import clock_names
+from flortrain.static.effects import NoEstimate
 from flortrain.static.loops import LoopForest
 from flortrain.static.plan import (
     Block,

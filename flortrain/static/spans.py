@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import libcst as cst
 
-from flortrain.static.changeset import loop_changeset
+from flortrain.static.changeset.loop import loop_changeset
 from flortrain.static.expressions import impurity, pattern_captures
 from flortrain.static.plan import Boundary, Change, Guard, Restore
 from flortrain.static.program import Loop, Program, Scope

@@ -8,7 +8,7 @@ from flortrain.check import plan_facts
 from flortrain.check.finding import Severity
 from flortrain.check.rule import Family, Hit, Invalid, Rule, Valid
 from flortrain.check.unit import Unit
-from flortrain.static.changeset import YIELDS
+from flortrain.static.changeset.rules.escapes import YIELDS
 from flortrain.static.plan import not_memoized
 
 

@@ -12,7 +12,7 @@ from flortrain.check.flow import callee, every_call
 from flortrain.check.rule import Family, Hit, Invalid, Rule, Valid
 from flortrain.check.seed_origin import origin, seed_param
 from flortrain.check.unit import Unit
-from flortrain.static.interprocedural import bind_params
+from flortrain.static.arguments import bind_params
 from flortrain.static.program import Scope
 
 

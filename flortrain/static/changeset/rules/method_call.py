@@ -1,0 +1,100 @@
+"""Rule 4: a method called for its effect changes its receiver (and, assigned, rule 1)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from flortrain.static import library, sinks
+from flortrain.static.changeset.host import Walk
+from flortrain.static.changeset.rule import Case, ChangesetRule, P, R
+from flortrain.static.changeset.rules import library_knowledge
+from flortrain.static.expressions import dotted, object_expr, root
+
+
+class MethodCall(ChangesetRule):
+    number = 4
+    name = "method-call"
+    pattern = "`obj.method(...)`"
+    change = "`{obj}`"
+    doc = (
+        "Not for a method of a local class (its body is analysed: `callees`), a write to an"
+        " output channel (`log.info(..)`, `writer.add_scalar(..)`: an output, as `print` is), a"
+        " callable held in an attribute (`self.model(x)`: only that attribute's object), a"
+        " library module's function (`library-knowledge`) or a known pure method."
+    )
+    cases = (
+        Case(
+            "rule4",
+            """
+            for epoch in range(3):
+                for b in loader:
+                    opt.zero_grad()
+                    opt.step()
+        """,
+            {("opt", P)},
+        ),
+        Case(
+            "rule4-on-subscript-and-chained-call",
+            """
+            for epoch in range(3):
+                for b in loader:
+                    buckets[b].append(b)
+                    stats.setdefault(b, []).append(b)
+        """,
+            {("buckets", P), ("stats", P)},
+        ),
+        Case(
+            "known-pure-method-does-not-charge-receiver",
+            """
+            x = start
+            for epoch in range(3):
+                for b in loader:
+                    x = x.detach()
+                    n = x.item()
+            print(x, n)
+        """,
+            {("x", R), ("n", R)},
+        ),
+    )
+
+
+def method_call(
+    w: Walk, call: cst.Call, func: cst.Attribute, local: bool, line: int, assigned: bool
+) -> int:
+    """Apply rule 1 (``assigned``) or 4 to ``obj.method(...)``; return the rule that fired, 2 where
+    no receiver changes. ``local``: the method is the script's own, mapped as a callee."""
+    w.expr_effects(func.value, line)
+    if local:
+        # its body was analysed and its effects on `self` mapped onto the receiver, so rule 1/4
+        # would only add the whole receiver
+        return 2
+    kind = sinks.output_call(w.prog, w.scope, func)
+    if kind is not None:
+        channel = object_expr(func.value, w.module)
+        if channel is not None:
+            w.fx.outputs.setdefault(channel, kind)
+        return 2
+    owner = w.prog.type_of(func.value, w.scope)
+    if owner is not None and w.prog.method(owner, func.attr.value) is None:
+        # `self.model(x)`: a callable held in an attribute, not a method of the local class;
+        # only that attribute's object can change, not the whole receiver
+        target = object_expr(func, w.module)
+        if assigned or target is None:
+            return 2
+        w.add_target_object(target, line, 4)
+        return 4
+    obj = object_expr(func.value, w.module)
+    if obj is not None and root(obj) in w.prog.imported:
+        library_knowledge.library_call(w, dotted(func) or func.attr.value, call, line)
+        return 2
+    if func.attr.value == "__next__" and obj is not None:
+        w.fx.advanced.setdefault(w.through_alias(obj), line)
+    if func.attr.value in library.MUTATING_LIBRARY:
+        # `rng.shuffle(idx)` on a local Generator/Random changes idx as well as rng
+        library_knowledge.mutated_arg(w, call, library.MUTATING_LIBRARY[func.attr.value], line)
+    if func.attr.value in library.PURE_METHODS:
+        return 2
+    if obj is None:
+        return 2 if assigned else 4  # a method of a temporary: nothing named changes
+    w.add_target_object(obj, line, 1 if assigned else 4)
+    return 1 if assigned else 4
