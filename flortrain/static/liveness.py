@@ -18,6 +18,7 @@ at the end of an imported project module every name (its importers read them).
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -395,3 +396,14 @@ class Liveness:
 
 
 __all__ = ["Live", "Liveness"]
+
+
+_cache: weakref.WeakKeyDictionary[Program, Liveness] = weakref.WeakKeyDictionary()
+
+
+def liveness_of(prog: Program) -> Liveness:
+    """The program's :class:`Liveness`, built once (every candidate loop asks)."""
+    live = _cache.get(prog)
+    if live is None:
+        live = _cache[prog] = Liveness(prog, prog.exports)
+    return live

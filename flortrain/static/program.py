@@ -9,16 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst.metadata import CodeRange, PositionProvider
 
 from flortrain.static.expressions import names_of
 from flortrain.static.source import Source
-
-if TYPE_CHECKING:
-    from flortrain.static.liveness import Liveness
 
 MODULE = "<module>"
 
@@ -102,16 +98,6 @@ class Program:
         #: an imported project module (its importers read its names after its body ran), not
         #: the script run as ``__main__``
         self.exports = False
-        self._liveness: Liveness | None = None
-
-    @property
-    def liveness(self) -> Liveness:
-        """Which names are live at each loop's exit (:mod:`flortrain.static.liveness`)."""
-        if self._liveness is None:
-            from flortrain.static.liveness import Liveness
-
-            self._liveness = Liveness(self, self.exports)
-        return self._liveness
 
     def import_origin(self, name: str) -> str | None:
         """The dotted path an imported name stands for (None: not imported, or from two places)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flortrain.static.changeset.rule import Case, ChangesetRule, R
 from flortrain.static.effects import Effects, NoEstimate
 from flortrain.static.expressions import root
+from flortrain.static.liveness import liveness_of
 from flortrain.static.plan import Change
 from flortrain.static.program import MODULE, Loop, Program, Scope
 
@@ -137,7 +138,7 @@ def filter_changes(
     """The changes a skipped loop must restore, and the names it binds that stay because a path
     from its exit reads them (with the line of such a read; 0 for a project module's importers).
     ``defined``: the names the loop binds by ``def``/``class``, which cannot be restored."""
-    live = prog.liveness.after(loop)
+    live = liveness_of(prog).after(loop)
     if live is None:  # the scope reads its names behind the analysis' back: all of them, by lines
         rng = prog.range(loop)
         live = _names_used_outside(prog, scope, rng.start.line, rng.end.line)
