@@ -17,7 +17,7 @@ import libcst as cst
 from flortrain.check.unit import Unit
 from flortrain.errors import FlortrainError, Located
 from flortrain.static.loops import FALLBACK_MAIN
-from flortrain.static.plan import Block, MainLoop, Plan, Span
+from flortrain.static.plan import Block, MainLoop, Plan, SourceRange
 from flortrain.static.program import Loop, Program, Scope
 from flortrain.static.source import TOO_DEEP
 
@@ -96,7 +96,7 @@ def training_loops(unit: Unit) -> Iterator[TrainingBlock]:
             yield TrainingBlock(b, loop, scope, prog)
 
 
-def loop_at(prog: Program, span: Span) -> Loop | None:
+def loop_at(prog: Program, span: SourceRange) -> Loop | None:
     """The loop node a plan's span names."""
     for scope in prog.scopes.values():
         for lp in scope.loops:

@@ -18,7 +18,7 @@ from flortrain.static.plan import (
     Plan,
     Refusal,
     Restore,
-    Span,
+    SourceRange,
 )
 from flortrain.static.program import MODULE, Loop, Program, index
 from flortrain.static.source import TOO_DEEP, Source
@@ -27,9 +27,9 @@ from flortrain.static.untracked import untracked_writes
 from flortrain.static.values import value_only
 
 
-def _span(prog: Program, node: cst.CSTNode) -> Span:
+def _source_range(prog: Program, node: cst.CSTNode) -> SourceRange:
     r = prog.range(node)
-    return Span(r.start.line, r.start.column + 1, r.end.line)
+    return SourceRange(r.start.line, r.start.column + 1, r.end.line)
 
 
 def _kind(loop: Loop) -> str:
@@ -86,7 +86,7 @@ def _analyse(source: Source, prefix: str, prog: Program | None) -> Plan:
         main = MainLoop(
             loop_id(prefix + "M", prog.line(m)),
             _kind(m),
-            _span(prog, m),
+            _source_range(prog, m),
             ms.qualname,
             forest.why.get(m, ""),
             boundary,
@@ -97,7 +97,7 @@ def _analyse(source: Source, prefix: str, prog: Program | None) -> Plan:
             if cand.loop in taken:
                 continue
             taken.add(cand.loop)
-            span = _span(prog, cand.loop)
+            span = _source_range(prog, cand.loop)
             try:
                 cs = loop_changeset(prog, cand.loop)
             except NoEstimate as e:
@@ -131,7 +131,7 @@ def _analyse(source: Source, prefix: str, prog: Program | None) -> Plan:
             )
     others = _other_loops(prog, forest, set(found) | taken, blocks, refused)
     functions = tuple(
-        FunctionSpan(s.qualname, _span(prog, s.node))
+        FunctionSpan(s.qualname, _source_range(prog, s.node))
         for s in prog.scopes.values()
         if s.qualname != MODULE and isinstance(s.node, cst.FunctionDef)
     )
@@ -153,7 +153,7 @@ def _other_loops(
         for lp in scope.loops:
             if lp in taken:
                 continue
-            span = _span(prog, lp)
+            span = _source_range(prog, lp)
             if lp in prog.class_body_loops:
                 reason = "a loop in a class body runs once, at class creation"
             elif lp in passed:

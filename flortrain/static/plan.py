@@ -36,7 +36,9 @@ class Change:
 
 
 @dataclass(frozen=True)
-class Span:
+class SourceRange:
+    """Where a statement stands in the script: its first line and column (1-based), last line."""
+
     line: int
     col: int
     end_line: int
@@ -78,7 +80,7 @@ class Block:
 
     id: str
     kind: str  # "for" | "while"
-    span: Span
+    span: SourceRange
     function: str  # qualified name of the enclosing function, "<module>" at top level
     changeset: tuple[Change, ...]
     reaches: tuple[str, ...]  # local functions reachable by calls from the loop body
@@ -103,7 +105,7 @@ class Block:
 class Refusal:
     """A candidate loop that will not be memoized, and why (it runs as plain code)."""
 
-    span: Span
+    span: SourceRange
     function: str
     reason: str
     main: str
@@ -124,7 +126,7 @@ class Boundary:
 class MainLoop:
     id: str
     kind: str
-    span: Span
+    span: SourceRange
     function: str
     why: str = ""  # why this loop was chosen as a main loop (``--explain``)
     boundary: Boundary | None = None
@@ -134,7 +136,7 @@ class MainLoop:
 @dataclass(frozen=True)
 class FunctionSpan:
     qualname: str
-    span: Span
+    span: SourceRange
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,7 @@ class Plan:
     others: tuple[Refusal, ...] = ()
     #: writes through ``.data`` or a NumPy view, which tensor version counters do not see
     #: (:mod:`flortrain.static.untracked`)
-    untracked: tuple[Span, ...] = ()
+    untracked: tuple[SourceRange, ...] = ()
 
     def explain(self) -> str:
         """The plan as a person reads it (``flortrain instrument --explain``)."""

@@ -150,56 +150,65 @@ def _first_reads(
     before them (not preceded, on every path, by a binding); returns whether ``name`` is bound on
     every path through them. Conservative: a loop body may not run, a ``try`` may stop anywhere."""
     for s in stmts:
-        if isinstance(s, cst.If):
-            if not bound:
-                out.extend(_reads_in(s.test, name))
-            a = _first_reads(list(_suite(s.body)), name, bound, out)
-            orelse = s.orelse
-            if isinstance(orelse, cst.If):
-                b = _first_reads([orelse], name, bound, out)
-            elif isinstance(orelse, cst.Else):
-                b = _first_reads(list(_suite(orelse.body)), name, bound, out)
-            else:
-                b = bound
-            bound = a and b
-        elif isinstance(s, cst.With):
-            if not bound:
-                for item in s.items:
-                    out.extend(_reads_in(item.item, name))
-                if any(
-                    it.asname is not None and name in _names_bound_by(it.asname.name)
-                    for it in s.items
-                ):
-                    bound = True
-            bound = _first_reads(list(_suite(s.body)), name, bound, out)
-        elif isinstance(s, cst.For):
-            if not bound:
-                out.extend(_reads_in(s.iter, name))
-            in_body = bound or name in _names_bound_by(s.target)
-            _first_reads(list(_suite(s.body)), name, in_body, out)
-            if s.orelse is not None:
-                _first_reads(list(_suite(s.orelse.body)), name, bound, out)
-        elif isinstance(s, cst.While):
-            if not bound:
-                out.extend(_reads_in(s.test, name))
-            _first_reads(list(_suite(s.body)), name, bound, out)
-            if s.orelse is not None:
-                _first_reads(list(_suite(s.orelse.body)), name, bound, out)
-        elif isinstance(s, cst.FunctionDef | cst.ClassDef):
-            if s.name.value == name:
-                bound = True
-        elif isinstance(s, cst.BaseSmallStatement):
-            if not bound:
-                out.extend(_reads_in(s, name))
-            if isinstance(s, cst.Assign) and any(
-                name in _names_bound_by(t.target) for t in s.targets
-            ):
-                bound = True
-            elif isinstance(s, cst.AugAssign | cst.AnnAssign) and name in _names_bound_by(s.target):
-                bound = bound or (isinstance(s, cst.AugAssign) or s.value is not None)
-        else:  # try, match, ...: every read counts, and nothing is surely bound after it
-            if not bound:
-                out.extend(_reads_in(s, name))
+        bound = _first_reads_in(s, name, bound, out)
+    return bound
+
+
+Reads = list[tuple[cst.Name, list[cst.CSTNode]]]
+
+
+def _first_reads_in(s: cst.CSTNode, name: str, bound: bool, out: Reads) -> bool:
+    """:func:`_first_reads` of one statement."""
+    if isinstance(s, cst.If):
+        return _if_reads(s, name, bound, out)
+    if isinstance(s, cst.With):
+        return _with_reads(s, name, bound, out)
+    if isinstance(s, cst.For | cst.While):
+        return _loop_reads(s, name, bound, out)
+    if isinstance(s, cst.FunctionDef | cst.ClassDef):
+        return bound or s.name.value == name
+    # a small statement; or try, match, ...: every read counts, and nothing is surely bound after
+    if not bound:
+        out.extend(_reads_in(s, name))
+    if isinstance(s, cst.Assign) and any(name in _names_bound_by(t.target) for t in s.targets):
+        return True
+    if isinstance(s, cst.AugAssign | cst.AnnAssign) and name in _names_bound_by(s.target):
+        return bound or isinstance(s, cst.AugAssign) or s.value is not None
+    return bound
+
+
+def _if_reads(s: cst.If, name: str, bound: bool, out: Reads) -> bool:
+    if not bound:
+        out.extend(_reads_in(s.test, name))
+    a = _first_reads(list(_suite(s.body)), name, bound, out)
+    orelse = s.orelse
+    if isinstance(orelse, cst.If):
+        b = _first_reads([orelse], name, bound, out)
+    elif isinstance(orelse, cst.Else):
+        b = _first_reads(list(_suite(orelse.body)), name, bound, out)
+    else:
+        b = bound
+    return a and b
+
+
+def _with_reads(s: cst.With, name: str, bound: bool, out: Reads) -> bool:
+    if not bound:
+        for item in s.items:
+            out.extend(_reads_in(item.item, name))
+        if any(it.asname is not None and name in _names_bound_by(it.asname.name) for it in s.items):
+            bound = True
+    return _first_reads(list(_suite(s.body)), name, bound, out)
+
+
+def _loop_reads(s: cst.For | cst.While, name: str, bound: bool, out: Reads) -> bool:
+    """A loop's body may not run: what it binds is not surely bound after it."""
+    head = s.iter if isinstance(s, cst.For) else s.test
+    if not bound:
+        out.extend(_reads_in(head, name))
+    in_body = bound or (isinstance(s, cst.For) and name in _names_bound_by(s.target))
+    _first_reads(list(_suite(s.body)), name, in_body, out)
+    if s.orelse is not None:
+        _first_reads(list(_suite(s.orelse.body)), name, bound, out)
     return bound
 
 
@@ -219,28 +228,11 @@ def probe_guard(
     without running them. ``ancestors`` run from the probe's parent up to ``main``; ``line``
     gives a node's line in the probed script; ``rebindable`` are the names some function
     declares ``global`` or ``nonlocal`` (a call could rebind them)."""
-    tests: list[tuple[cst.If, str]] = []
-    if isinstance(probe, cst.If) and probe.orelse is None:
-        tests.append((probe, _code(module, probe.test)))
-    child: cst.CSTNode = probe
-    for anc in ancestors:
-        if anc is main:
-            break
-        if isinstance(anc, cst.If):
-            t = _code(module, anc.test)
-            if child is anc.body:
-                tests.append((anc, t))
-            else:  # in its `else:` or an `elif` chained there
-                tests.append((anc, f"not ({t})"))
-        elif isinstance(anc, cst.For | cst.While):
-            return f"it is inside the loop at line {line(anc)} within the main loop"
-        elif isinstance(anc, cst.FunctionDef | cst.ClassDef | cst.Lambda):
-            return "it is inside a definition"
-        child = anc
-    if not tests:
-        return "nothing guards it: it runs every iteration"
+    tests = _guard_tests(probe, ancestors, main, line, module)
+    if isinstance(tests, str):
+        return tests
     carried = {c.expr for c in state.changes if c.restore is Restore.REBOUND} | set(state.targets)
-    changed_roots = {c.expr.split(".")[0] for c in state.changes}
+    changed = {c.expr.split(".")[0] for c in state.changes} | carried
     recorded: set[str] = set()
     live: set[str] = set()
     through: set[str] = set()
@@ -250,16 +242,12 @@ def probe_guard(
         if bad:
             return f"its guard at line {line(node)} {bad}"
         for name, attr in _names(node.test):
-            if name in rebindable:
-                return (
-                    f"its guard reads `{name}`, which a function may rebind (`global`/`nonlocal`)"
-                )
-            before = sorted(ln for ln in bindings.get(name, ()) if ln < line(node))
-            if before:
-                return f"its guard reads `{name}`, which the iteration rebinds before it (line {before[0]})"
+            why = _unreadable(name, line(node), bindings, rebindable)
+            if why:
+                return why
             if name in carried and not attr:
                 recorded.add(name)
-            elif name in bindings or name in changed_roots or name in carried:
+            elif name in bindings or name in changed:
                 return f"its guard reads `{name}`, which the iteration changes"
             else:
                 live.add(name)
@@ -267,6 +255,48 @@ def probe_guard(
                     through.add(name)
     source = " and ".join(f"({t})" for _, t in tests)
     return Guard(source, tuple(sorted(recorded)), tuple(sorted(live)), tuple(sorted(through)))
+
+
+def _guard_tests(
+    probe: cst.BaseStatement,
+    ancestors: Sequence[cst.CSTNode],
+    main: Loop,
+    line: Callable[[cst.CSTNode], int],
+    module: cst.Module,
+) -> list[tuple[cst.If, str]] | str:
+    """The ``if`` tests around a probe, each as the condition under which the probe runs (``not
+    (..)`` in an ``else:``); or why the probe is not guarded by them alone."""
+    tests: list[tuple[cst.If, str]] = []
+    if isinstance(probe, cst.If) and probe.orelse is None:
+        tests.append((probe, _code(module, probe.test)))
+    child: cst.CSTNode = probe
+    for anc in ancestors:
+        if anc is main:
+            break
+        if isinstance(anc, cst.If):
+            t = _code(module, anc.test)
+            # in its body, or in its `else:` or an `elif` chained there
+            tests.append((anc, t if child is anc.body else f"not ({t})"))
+        elif isinstance(anc, cst.For | cst.While):
+            return f"it is inside the loop at line {line(anc)} within the main loop"
+        elif isinstance(anc, cst.FunctionDef | cst.ClassDef | cst.Lambda):
+            return "it is inside a definition"
+        child = anc
+    if not tests:
+        return "nothing guards it: it runs every iteration"
+    return tests
+
+
+def _unreadable(
+    name: str, at: int, bindings: dict[str, list[int]], rebindable: set[str]
+) -> str | None:
+    """Why a guard at line ``at`` cannot read ``name`` before the iteration runs, if it cannot."""
+    if name in rebindable:
+        return f"its guard reads `{name}`, which a function may rebind (`global`/`nonlocal`)"
+    before = sorted(ln for ln in bindings.get(name, ()) if ln < at)
+    if before:
+        return f"its guard reads `{name}`, which the iteration rebinds before it (line {before[0]})"
+    return None
 
 
 def _code(module: cst.Module, node: cst.CSTNode) -> str:

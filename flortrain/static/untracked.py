@@ -15,7 +15,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from flortrain.static.plan import Span
+from flortrain.static.plan import SourceRange
 from flortrain.static.source import Source
 
 
@@ -44,11 +44,11 @@ class _Finder(cst.CSTVisitor):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
     def __init__(self) -> None:
-        self.found: list[Span] = []
+        self.found: list[SourceRange] = []
 
     def _add(self, node: cst.CSTNode) -> None:
         pos = self.get_metadata(PositionProvider, node)
-        self.found.append(Span(pos.start.line, pos.start.column + 1, pos.end.line))
+        self.found.append(SourceRange(pos.start.line, pos.start.column + 1, pos.end.line))
 
     def visit_Call(self, node: cst.Call) -> None:
         f = node.func
@@ -74,7 +74,7 @@ class _Finder(cst.CSTVisitor):
                 self._add(node)
 
 
-def untracked_writes(source: Source) -> tuple[Span, ...]:
+def untracked_writes(source: Source) -> tuple[SourceRange, ...]:
     """Where a module writes tensor memory behind the version counter's back. Visited through the
     source's own wrapper, whose positions the index has already resolved: a wrapper of its own
     would compute them again (a second of a 2,400-line file's instrumentation)."""
