@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from flortrain.static.expressions import dotted
+from flortrain.static.expressions import dotted, preorder
 from flortrain.static.program import Program, Scope
 from flortrain.static.values import occurrences, read_elsewhere
 
@@ -108,14 +108,9 @@ def _binds(node: cst.Name, parents: list[cst.CSTNode]) -> bool:
 
 
 def _target_nodes(target: cst.CSTNode) -> list[cst.CSTNode]:
-    out: list[cst.CSTNode] = []
-    stack = [target]
-    while stack:
-        n = stack.pop()
-        out.append(n)
-        if isinstance(n, cst.Tuple | cst.List | cst.Element | cst.StarredElement):
-            stack.extend(n.children)
-    return out
+    return preorder(
+        target, lambda n: isinstance(n, cst.Tuple | cst.List | cst.Element | cst.StarredElement)
+    )
 
 
 def is_clock_call(call: cst.Call) -> bool:

@@ -3,7 +3,7 @@ binds. Pure functions of libcst nodes; no rule lives here."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import libcst as cst
 
@@ -41,6 +41,21 @@ def dotted(node: cst.BaseExpression) -> str | None:
         inner = dotted(node.value)
         return None if inner is None else f"{inner}.{node.attr.value}"
     return None
+
+
+def preorder(
+    node: cst.CSTNode, descend: Callable[[cst.CSTNode], bool] = lambda n: True
+) -> list[cst.CSTNode]:
+    """``node`` and the nodes below it, without recursion (a deep expression would exhaust the
+    stack), entering only the nodes ``descend`` accepts."""
+    out: list[cst.CSTNode] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        if descend(n):
+            stack.extend(n.children)
+    return out
 
 
 def target_exprs(node: cst.BaseExpression) -> Iterator[cst.BaseExpression]:

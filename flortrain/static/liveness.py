@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from flortrain.static.expressions import names_of
+from flortrain.static.expressions import names_of, preorder
 from flortrain.static.program import MODULE, Loop, Program, Scope
 
 #: calls that read a scope's names without naming them (``vars()`` and ``dir()`` only bare:
@@ -323,16 +323,6 @@ def _deferred(root: cst.CSTNode, prog: Program) -> Live:
     return out
 
 
-def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
-    out: list[cst.CSTNode] = []
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        out.append(n)
-        stack.extend(n.children)
-    return out
-
-
 def _names(node: cst.CSTNode) -> list[cst.Name]:
     out: list[cst.Name] = []
     stack = [node]
@@ -360,7 +350,7 @@ class Liveness:
         # `globals()` in any function reads the module's names, `sys._getframe(1)` a caller's
         # (the text is searched first: walking a large module's nodes costs seconds)
         self.blind = _MAY_INTROSPECT.search(prog.source.text) is not None and any(
-            isinstance(n, cst.Call) and _introspects(n) for n in _walk(prog.source.module)
+            isinstance(n, cst.Call) and _introspects(n) for n in preorder(prog.source.module)
         )
 
     def after(self, loop: Loop) -> Live | None:
@@ -384,18 +374,27 @@ class Liveness:
         """Names live everywhere in ``scope``: read by code that runs at times the flow does not
         show (nested functions, lambdas, generator expressions, functions reading globals)."""
         out = _deferred(scope.node, self.prog)
-        prefix = scope.qualname + "."
-        for other in self.prog.scopes.values():
-            if other is scope:
-                continue
-            if scope.qualname == MODULE or other.qualname.startswith(prefix):
-                for n, line in other.names:
-                    if not other.is_local(n) or n in other.declared_global:
-                        out.setdefault(n, line)
+        for n, line in inner_reads(self.prog, scope).items():
+            out.setdefault(n, line)
         return out
 
 
-__all__ = ["Live", "Liveness"]
+def inner_reads(prog: Program, scope: Scope) -> Live:
+    """The names of ``scope`` that the scopes nested in it (every scope, for the module) read,
+    each with the line of a read: they run at times the flow of ``scope`` does not show."""
+    out: Live = {}
+    prefix = scope.qualname + "."
+    for other in prog.scopes.values():
+        if other is scope:
+            continue
+        if scope.qualname == MODULE or other.qualname.startswith(prefix):
+            for n, line in other.names:
+                if not other.is_local(n) or n in other.declared_global:
+                    out.setdefault(n, line)
+    return out
+
+
+__all__ = ["Live", "Liveness", "inner_reads", "liveness_of"]
 
 
 _cache: weakref.WeakKeyDictionary[Program, Liveness] = weakref.WeakKeyDictionary()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import CodeRange, PositionProvider
 
-from flortrain.static.expressions import names_of
+from flortrain.static.expressions import dotted, names_of
 from flortrain.static.source import Source
 
 MODULE = "<module>"
@@ -423,15 +423,9 @@ class _Indexer(cst.CSTVisitor):
         elif isinstance(target, cst.Tuple | cst.List | cst.StarredElement):
             for n in names_of(target):
                 self._binds(n, None)
-        elif (
-            isinstance(target, cst.Attribute)
-            and isinstance(target.value, cst.Name)
-            and self.scope.cls is not None
-            and self.scope.params
-            and target.value.value == self.scope.params[0]
-        ):
+        elif (attr := self._self_attr(target)) is not None and self.scope.cls is not None:
             attrs = self.prog.classes[self.scope.cls].attr_assigned
-            attrs.setdefault(target.attr.value, []).append((self.scope.qualname, value))
+            attrs.setdefault(attr, []).append((self.scope.qualname, value))
 
     def _origin(self, name: str, origin: str) -> None:
         if self.prog.import_origins.get(name, origin) != origin:
@@ -453,7 +447,7 @@ class _Indexer(cst.CSTVisitor):
                 for n in names:
                     self._binds(n, None)
                     self._origin(n, n)
-            full = _dotted(alias.name)
+            full = dotted(alias.name)
             if alias.asname is not None and full is not None:
                 for n in names:
                     self._origin(n, full)
@@ -470,14 +464,27 @@ class _Indexer(cst.CSTVisitor):
             if alias.asname is None:
                 for n in names:
                     self._binds(n, None)
-            base = _dotted(node.module) if node.module is not None and not node.relative else None
-            name = _dotted(alias.name)
+            base = dotted(node.module) if node.module is not None and not node.relative else None
+            name = dotted(alias.name)
             if base is not None and name is not None:
                 for n in names:
                     self._origin(n, f"{base}.{name}")
             self.scope.bound.update(names)
             if self.scope.qualname == MODULE:
                 self.prog.imported.update(names)
+
+    def _self_attr(self, target: cst.BaseExpression) -> str | None:
+        """The attribute a method sets on its own instance (``self.x = ..``), if ``target`` is
+        one."""
+        if (
+            isinstance(target, cst.Attribute)
+            and isinstance(target.value, cst.Name)
+            and self.scope.cls is not None
+            and self.scope.params
+            and target.value.value == self.scope.params[0]
+        ):
+            return target.attr.value
+        return None
 
     def _note_type(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
@@ -487,23 +494,8 @@ class _Indexer(cst.CSTVisitor):
             return
         if isinstance(target, cst.Name):
             self.scope.types[target.value] = cls
-        elif (
-            isinstance(target, cst.Attribute)
-            and isinstance(target.value, cst.Name)
-            and self.scope.cls is not None
-            and self.scope.params
-            and target.value.value == self.scope.params[0]
-        ):
-            self.prog.classes[self.scope.cls].attr_types[target.attr.value] = cls
-
-
-def _dotted(node: cst.BaseExpression) -> str | None:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        inner = _dotted(node.value)
-        return None if inner is None else f"{inner}.{node.attr.value}"
-    return None
+        elif (attr := self._self_attr(target)) is not None and self.scope.cls is not None:
+            self.prog.classes[self.scope.cls].attr_types[attr] = cls
 
 
 def _param_parts(params: cst.Parameters) -> Iterator[cst.CSTNode]:

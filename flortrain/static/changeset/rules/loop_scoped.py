@@ -5,9 +5,9 @@ from __future__ import annotations
 from flortrain.static.changeset.rule import Case, ChangesetRule, R
 from flortrain.static.effects import Effects, NoEstimate
 from flortrain.static.expressions import root
-from flortrain.static.liveness import liveness_of
+from flortrain.static.liveness import inner_reads, liveness_of
 from flortrain.static.plan import Change
-from flortrain.static.program import MODULE, Loop, Program, Scope
+from flortrain.static.program import Loop, Program, Scope
 
 
 class LoopScoped(ChangesetRule):
@@ -168,12 +168,6 @@ def _names_used_outside(prog: Program, scope: Scope, start: int, end: int) -> di
     """Every name mentioned outside the loop's lines, or by another scope that sees it (the
     fallback where liveness cannot answer)."""
     used = {n: line for n, line in scope.names if not start <= line <= end}
-    prefix = scope.qualname + "."
-    for other in prog.scopes.values():
-        if other is scope:
-            continue
-        if scope.qualname == MODULE or other.qualname.startswith(prefix):
-            for n, line in other.names:
-                if not other.is_local(n) or n in other.declared_global:
-                    used.setdefault(n, line)
+    for n, line in inner_reads(prog, scope).items():
+        used.setdefault(n, line)
     return used
