@@ -11,6 +11,7 @@ from textwrap import dedent
 import pytest
 
 from flortrain.static.analysis import analyse
+from flortrain.static.changeset.docs import PAGE, render
 from flortrain.static.changeset.rule import Case, ChangesetRule, Refused
 from flortrain.static.changeset.rules import all_rules
 from flortrain.static.plan import Block, Plan, Restore
@@ -70,6 +71,13 @@ def test_every_rule_is_described_and_has_cases() -> None:
         assert r.cases and r.pattern and r.change and r.doc, r.name
         module = r.__module__.rsplit(".", 1)[-1]
         assert module == r.name.replace("-", "_"), (module, r.name)
+
+
+def test_docs_list_every_rule_from_its_module() -> None:
+    page = PAGE.read_text(encoding="utf-8")
+    assert render(page) == page, "stale: python -m flortrain.static.changeset.docs"
+    for r in RULES:
+        assert f"\n### {r.name}\n" in page and f"(#{r.name})" in page, r.name
 
 
 # -- Table 2 ---------------------------------------------------------------------------------------
