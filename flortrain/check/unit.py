@@ -72,7 +72,7 @@ class Unit:
 
     @cached_property
     def program(self) -> Program:
-        from flortrain.static.program import index
+        from flortrain.static.indexing import index
 
         return index(self.source)
 

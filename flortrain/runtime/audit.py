@@ -1,6 +1,6 @@
 """The side-effect audit: what a loop changed in place that its changeset does not name.
 
-The changeset comes from Flor's static rules (``static/changeset.py``), which read effects off the
+The changeset comes from Flor's static rules (``static/changeset/``), which read effects off the
 syntax: assignments, methods called on a name, arguments of known mutating functions. Effects
 hidden behind a call the rules cannot see into escape them, and a skipped instance then leaves
 that state as the prologue left it, silently: ``seen.add(i)`` (``add`` reads a tensor, but writes

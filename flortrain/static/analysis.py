@@ -9,6 +9,7 @@ from flortrain.errors import FlortrainError, Located
 from flortrain.static.changeset.loop import loop_changeset
 from flortrain.static.clocks import clock_names
 from flortrain.static.effects import NoEstimate
+from flortrain.static.indexing import index
 from flortrain.static.loops import LoopForest
 from flortrain.static.plan import (
     Block,
@@ -20,7 +21,7 @@ from flortrain.static.plan import (
     Restore,
     SourceRange,
 )
-from flortrain.static.program import MODULE, Loop, Program, index
+from flortrain.static.program import MODULE, Loop, Program
 from flortrain.static.source import TOO_DEEP, Source
 from flortrain.static.spans import boundary_state
 from flortrain.static.untracked import untracked_writes
