@@ -58,6 +58,14 @@ def preorder(
     return out
 
 
+def called_name(call: cst.Call) -> str | None:
+    """The last name of what a call calls: ``f`` of ``f(x)``, ``step`` of ``opt.step()``."""
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return func.value if isinstance(func, cst.Name) else None
+
+
 def target_exprs(node: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
     if isinstance(node, cst.Tuple | cst.List):
         for el in node.elements:

@@ -204,7 +204,7 @@ class _Indexer(cst.CSTVisitor):
         elif isinstance(target, cst.Tuple | cst.List | cst.StarredElement):
             for n in names_of(target):
                 self._binds(n, None)
-        elif (attr := self._self_attr(target)) is not None and self.scope.cls is not None:
+        elif (attr := self.scope.self_attr(target)) is not None and self.scope.cls is not None:
             attrs = self.prog.classes[self.scope.cls].attr_assigned
             attrs.setdefault(attr, []).append((self.scope.qualname, value))
 
@@ -254,19 +254,6 @@ class _Indexer(cst.CSTVisitor):
             if self.scope.qualname == MODULE:
                 self.prog.imported.update(names)
 
-    def _self_attr(self, target: cst.BaseExpression) -> str | None:
-        """The attribute a method sets on its own instance (``self.x = ..``), if ``target`` is
-        one."""
-        if (
-            isinstance(target, cst.Attribute)
-            and isinstance(target.value, cst.Name)
-            and self.scope.cls is not None
-            and self.scope.params
-            and target.value.value == self.scope.params[0]
-        ):
-            return target.attr.value
-        return None
-
     def _note_type(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
             return
@@ -275,7 +262,7 @@ class _Indexer(cst.CSTVisitor):
             return
         if isinstance(target, cst.Name):
             self.scope.types[target.value] = cls
-        elif (attr := self._self_attr(target)) is not None and self.scope.cls is not None:
+        elif (attr := self.scope.self_attr(target)) is not None and self.scope.cls is not None:
             self.prog.classes[self.scope.cls].attr_types[attr] = cls
 
 

@@ -55,6 +55,18 @@ class Scope:
         assert isinstance(body, cst.SimpleStatementSuite)
         return [body]
 
+    def self_attr(self, expr: cst.BaseExpression) -> str | None:
+        """The attribute ``expr`` names on a method's own instance (``self.x``), if it does."""
+        if (
+            isinstance(expr, cst.Attribute)
+            and isinstance(expr.value, cst.Name)
+            and self.cls is not None
+            and self.params
+            and expr.value.value == self.params[0]
+        ):
+            return expr.attr.value
+        return None
+
     def is_local(self, name: str) -> bool:
         if self.qualname == MODULE:
             return True

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 import libcst as cst
 
 from flortrain.static.changeset.loop import loop_changeset
-from flortrain.static.expressions import impurity, pattern_captures
+from flortrain.static.expressions import impurity, names_of, pattern_captures
 from flortrain.static.plan import Boundary, Change, Guard, Restore
 from flortrain.static.program import Loop, Program, Scope
 from flortrain.static.values import is_target, occurrences, read_elsewhere, value_read
@@ -38,7 +38,7 @@ def boundary_state(prog: Program, loop: Loop) -> Boundary:
     """The state at a main-loop iteration boundary; raises ``NoEstimate`` when there is none."""
     cs = loop_changeset(prog, loop)
     scope = prog.loop_scope[loop]
-    targets = tuple(sorted(_names_bound_by(loop.target))) if isinstance(loop, cst.For) else ()
+    targets = tuple(sorted(names_of(loop.target))) if isinstance(loop, cst.For) else ()
     body = list(_suite(loop.body))
     changes: dict[str, Change] = {}
     for c in cs.changes:
@@ -126,16 +126,6 @@ def _suite(body: cst.BaseSuite | None) -> Iterator[cst.CSTNode]:
                 yield s
 
 
-def _names_bound_by(target: cst.CSTNode) -> set[str]:
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, cst.Tuple | cst.List):
-        return {n for e in target.elements for n in _names_bound_by(e.value)}
-    if isinstance(target, cst.StarredElement):
-        return _names_bound_by(target.value)
-    return set()
-
-
 def _reads_in(node: cst.CSTNode, name: str) -> list[tuple[cst.Name, list[cst.CSTNode]]]:
     return [(n, p) for n, p in occurrences(node, name) if not is_target(p)]
 
@@ -170,9 +160,9 @@ def _first_reads_in(s: cst.CSTNode, name: str, bound: bool, out: Reads) -> bool:
     # a small statement; or try, match, ...: every read counts, and nothing is surely bound after
     if not bound:
         out.extend(_reads_in(s, name))
-    if isinstance(s, cst.Assign) and any(name in _names_bound_by(t.target) for t in s.targets):
+    if isinstance(s, cst.Assign) and any(name in names_of(t.target) for t in s.targets):
         return True
-    if isinstance(s, cst.AugAssign | cst.AnnAssign) and name in _names_bound_by(s.target):
+    if isinstance(s, cst.AugAssign | cst.AnnAssign) and name in names_of(s.target):
         return bound or isinstance(s, cst.AugAssign) or s.value is not None
     return bound
 
@@ -195,7 +185,7 @@ def _with_reads(s: cst.With, name: str, bound: bool, out: Reads) -> bool:
     if not bound:
         for item in s.items:
             out.extend(_reads_in(item.item, name))
-        if any(it.asname is not None and name in _names_bound_by(it.asname.name) for it in s.items):
+        if any(it.asname is not None and name in names_of(it.asname.name) for it in s.items):
             bound = True
     return _first_reads(list(_suite(s.body)), name, bound, out)
 
@@ -205,7 +195,7 @@ def _loop_reads(s: cst.For | cst.While, name: str, bound: bool, out: Reads) -> b
     head = s.iter if isinstance(s, cst.For) else s.test
     if not bound:
         out.extend(_reads_in(head, name))
-    in_body = bound or (isinstance(s, cst.For) and name in _names_bound_by(s.target))
+    in_body = bound or (isinstance(s, cst.For) and name in names_of(s.target))
     _first_reads(list(_suite(s.body)), name, in_body, out)
     if s.orelse is not None:
         _first_reads(list(_suite(s.orelse.body)), name, bound, out)
@@ -327,7 +317,7 @@ def _bindings(body: cst.CSTNode, line: Callable[[cst.CSTNode], int]) -> dict[str
     out: dict[str, list[int]] = {}
 
     def add(target: cst.CSTNode, at: cst.CSTNode) -> None:
-        for n in _names_bound_by(target):
+        for n in names_of(target):
             out.setdefault(n, []).append(line(at))
 
     stack: list[cst.CSTNode] = [body]

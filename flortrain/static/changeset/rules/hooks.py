@@ -26,7 +26,7 @@ from flortrain.static.changeset.host import Walk, body_effects
 from flortrain.static.changeset.rule import Case, ChangesetRule, P, R, Refused
 from flortrain.static.changeset.rules.callbacks import lambda_changes
 from flortrain.static.effects import RULE_CALLEE, NoEstimate
-from flortrain.static.expressions import root
+from flortrain.static.expressions import called_name, root
 from flortrain.static.plan import Restore
 from flortrain.static.program import MODULE, Program, Scope
 
@@ -226,14 +226,7 @@ def _registrations(prog: Program) -> list[tuple[Scope, cst.Call]]:
     out = []
     for scope in prog.scopes.values():
         for call in prog.calls_in(list(scope.body)):
-            func = call.func
-            name = (
-                func.attr.value
-                if isinstance(func, cst.Attribute)
-                else func.value
-                if isinstance(func, cst.Name)
-                else ""
-            )
+            name = called_name(call) or ""
             if _REGISTER.match(name):
                 out.append((scope, call))
     return out
