@@ -231,11 +231,11 @@ def test_explain_gives_every_loop_not_memoized_a_reason_in_the_scripts_lines() -
     lines = text.splitlines()
     memoized = {b.span.line for b in plan.blocks} | {m.span.line for m in plan.main_loops}
     loops = [i + 1 for i, ln in enumerate(lines) if ln.lstrip().startswith("for ")]
-    for line in loops:
-        if line not in memoized:
-            assert any(
-                r.startswith(f"train.py:{line}:") and ": " in r for r in plan.explain().splitlines()
-            ), line
+    plain = [line for line in loops if line not in memoized]
+    assert plain == [23], (loops, memoized)  # the test loop after training
+    for line in plain:
+        reasons = [r for r in plan.explain().splitlines() if r.startswith(f"train.py:{line}:")]
+        assert len(reasons) == 1 and "not memoized: " in reasons[0], reasons
 
 
 HELPER = TUTORIAL.replace(
