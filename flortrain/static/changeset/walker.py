@@ -299,9 +299,3 @@ def _imported_names(s: cst.Import | cst.ImportFrom) -> list[str]:
         for a in s.names:
             names += list(names_of(a.asname.name if a.asname else a.name))
     return names
-
-
-def function_effects(prog: Program, scope: Scope, stack: frozenset[str]) -> Effects:
-    w = Walker(prog, scope, stack, in_loop=False)
-    w.statements(list(scope.body))
-    return w.fx
