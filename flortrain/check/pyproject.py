@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from flortrain.check.config import CheckConfig, Selection
+from flortrain.check.rules import all_rules
 from flortrain.errors import FlortrainError, Located
 
 #: every key the table may have, as ruff spells its own
@@ -33,7 +34,6 @@ _TOML_AT = re.compile(r"\(at line (\d+), column (\d+)\)")
 
 def known_prefix(prefix: str) -> bool:
     """``ALL``, a family (``RNG``) or the prefix of a rule's code (``DET1``, ``DET101``)."""
-    from flortrain.check.rules import all_rules
 
     if prefix == "ALL" or any(f.startswith(prefix) for f in _FAMILIES if prefix):
         return True

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from flortrain.check import seeding
+from flortrain.check.flow import callee, nodes
 from flortrain.static.interprocedural import bind_params
 from flortrain.static.program import Scope
 
@@ -139,8 +140,6 @@ _SEED_PARAMS: weakref.WeakKeyDictionary[Unit, dict[str, str | None]] = weakref.W
 
 
 def _seed_param(unit: Unit, scope: Scope, _depth: int) -> str | None:
-    from flortrain.check.flow import callee, nodes
-
     if _depth > _DEPTH or not isinstance(scope.node, cst.FunctionDef):
         return None
     params = set(scope.params)
