@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from flortrain.check.streams import PYTHON_DRAWS, TORCH_DRAWS
+from flortrain.static.expressions import argument
 from flortrain.static.program import Scope
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ def seeded(unit: Unit, call: cst.Call) -> frozenset[str]:
 
 def draw(unit: Unit, call: cst.Call) -> tuple[str, str] | None:
     """The global stream a call draws from, and how the call is spelled, or None."""
-    if _keyword(call, "generator") is not None:
+    if argument(call, "generator") is not None:
         return None
     names = unit.called(call)
     for q in names:
@@ -180,12 +181,12 @@ def draw(unit: Unit, call: cst.Call) -> tuple[str, str] | None:
         if q in _TORCH_DATA:
             return TORCH, _TORCH_DATA[q]
         if q in _LOADERS:
-            shuffle = _keyword(call, "shuffle")
+            shuffle = argument(call, "shuffle")
             if (
                 shuffle is not None
                 and _truthy(shuffle)
-                and _keyword(call, "sampler") is None
-                and _keyword(call, "batch_sampler") is None
+                and argument(call, "sampler") is None
+                and argument(call, "batch_sampler") is None
             ):
                 return TORCH, "DataLoader(shuffle=True)"
             return None
@@ -254,13 +255,6 @@ def generator_names(unit: Unit, scope: Scope) -> Iterator[str]:
             }:
                 yield name
                 break
-
-
-def _keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:
-    for a in call.args:
-        if a.keyword is not None and a.keyword.value == name:
-            return a.value
-    return None
 
 
 def _truthy(expr: cst.BaseExpression) -> bool:

@@ -65,6 +65,19 @@ class Scope:
             return True
         return name in self.bound and name not in self.declared_global
 
+    def self_attribute(self, expr: cst.BaseExpression) -> str | None:
+        """``attr`` when ``expr`` is ``self.attr`` in a method (``self``: its first parameter),
+        else None: what the class's own assignments to ``attr`` say ``expr`` holds."""
+        if (
+            isinstance(expr, cst.Attribute)
+            and isinstance(expr.value, cst.Name)
+            and self.cls is not None
+            and self.params
+            and expr.value.value == self.params[0]
+        ):
+            return expr.attr.value
+        return None
+
 
 @dataclass
 class ClassInfo:

@@ -48,14 +48,9 @@ def channel_kind(prog: Program, scope: Scope, expr: cst.BaseExpression) -> str |
             ("name:" + owner.qualname, expr.value),
             lambda: _all(prog, owner, owner.assigned.get(expr.value)),
         )
-    if (
-        isinstance(expr, cst.Attribute)
-        and isinstance(expr.value, cst.Name)
-        and scope.cls is not None
-        and scope.params
-        and expr.value.value == scope.params[0]
-    ):
-        return _class_attr(prog, scope.cls, expr.attr.value, frozenset())
+    attr = scope.self_attribute(expr)
+    if attr is not None and scope.cls is not None:
+        return _class_attr(prog, scope.cls, attr, frozenset())
     return None
 
 
