@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from flortrain.check.streams import PYTHON_DRAWS, TORCH_DRAWS
+from flortrain.check.streams import NUMPY_GLOBAL_DRAWS, PYTHON_DRAWS, TORCH_DRAWS
 from flortrain.static.expressions import argument
 from flortrain.static.program import Scope
 
@@ -131,27 +131,7 @@ _TORCH_DATA = {
     "torch.utils.data.sampler.RandomSampler": "RandomSampler",
 }
 _LOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
-#: names under numpy.random that are not draws from the global stream
-_NUMPY_NOT_DRAWS = frozenset(
-    {
-        "seed",
-        "get_state",
-        "set_state",
-        "default_rng",
-        "RandomState",
-        "Generator",
-        "SeedSequence",
-        "BitGenerator",
-        "PCG64",
-        "PCG64DXSM",
-        "MT19937",
-        "Philox",
-        "SFC64",
-        "get_bit_generator",
-        "set_bit_generator",
-    }
-)
-#: the random module's draws, named once for both stream analyses (:mod:`flortrain.check.streams`)
+#: the random module's draws, as :mod:`flortrain.check.streams` names them for both analyses
 _PYTHON_DRAWS = frozenset(f"random.{n}" for n in PYTHON_DRAWS)
 #: generators that start from OS entropy when made without a seed
 _GENERATORS = {
@@ -190,11 +170,7 @@ def draw(unit: Unit, call: cst.Call) -> tuple[str, str] | None:
             ):
                 return TORCH, "DataLoader(shuffle=True)"
             return None
-        if (
-            q.startswith("numpy.random.")
-            and q.count(".") == 2
-            and q.rsplit(".", 1)[1] not in _NUMPY_NOT_DRAWS
-        ):
+        if q in NUMPY_GLOBAL_DRAWS:
             return NUMPY, "np." + q.split(".", 1)[1]
         if q in _PYTHON_DRAWS:
             return PYTHON, q
