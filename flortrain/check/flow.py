@@ -15,15 +15,12 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from flortrain.check.project import script_module
+from flortrain.check.unit import Unit
 from flortrain.static.program import MODULE, Scope
-
-if TYPE_CHECKING:
-    from flortrain.check.unit import Unit
 
 #: nodes a step can be
 Node = cst.Call | cst.Assign | cst.AugAssign | cst.AnnAssign

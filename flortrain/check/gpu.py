@@ -5,15 +5,12 @@ and what ``torch.backends.cudnn`` is told."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from flortrain.check.flow import Step, steps
+from flortrain.check.unit import Unit
 from flortrain.static.expressions import argument
-
-if TYPE_CHECKING:
-    from flortrain.check.unit import Unit
 
 CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 #: ``torch.cuda`` functions that do not start CUDA (queries, lazily applied seeds, AMP)

@@ -6,17 +6,14 @@ seeding helpers' parameters (``set_seed(int(time.time()))``)."""
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from flortrain.check import seeding
 from flortrain.check.flow import callee, nodes
+from flortrain.check.unit import Unit
 from flortrain.static.interprocedural import bind_params
 from flortrain.static.program import Scope
-
-if TYPE_CHECKING:
-    from flortrain.check.unit import Unit
 
 #: values that differ run to run, by qualified name, with what they are
 _VOLATILE = {

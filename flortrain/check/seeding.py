@@ -11,16 +11,13 @@ by name; the script's own helpers are not matched by name but walked into (:mod:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from flortrain.check.streams import NUMPY_GLOBAL_DRAWS, PYTHON_DRAWS, TORCH_DRAWS
+from flortrain.check.unit import Unit
 from flortrain.static.expressions import argument
 from flortrain.static.program import Scope
-
-if TYPE_CHECKING:
-    from flortrain.check.unit import Unit
 
 TORCH = "torch"
 NUMPY = "numpy"

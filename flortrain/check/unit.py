@@ -8,19 +8,16 @@ plan, so a dozen rules cost about one pass over the file.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst.metadata import CodeRange, PositionProvider
 
+from flortrain.check.config import CheckConfig
 from flortrain.check.names import Names, resolve_names
 from flortrain.static.analysis import analyse
 from flortrain.static.plan import Plan
 from flortrain.static.program import Program, index
 from flortrain.static.source import Source
-
-if TYPE_CHECKING:
-    from flortrain.check.config import CheckConfig
 
 
 class Unit:
