@@ -80,6 +80,20 @@ class Draw:
     state: Origin | Safe
 
 
+def where_drawn(unit: Unit, draw: Draw) -> str:
+    """Where ``draw`` is, as the RNG rules' messages say it: ``in `f`, which DataLoader workers
+    run`` / ``in `g`, which `f` calls in threads``."""
+    region = draw.region
+    entry = region.entry.name
+    name = f"`{draw.func.name}`"
+    if draw.func.unit is not unit:
+        line = draw.func.unit.where(draw.node)[0]
+        name += f" ({os.path.basename(draw.func.unit.path)}:{line})"
+    if draw.func.node is region.entry.node:
+        return f"in {name}, which {region.kind.value} run"
+    return f"in {name}, which `{entry}` calls in {region.kind.value}"
+
+
 def _join(
     a: dict[str, State], b: dict[str, State], outside: Callable[[str], State]
 ) -> dict[str, State]:
