@@ -149,7 +149,7 @@ class Graphs:
             owner = self.prog.binding_scope(scope, func.value)
             if owner is not None:
                 values = owner.assigned.get(func.value, [])
-        elif (attr := scope.self_attribute(func)) is not None and scope.cls is not None:
+        elif (attr := scope.self_attr(func)) is not None and scope.cls is not None:
             info = self.prog.classes.get(scope.cls)
             if info is not None:
                 values = [v for _, v in info.attr_assigned.get(attr, [])]

@@ -60,14 +60,8 @@ class Scope:
         assert isinstance(body, cst.SimpleStatementSuite)
         return [body]
 
-    def is_local(self, name: str) -> bool:
-        if self.qualname == MODULE:
-            return True
-        return name in self.bound and name not in self.declared_global
-
-    def self_attribute(self, expr: cst.BaseExpression) -> str | None:
-        """``attr`` when ``expr`` is ``self.attr`` in a method (``self``: its first parameter),
-        else None: what the class's own assignments to ``attr`` say ``expr`` holds."""
+    def self_attr(self, expr: cst.BaseExpression) -> str | None:
+        """The attribute ``expr`` names on a method's own instance (``self.x``), if it does."""
         if (
             isinstance(expr, cst.Attribute)
             and isinstance(expr.value, cst.Name)
@@ -77,6 +71,11 @@ class Scope:
         ):
             return expr.attr.value
         return None
+
+    def is_local(self, name: str) -> bool:
+        if self.qualname == MODULE:
+            return True
+        return name in self.bound and name not in self.declared_global
 
 
 @dataclass

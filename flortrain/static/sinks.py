@@ -48,7 +48,7 @@ def channel_kind(prog: Program, scope: Scope, expr: cst.BaseExpression) -> str |
             ("name:" + owner.qualname, expr.value),
             lambda: _all(prog, owner, owner.assigned.get(expr.value)),
         )
-    attr = scope.self_attribute(expr)
+    attr = scope.self_attr(expr)
     if attr is not None and scope.cls is not None:
         return _class_attr(prog, scope.cls, attr, frozenset())
     return None
