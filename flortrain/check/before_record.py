@@ -42,6 +42,8 @@ def check(script: str, text: str, parsed: tuple[Source, Plan] | None = None) -> 
     or a failing check is the check's problem, never the run's: the record goes on, saying so in
     one line."""
     try:
+        # imported here, not above: record's training process imports this module for `warn`
+        # and `Checked`, and must not load libcst (a script sees sys.modules as under python)
         from flortrain.check.discovery import discover
         from flortrain.check.pyproject import Configs
         from flortrain.check.runner import check_text

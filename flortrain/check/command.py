@@ -11,8 +11,9 @@ import click
 
 from flortrain.check.discovery import discover
 from flortrain.check.fix import ROUNDS, applicable, fix_text, write
+from flortrain.check.formats import render
 from flortrain.check.pyproject import Configs, cli_selection
-from flortrain.check.report import Report, render
+from flortrain.check.report import Report
 from flortrain.check.runner import check_text, unparsable
 from flortrain.errors import FlortrainError, Located
 from flortrain.static.text import read_text

@@ -12,20 +12,15 @@ leads there.
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from flortrain.check.project import unit_at
+from flortrain.check.project import script_module
+from flortrain.check.unit import Unit
 from flortrain.static.program import MODULE, Scope
-from flortrain.static.text import module_file
-
-if TYPE_CHECKING:
-    from flortrain.check.unit import Unit
 
 #: nodes a step can be
 Node = cst.Call | cst.Assign | cst.AugAssign | cst.AnnAssign
@@ -162,7 +157,7 @@ def callee(unit: Unit, scope: Scope, call: cst.Call) -> tuple[Unit, Scope] | Non
         if "." not in qual:
             continue
         dotted, name = qual.rsplit(".", 1)
-        other = project_unit(unit, dotted)
+        other = script_module(unit, dotted)
         if other is None:
             continue
         p = other.program
@@ -173,24 +168,6 @@ def callee(unit: Unit, scope: Scope, call: cst.Call) -> tuple[Unit, Scope] | Non
             if init is not None:
                 return other, p.scopes[init]
     return None
-
-
-def project_unit(unit: Unit, dotted: str) -> Unit | None:
-    """The project module ``dotted`` as a unit, when it is a file under the checked script's
-    directory (the way ``sys.path[0]`` finds it, also from inside another project module),
-    parsed once per content."""
-    root = _ROOTS.get(unit) or os.path.dirname(os.path.abspath(unit.path))
-    path = module_file(root, dotted)
-    if path is None or os.path.abspath(path) == os.path.abspath(unit.path):
-        return None
-    found = unit_at(path, unit.config)
-    if found is not None:
-        _ROOTS[found] = root
-    return found
-
-
-#: the script directory a project module was found from
-_ROOTS: weakref.WeakKeyDictionary[Unit, str] = weakref.WeakKeyDictionary()
 
 
 class _Walk:
@@ -227,7 +204,7 @@ class _Walk:
         elif node.module is not None and not node.relative:
             names = [unit.source.code(node.module)]
         for dotted in names:
-            other = project_unit(self.root, dotted)
+            other = script_module(self.root, dotted)
             if other is None or other.path in self.imported:
                 continue
             self.imported.add(other.path)

@@ -5,14 +5,12 @@ and what ``torch.backends.cudnn`` is told."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from flortrain.check.flow import Step, steps
-
-if TYPE_CHECKING:
-    from flortrain.check.unit import Unit
+from flortrain.check.unit import Unit
+from flortrain.static.expressions import argument
 
 CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 #: ``torch.cuda`` functions that do not start CUDA (queries, lazily applied seeds, AMP)
@@ -53,22 +51,22 @@ def deterministic_mode(unit: Unit) -> Mode | None:
 def _mode(unit: Unit, call: cst.Call) -> tuple[bool, bool] | None:
     names = unit.called(call)
     if "torch.use_deterministic_algorithms" in names:
-        mode = _arg(call, 0, "mode")
+        mode = argument(call, "mode", 0)
         if mode is None or _is(mode, "False"):
             return None
-        warn = _arg(call, None, "warn_only")
+        warn = argument(call, "warn_only")
         return warn is not None and not _is(warn, "False"), False
     if "torch.set_deterministic_debug_mode" in names:
-        level = _arg(call, 0, "debug_mode")
+        level = argument(call, "debug_mode", 0)
         text = _literal_text(level)
         if text in ("default", "0"):
             return None
         return text in ("warn", "1"), False
     if names & _FULL_DETERMINISM:
-        warn = _arg(call, None, "warn_only")
+        warn = argument(call, "warn_only")
         return warn is not None and not _is(warn, "False"), True
     if any(q.startswith(_TRAINERS) and q.endswith(".Trainer") for q in names):
-        flag = _arg(call, None, "deterministic")
+        flag = argument(call, "deterministic")
         if flag is None or _is(flag, "False") or _is(flag, "None"):
             return None
         return _literal_text(flag) == "warn", True
@@ -88,7 +86,7 @@ def starts_cuda(step: Step) -> bool:
     func = node.func
     if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and not names & {"torch.cuda"}:
         return True
-    device = _arg(node, 0, "device") if _is_to(func) else _arg(node, None, "device")
+    device = argument(node, "device", 0) if _is_to(func) else argument(node, "device")
     return device is not None and _cuda_valued(step, device)
 
 
@@ -152,16 +150,6 @@ def cudnn_flags(unit: Unit, flag: str) -> list[tuple[Step, bool | None]]:
 def line_of(unit: Unit, step: Step) -> int:
     """The line of ``step`` in the checked file (of its anchor when it is in another file)."""
     return unit.where(step.node if step.unit is unit else step.anchor)[0]
-
-
-def _arg(call: cst.Call, pos: int | None, name: str) -> cst.BaseExpression | None:
-    for a in call.args:
-        if a.keyword is not None and a.keyword.value == name:
-            return a.value
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    if pos is not None and pos < len(positional):
-        return positional[pos].value
-    return None
 
 
 def _is(expr: cst.BaseExpression, name: str) -> bool:

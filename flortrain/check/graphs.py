@@ -149,16 +149,10 @@ class Graphs:
             owner = self.prog.binding_scope(scope, func.value)
             if owner is not None:
                 values = owner.assigned.get(func.value, [])
-        elif (
-            isinstance(func, cst.Attribute)
-            and isinstance(func.value, cst.Name)
-            and scope.cls is not None
-            and scope.params
-            and func.value.value == scope.params[0]
-        ):
+        elif (attr := scope.self_attr(func)) is not None and scope.cls is not None:
             info = self.prog.classes.get(scope.cls)
             if info is not None:
-                values = [v for _, v in info.attr_assigned.get(func.attr.value, [])]
+                values = [v for _, v in info.attr_assigned.get(attr, [])]
         return any(self._constructs_module(v, scope, depth) for v in values if v is not None)
 
     def _constructs_module(self, value: cst.BaseExpression, scope: Scope, depth: int) -> bool:

@@ -1,4 +1,5 @@
-"""Where a script's imports lead, and what the files there train, read with the stdlib parser.
+"""What the files a script's imports lead to train, read with the stdlib parser (the files
+themselves are found by :func:`flortrain.check.project.hook_module`).
 
 The static pass sees one file at a time; record's import hook instruments the project modules
 (files under the script's directory or the working directory) when they are imported. To say
@@ -10,8 +11,6 @@ fewer than two loops is imported plainly), then the static pass, once per file.
 from __future__ import annotations
 
 import ast
-import os
-from dataclasses import dataclass
 from functools import lru_cache
 
 from flortrain.check.plan_facts import trains
@@ -19,32 +18,7 @@ from flortrain.errors import FlortrainError
 from flortrain.static.analysis import analyse, module_prefix
 from flortrain.static.plan import Plan
 from flortrain.static.source import parse
-from flortrain.static.text import loop_count, module_file, read_text
-
-#: directories above the script searched for a package it imports (a repository's ``src/``)
-ANCESTORS = 3
-
-
-@dataclass(frozen=True)
-class Found:
-    path: str
-    beside: bool  # under the script's directory: a project module wherever record runs
-
-
-def resolve(script: str, dotted: str) -> Found | None:
-    """The file ``dotted`` names, beside the script or in a directory above it; None when it
-    is neither (an installed package, the standard library, a module made at run time)."""
-    base = os.path.dirname(os.path.abspath(script))
-    here = base
-    for level in range(ANCESTORS + 1):
-        path = module_file(here, dotted)
-        if path is not None:
-            return Found(path, level == 0)
-        up = os.path.dirname(here)
-        if up == here:
-            break
-        here = up
-    return None
+from flortrain.static.text import loop_count, read_text
 
 
 @lru_cache(maxsize=64)

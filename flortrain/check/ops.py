@@ -20,6 +20,7 @@ from typing import Any
 import libcst as cst
 
 from flortrain.check.unit import Unit
+from flortrain.static.expressions import argument
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ def _applies(sp: _Spelling, call: cst.Call) -> bool:
     when = sp.when
     if when is None:
         return True
-    value = _argument(call, when["arg"], when.get("pos"))
+    value = argument(call, when["arg"], when.get("pos"))
     if value is None:
         if when.get("present"):
             return False
@@ -149,16 +150,6 @@ def _applies(sp: _Spelling, call: cst.Call) -> bool:
 
 
 _UNKNOWN = object()
-
-
-def _argument(call: cst.Call, name: str, pos: int | None) -> cst.BaseExpression | None:
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    for a in call.args:
-        if a.keyword is not None and a.keyword.value == name:
-            return a.value
-    if pos is not None and pos < len(positional):
-        return positional[pos].value
-    return None
 
 
 def _literal(value: cst.BaseExpression) -> object:

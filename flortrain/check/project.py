@@ -1,15 +1,26 @@
-"""The script's project modules: files beside it that it imports, parsed once per check run.
+"""The script's project modules: the files its imports name, found in one place for every
+rule family, and parsed once per check run.
 
-Interprocedural rules follow a call into ``from aug import augment`` as they follow a call to a
-function of the file itself. A module is looked up beside the importing file (``aug.py`` or
-``aug/__init__.py``), never on ``sys.path``: installed libraries are not the project, and nothing
-is imported or run. Each file is parsed at most once for as long as it is unchanged, however
-many checked files import it.
+A module is looked up in directories (``aug.py`` or ``aug/__init__.py`` there), never on
+``sys.path``: installed libraries are not the project, and nothing is imported or run. Which
+directories depends on the question asked:
+
+- :func:`module_path`, for calls followed into ``from aug import augment``: beside the
+  importing file, or beside the package it is in; relative imports from its own directory.
+- :func:`script_module`, for the execution order: the checked script's directory, as
+  ``sys.path[0]`` finds modules, also from inside another project module.
+- :func:`hook_module`, for where a training loop lives: the script's directory or one of the
+  few above it, as record's import hook takes project modules from the working directory.
+
+Each file is parsed at most once for as long as it is unchanged (:func:`unit_at`), however many
+checked files import it.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import libcst as cst
@@ -25,6 +36,20 @@ from flortrain.static.text import module_file
 _CACHE: dict[tuple[str, int, int], Unit | None] = {}
 
 
+#: directories above the script searched for a package it imports (a repository's ``src/``)
+ANCESTORS = 3
+
+
+def find(dotted: str, dirs: Iterable[str]) -> tuple[str, int] | None:
+    """The file of module ``dotted`` in the first of ``dirs`` that has it, and that directory's
+    place in ``dirs``; None when none has it."""
+    for i, d in enumerate(dirs):
+        path = module_file(d, dotted)
+        if path is not None:
+            return path, i
+    return None
+
+
 def module_path(importer: Unit, dotted: str) -> str | None:
     """The file of project module ``dotted`` (``aug``, ``pkg.aug``, relative ``..utils``) as
     seen from ``importer``: beside it, or, when it is inside a package, beside that package
@@ -38,12 +63,61 @@ def module_path(importer: Unit, dotted: str) -> str | None:
     if dots:
         for _ in range(dots - 1):  # `from ..utils import x`: one directory up per extra dot
             base = os.path.dirname(base)
-        return module_file(base, ".".join(parts))
+        dirs: Iterable[str] = [base]
+    else:
+        dirs = _package_dirs(base)
+    found = find(".".join(parts), dirs)
+    return found[0] if found is not None else None
+
+
+def _package_dirs(base: str) -> Iterator[str]:
+    """``base``, then each directory above it for as long as the one below is a package."""
     while True:
-        found = module_file(base, ".".join(parts))
-        if found is not None or not os.path.isfile(os.path.join(base, "__init__.py")):
-            return found
+        yield base
+        if not os.path.isfile(os.path.join(base, "__init__.py")):
+            return
         base = os.path.dirname(base)
+
+
+def script_module(unit: Unit, dotted: str) -> Unit | None:
+    """The project module ``dotted`` as a unit, when it is a file under the checked script's
+    directory (the way ``sys.path[0]`` finds it, also from inside another project module),
+    parsed once per content."""
+    root = _ROOTS.get(unit) or os.path.dirname(os.path.abspath(unit.path))
+    found = find(dotted, [root])
+    if found is None or os.path.abspath(found[0]) == os.path.abspath(unit.path):
+        return None
+    module = unit_at(found[0], unit.config)
+    if module is not None:
+        _ROOTS[module] = root
+    return module
+
+
+#: the script directory a project module was found from
+_ROOTS: weakref.WeakKeyDictionary[Unit, str] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Found:
+    path: str
+    beside: bool  # under the script's directory: a project module wherever record runs
+
+
+def hook_module(script: str, dotted: str) -> Found | None:
+    """The file ``dotted`` names, beside the script or in a directory above it; None when it
+    is neither (an installed package, the standard library, a module made at run time)."""
+    found = find(dotted, _ancestors(os.path.dirname(os.path.abspath(script))))
+    return Found(found[0], found[1] == 0) if found is not None else None
+
+
+def _ancestors(here: str) -> Iterator[str]:
+    """``here`` and up to :data:`ANCESTORS` directories above it."""
+    for _ in range(ANCESTORS + 1):
+        yield here
+        up = os.path.dirname(here)
+        if up == here:
+            return
+        here = up
 
 
 def load(importer: Unit, dotted: str) -> Unit | None:

@@ -7,33 +7,20 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from flortrain.check.config import CheckConfig, Selection
+from flortrain.check.rules import all_rules
 from flortrain.errors import FlortrainError, Located
 
-#: every key the table may have, as ruff spells its own
-KEYS = frozenset(
-    {
-        "select",
-        "extend-select",
-        "ignore",
-        "per-file-ignores",
-        "severity",
-        "torch-version",
-        "exclude",
-        "extend-exclude",
-        "force-exclude",
-    }
-)
 _FAMILIES = ("RPL", "RNG", "DET", "CHK")
 _TOML_AT = re.compile(r"\(at line (\d+), column (\d+)\)")
 
 
 def known_prefix(prefix: str) -> bool:
     """``ALL``, a family (``RNG``) or the prefix of a rule's code (``DET1``, ``DET101``)."""
-    from flortrain.check.rules import all_rules
 
     if prefix == "ALL" or any(f.startswith(prefix) for f in _FAMILIES if prefix):
         return True
@@ -58,60 +45,84 @@ def read_table(path: str) -> dict[str, Any] | None:
     return table
 
 
-def load(path: str, table: dict[str, Any]) -> CheckConfig:
-    """``table`` (read from ``path``) as a configuration, every key and code validated."""
+class _Reader:
+    """Reads the values of one file's table, each refusal one line naming that file."""
 
-    def bad(message: str) -> FlortrainError:
-        return FlortrainError(f"[tool.flortrain.check] {message}", Located(path), "FT070")
+    def __init__(self, path: str) -> None:
+        self.path = path
 
-    unknown = sorted(set(table) - KEYS)
-    if unknown:
-        raise bad(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(KEYS))})")
+    def bad(self, message: str) -> FlortrainError:
+        return FlortrainError(f"[tool.flortrain.check] {message}", Located(self.path), "FT070")
 
-    def strings(key: str, value: Any, codes: bool) -> tuple[str, ...]:
+    def strings(self, key: str, value: Any, codes: bool) -> tuple[str, ...]:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise bad(f"{key} must be a list of strings")
+            raise self.bad(f"{key} must be a list of strings")
         if codes:
             for v in value:
                 if not known_prefix(v):
-                    raise bad(f"{key}: unknown rule code or prefix {v!r}")
+                    raise self.bad(f"{key}: unknown rule code or prefix {v!r}")
         return tuple(value)
 
-    config = CheckConfig(root=os.path.dirname(os.path.abspath(path)), source=path)
-    changes: dict[str, Any] = {}
-    for key in ("select", "extend-select", "ignore"):
-        if key in table:
-            changes[key.replace("-", "_")] = strings(key, table[key], codes=True)
-    for key in ("exclude", "extend-exclude"):
-        if key in table:
-            changes[key.replace("-", "_")] = strings(key, table[key], codes=False)
-    if "per-file-ignores" in table:
-        pfi = table["per-file-ignores"]
-        if not isinstance(pfi, dict):
-            raise bad("per-file-ignores must be a table of glob = [codes]")
-        changes["per_file_ignores"] = tuple(
-            (glob, strings(f"per-file-ignores {glob!r}", codes, codes=True))
-            for glob, codes in pfi.items()
-        )
-    if "severity" in table:
-        sev = table["severity"]
-        if not isinstance(sev, dict):
-            raise bad('severity must be a table of code = "error" | "warning"')
-        for code, level in sev.items():
+    def codes(self, key: str, value: Any) -> tuple[str, ...]:
+        return self.strings(key, value, codes=True)
+
+    def globs(self, key: str, value: Any) -> tuple[str, ...]:
+        return self.strings(key, value, codes=False)
+
+    def per_file_ignores(self, key: str, value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        if not isinstance(value, dict):
+            raise self.bad("per-file-ignores must be a table of glob = [codes]")
+        return tuple((glob, self.codes(f"{key} {glob!r}", c)) for glob, c in value.items())
+
+    def severity(self, key: str, value: Any) -> dict[str, str]:
+        if not isinstance(value, dict):
+            raise self.bad('severity must be a table of code = "error" | "warning"')
+        for code, level in value.items():
             if not known_prefix(code):
-                raise bad(f"severity: unknown rule code or prefix {code!r}")
+                raise self.bad(f"severity: unknown rule code or prefix {code!r}")
             if level not in ("error", "warning"):
-                raise bad(f'severity {code!r} must be "error" or "warning", not {level!r}')
-        changes["severity"] = dict(sev)
-    if "torch-version" in table:
-        tv = table["torch-version"]
-        if not isinstance(tv, str) or not re.fullmatch(r"\d+\.\d+", tv):
-            raise bad(f'torch-version must be a "MAJOR.MINOR" string, not {tv!r}')
-        changes["torch_version"] = tv
-    if "force-exclude" in table:
-        if not isinstance(table["force-exclude"], bool):
-            raise bad("force-exclude must be true or false")
-        changes["force_exclude"] = table["force-exclude"]
+                raise self.bad(f'severity {code!r} must be "error" or "warning", not {level!r}')
+        return dict(value)
+
+    def torch_version(self, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not re.fullmatch(r"\d+\.\d+", value):
+            raise self.bad(f'torch-version must be a "MAJOR.MINOR" string, not {value!r}')
+        return value
+
+    def flag(self, key: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.bad(f"{key} must be true or false")
+        return value
+
+
+#: every key the table may have, as ruff spells its own, and how its value is read (in the
+#: order they are validated, so the first bad key of a table is the one reported)
+READERS: dict[str, Callable[[_Reader, str, Any], Any]] = {
+    "select": _Reader.codes,
+    "extend-select": _Reader.codes,
+    "ignore": _Reader.codes,
+    "exclude": _Reader.globs,
+    "extend-exclude": _Reader.globs,
+    "per-file-ignores": _Reader.per_file_ignores,
+    "severity": _Reader.severity,
+    "torch-version": _Reader.torch_version,
+    "force-exclude": _Reader.flag,
+}
+KEYS = frozenset(READERS)
+
+
+def load(path: str, table: dict[str, Any]) -> CheckConfig:
+    """``table`` (read from ``path``) as a configuration, every key and code validated."""
+    reader = _Reader(path)
+    unknown = sorted(set(table) - KEYS)
+    if unknown:
+        raise reader.bad(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(KEYS))})")
+    changes = {
+        key.replace("-", "_"): read(reader, key, table[key])
+        for key, read in READERS.items()
+        if key in table
+    }
+    config = CheckConfig(root=os.path.dirname(os.path.abspath(path)), source=path)
     return replace(config, **changes)
 
 

@@ -18,6 +18,7 @@ import libcst as cst
 
 from flortrain.check import project
 from flortrain.check.unit import Unit
+from flortrain.static.expressions import argument
 from flortrain.static.program import MODULE, Scope
 
 
@@ -163,7 +164,7 @@ class Regions:
             if _callee_name(call) not in names or not self.unit.called(call) & _LOADERS:
                 continue
             scope = self.scope_of(call)
-            loader = Loader(call, scope, _loader_kind(call), _arg(call, 0, "dataset"))
+            loader = Loader(call, scope, _loader_kind(call), argument(call, "dataset", 0))
             init = loader.keyword("worker_init_fn")
             if init is not None:
                 loader.init_fns = resolve_ref(self.unit, init.value, scope)
@@ -277,19 +278,11 @@ def _pool_call(call: cst.Call) -> bool:
     return isinstance(f, cst.Attribute) and f.attr.value in _POOL_METHODS
 
 
-def _arg(call: cst.Call, pos: int, name: str) -> cst.BaseExpression | None:
-    for a in call.args:
-        if a.keyword is not None and a.keyword.value == name:
-            return a.value
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    return positional[pos].value if len(positional) > pos else None
-
-
 def _loader_kind(call: cst.Call) -> Kind | None:
-    n = _arg(call, 5, "num_workers")
+    n = argument(call, "num_workers", 5)
     if n is None or (isinstance(n, cst.Integer) and n.evaluated_value == 0):
         return None
-    method = _arg(call, 99, "worker_method")
+    method = argument(call, "worker_method", 99)
     if isinstance(method, cst.SimpleString) and method.evaluated_value == "thread":
         return Kind.LOADER_THREADS
     return Kind.LOADER

@@ -1,12 +1,11 @@
-"""What one ``flortrain check`` found, and its rendering in the format asked for."""
+"""What one ``flortrain check`` found: the findings, the fixes applied and the texts they are
+offsets into (rendered by :mod:`flortrain.check.formats`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from flortrain.check.finding import Finding, Severity
-
-FORMATS = ("concise", "json", "github", "sarif")
 
 
 @dataclass
@@ -24,15 +23,3 @@ class Report:
     @property
     def warnings(self) -> int:
         return len(self.findings) - self.errors
-
-
-def render(report: Report, fmt: str) -> str:
-    from flortrain.check.formats import concise, github, json_format, sarif
-
-    renderers = {
-        "concise": concise.render,
-        "json": json_format.render,
-        "github": github.render,
-        "sarif": sarif.render,
-    }
-    return renderers[fmt](report)

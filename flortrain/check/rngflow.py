@@ -17,26 +17,24 @@ generator (a name, ``self.attr``, or a global stream ``<numpy>``) to whether it 
 
 from __future__ import annotations
 
+import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
 
 from flortrain.check import project
 from flortrain.check import streams as st
+from flortrain.check.reach import attr_values, callees, calls_in, held_values, key_of, reach
 from flortrain.check.regions import (
     Func,
     Kind,
     Region,
     Regions,
-    class_callable,
-    class_of,
-    func_of,
-    scope_of,
 )
 from flortrain.check.unit import Unit
-from flortrain.static.arguments import bind_params
+from flortrain.check.worker_init import worker_seeding
 from flortrain.static.program import MODULE
 
 
@@ -53,8 +51,6 @@ class Origin:
     def where(self, unit: Unit) -> str:
         if self.path == unit.path:
             return f"line {self.line}"
-        import os
-
         return f"{os.path.basename(self.path)}:{self.line}"
 
 
@@ -84,7 +80,25 @@ class Draw:
     state: Origin | Safe
 
 
-def _join(a: dict[str, State], b: dict[str, State], outside: _Lookup) -> dict[str, State]:
+def where_drawn(unit: Unit, draw: Draw) -> str:
+    """Where ``draw`` is, as the RNG rules' messages say it: ``in `f`, which DataLoader workers
+    run`` / ``in `g`, which `f` calls in threads``."""
+    region = draw.region
+    entry = region.entry.name
+    name = f"`{draw.func.name}`"
+    if draw.func.unit is not unit:
+        line = draw.func.unit.where(draw.node)[0]
+        name += f" ({os.path.basename(draw.func.unit.path)}:{line})"
+    if draw.func.node is region.entry.node:
+        return f"in {name}, which {region.kind.value} run"
+    return f"in {name}, which `{entry}` calls in {region.kind.value}"
+
+
+def _join(
+    a: dict[str, State], b: dict[str, State], outside: Callable[[str], State]
+) -> dict[str, State]:
+    """Where branches meet: unsafe on either branch is unsafe, else safe on either is safe
+    (ephemeral only if so on both); a key one branch never bound has its state from outside."""
     out: dict[str, State] = {}
     for k in a.keys() | b.keys():
         va = a[k] if k in a else outside(k)
@@ -100,14 +114,6 @@ def _join(a: dict[str, State], b: dict[str, State], outside: _Lookup) -> dict[st
         else:
             out[k] = NOTGEN
     return out
-
-
-class _Lookup:
-    def __init__(self, flow: _Flow, func: Func) -> None:
-        self.flow, self.func = flow, func
-
-    def __call__(self, key: str) -> State:
-        return self.flow.outside(self.func, key)
 
 
 _WORKER_STATES = {
@@ -207,158 +213,150 @@ class _Flow:
     def run(
         self, func: Func, env: dict[str, State], anchor: cst.CSTNode | None
     ) -> dict[str, State]:
+        """The states after ``func`` runs from ``env``; its draws are reported at ``anchor``
+        (a call in the checked file) or, in the checked file itself, where they are."""
         key = (id(func.node), frozenset(env.items()))
         if key in self._memo:
             return self._memo[key]
         if id(func.node) in self.stack or len(self.stack) > 12:
             return env
         self.stack.append(id(func.node))
-        look = _Lookup(self, func)
+        walk = _Walk(self, func, anchor)
         if isinstance(func.node, cst.Lambda):
             out = dict(env)
-            self._expr(func, func.node.body, out, anchor)
+            walk.expr(func.node.body, out)
         else:
-            out = self._block(func, _stmts(func.node.body), dict(env), anchor, look)
+            out = walk.block(_stmts(func.node.body), dict(env))
         self.stack.pop()
         self._memo[key] = out
         return out
 
-    def _block(
-        self,
-        func: Func,
-        stmts: Sequence[cst.CSTNode],
-        env: dict[str, State],
-        anchor: cst.CSTNode | None,
-        look: _Lookup,
-    ) -> dict[str, State]:
+
+class _Walk:
+    """One function's statements in execution order: each compound statement's branches are
+    walked from the same states and joined where they meet."""
+
+    def __init__(self, flow: _Flow, func: Func, anchor: cst.CSTNode | None) -> None:
+        self.flow, self.func, self.anchor = flow, func, anchor
+
+    def outside(self, key: str) -> State:
+        return self.flow.outside(self.func, key)
+
+    def state(self, key: str, env: dict[str, State]) -> State:
+        return env[key] if key in env else self.outside(key)
+
+    def block(self, stmts: Sequence[cst.CSTNode], env: dict[str, State]) -> dict[str, State]:
         for s in stmts:
-            env = self._stmt(func, s, env, anchor, look)
+            env = self.stmt(s, env)
         return env
 
-    def _stmt(
-        self,
-        func: Func,
-        s: cst.CSTNode,
-        env: dict[str, State],
-        anchor: cst.CSTNode | None,
-        look: _Lookup,
-    ) -> dict[str, State]:
-        blk = self._block
+    def suite(self, suite: cst.BaseSuite, env: dict[str, State]) -> dict[str, State]:
+        return self.block(_stmts(suite), env)
+
+    def stmt(self, s: cst.CSTNode, env: dict[str, State]) -> dict[str, State]:
         if isinstance(s, cst.SimpleStatementLine | cst.SimpleStatementSuite):
             for small in s.body:
-                self._small(func, small, env, anchor)
+                self.small(small, env)
             return env
-        if isinstance(s, cst.If):
-            self._expr(func, s.test, env, anchor)
-            a = blk(func, _stmts(s.body), dict(env), anchor, look)
-            b = dict(env)
-            if isinstance(s.orelse, cst.If):
-                b = self._stmt(func, s.orelse, b, anchor, look)
-            elif isinstance(s.orelse, cst.Else):
-                b = blk(func, _stmts(s.orelse.body), b, anchor, look)
-            return _join(a, b, look)
-        if isinstance(s, cst.For | cst.While):
-            self._expr(func, s.iter if isinstance(s, cst.For) else s.test, env, anchor)
-            if isinstance(s, cst.For):
-                self._bind(func, s.target, None, env)
-            body = blk(func, _stmts(s.body), dict(env), anchor, look)
-            env = _join(env, body, look)
-            if s.orelse is not None:
-                env = blk(func, _stmts(s.orelse.body), env, anchor, look)
-            return env
-        if isinstance(s, cst.With):
-            for item in s.items:
-                self._expr(func, item.item, env, anchor)
-                if item.asname is not None:
-                    self._bind(func, item.asname.name, None, env)
-            return blk(func, _stmts(s.body), env, anchor, look)
-        if isinstance(s, cst.Try | cst.TryStar):
-            body = blk(func, _stmts(s.body), dict(env), anchor, look)
-            start = _join(env, body, look)
-            out = body
-            if s.orelse is not None:
-                out = blk(func, _stmts(s.orelse.body), out, anchor, look)
-            for h in s.handlers:
-                out = _join(out, blk(func, _stmts(h.body), dict(start), anchor, look), look)
-            if s.finalbody is not None:
-                out = blk(func, _stmts(s.finalbody.body), out, anchor, look)
-            return out
         if isinstance(s, cst.FunctionDef | cst.ClassDef):
             return env
+        if isinstance(s, cst.If):
+            return self.if_(s, env)
+        if isinstance(s, cst.For | cst.While):
+            return self.loop(s, env)
+        if isinstance(s, cst.With):
+            for item in s.items:
+                self.expr(item.item, env)
+                if item.asname is not None:
+                    self.bind(item.asname.name, None, env)
+            return self.suite(s.body, env)
+        if isinstance(s, cst.Try | cst.TryStar):
+            return self.try_(s, env)
         if isinstance(s, cst.Match):
-            self._expr(func, s.subject, env, anchor)
+            self.expr(s.subject, env)
             out = dict(env)
             for case in s.cases:
-                out = _join(out, blk(func, _stmts(case.body), dict(env), anchor, look), look)
+                out = _join(out, self.suite(case.body, dict(env)), self.outside)
             return out
-        self._expr(func, s, env, anchor)
+        self.expr(s, env)
         return env
 
-    def _small(
-        self,
-        func: Func,
-        s: cst.BaseSmallStatement,
-        env: dict[str, State],
-        anchor: cst.CSTNode | None,
-    ) -> None:
-        if isinstance(s, cst.Assign):
-            self._expr(func, s.value, env, anchor)
-            for t in s.targets:
-                self._bind(func, t.target, s.value, env)
-        elif isinstance(s, cst.AnnAssign) and s.value is not None:
-            self._expr(func, s.value, env, anchor)
-            self._bind(func, s.target, s.value, env)
-        else:
-            self._expr(func, s, env, anchor)
+    def if_(self, s: cst.If, env: dict[str, State]) -> dict[str, State]:
+        self.expr(s.test, env)
+        a = self.suite(s.body, dict(env))
+        b = dict(env)
+        if isinstance(s.orelse, cst.If):
+            b = self.stmt(s.orelse, b)
+        elif isinstance(s.orelse, cst.Else):
+            b = self.suite(s.orelse.body, b)
+        return _join(a, b, self.outside)
 
-    def _bind(
-        self,
-        func: Func,
-        target: cst.BaseExpression,
-        value: cst.BaseExpression | None,
-        env: dict[str, State],
+    def loop(self, s: cst.For | cst.While, env: dict[str, State]) -> dict[str, State]:
+        self.expr(s.iter if isinstance(s, cst.For) else s.test, env)
+        if isinstance(s, cst.For):
+            self.bind(s.target, None, env)
+        body = self.suite(s.body, dict(env))
+        env = _join(env, body, self.outside)
+        if s.orelse is not None:
+            env = self.suite(s.orelse.body, env)
+        return env
+
+    def try_(self, s: cst.Try | cst.TryStar, env: dict[str, State]) -> dict[str, State]:
+        body = self.suite(s.body, dict(env))
+        start = _join(env, body, self.outside)
+        out = body
+        if s.orelse is not None:
+            out = self.suite(s.orelse.body, out)
+        for h in s.handlers:
+            out = _join(out, self.suite(h.body, dict(start)), self.outside)
+        if s.finalbody is not None:
+            out = self.suite(s.finalbody.body, out)
+        return out
+
+    def small(self, s: cst.BaseSmallStatement, env: dict[str, State]) -> None:
+        if isinstance(s, cst.Assign):
+            self.expr(s.value, env)
+            for t in s.targets:
+                self.bind(t.target, s.value, env)
+        elif isinstance(s, cst.AnnAssign) and s.value is not None:
+            self.expr(s.value, env)
+            self.bind(s.target, s.value, env)
+        else:
+            self.expr(s, env)
+
+    def bind(
+        self, target: cst.BaseExpression, value: cst.BaseExpression | None, env: dict[str, State]
     ) -> None:
+        func = self.func
         key = key_of(func, target)
         if key is None:
             if isinstance(target, cst.Tuple | cst.List):
                 for el in target.elements:
-                    self._bind(func, el.value, None, env)
+                    self.bind(el.value, None, env)
             return
         if value is not None and st.creator(func.unit, value):
             env[key] = Safe(True)
             return
         ref = key_of(func, value) if value is not None else None
         if ref is not None:
-            s = self.state(func, ref, env)
+            s = self.state(ref, env)
             if not isinstance(s, _NotGen):
                 env[key] = s
                 return
         env[key] = NOTGEN
 
-    def state(self, func: Func, key: str, env: dict[str, State]) -> State:
-        return env[key] if key in env else self.outside(func, key)
+    def expr(self, node: cst.CSTNode, env: dict[str, State]) -> None:
+        for call in calls_in(self.func.unit, node):
+            self.call(call, env)
 
-    def _expr(
-        self, func: Func, node: cst.CSTNode, env: dict[str, State], anchor: cst.CSTNode | None
-    ) -> None:
-        for call in calls_in(func.unit, node):
-            self._call(func, call, env, anchor)
-
-    def _use(
-        self,
-        func: Func,
-        key: str,
-        node: cst.CSTNode,
-        env: dict[str, State],
-        anchor: cst.CSTNode | None,
-    ) -> None:
-        s = self.state(func, key, env)
+    def use(self, key: str, node: cst.CSTNode, env: dict[str, State]) -> None:
+        s = self.state(key, env)
         if isinstance(s, Origin | Safe):
-            self.draws.append(Draw(self.region, func, node, anchor or node, key, s))
+            flow = self.flow
+            flow.draws.append(Draw(flow.region, self.func, node, self.anchor or node, key, s))
 
-    def _call(
-        self, func: Func, call: cst.Call, env: dict[str, State], anchor: cst.CSTNode | None
-    ) -> None:
+    def call(self, call: cst.Call, env: dict[str, State]) -> None:
+        func = self.func
         unit = func.unit
         gen = next(
             (a.value for a in call.args if a.keyword and a.keyword.value == "generator"), None
@@ -366,52 +364,53 @@ class _Flow:
         if gen is not None:
             gkey = key_of(func, gen)
             if gkey is not None:
-                self._use(func, gkey, call, env, anchor)
+                self.use(gkey, call, env)
             return
         stream = st.global_draw(unit, call)
         if stream is not None:
-            self._use(func, stream, call, env, anchor)
+            self.use(stream, call, env)
             return
         seeded = st.seeded_stream(unit, call)
         if seeded is not None:
-            if not (self.region.kind.threaded and seeded != st.CV2):
+            if not (self.flow.region.kind.threaded and seeded != st.CV2):
                 env[seeded] = Safe(True)
             return
         f = call.func
         if isinstance(f, cst.Attribute):
             m = f.attr.value
             if m in st.TENSOR_DRAWS:
-                self._use(func, st.TORCH, call, env, anchor)
+                self.use(st.TORCH, call, env)
                 return
             rkey = key_of(func, f.value)
             if rkey is not None and (m in st.GENERATOR_DRAWS or m in st.RESEEDS):
-                s = self.state(func, rkey, env)
+                s = self.state(rkey, env)
                 if not isinstance(s, _NotGen):
                     if m in st.RESEEDS:
-                        if not self.region.kind.threaded:
+                        if not self.flow.region.kind.threaded:
                             env[rkey] = Safe(True)
                     else:
-                        self._use(func, rkey, call, env, anchor)
+                        self.use(rkey, call, env)
                     return
-            if m.startswith("augment") and self._holds(func, f.value, st.imgaug_object):
-                self._use(func, st.IMGAUG, call, env, anchor)
+            if m.startswith("augment") and self.holds(f.value, st.imgaug_object):
+                self.use(st.IMGAUG, call, env)
                 return
-        if self._holds(func, f, st.imgaug_object):
-            self._use(func, st.IMGAUG, call, env, anchor)
+        if self.holds(f, st.imgaug_object):
+            self.use(st.IMGAUG, call, env)
             return
-        if self._holds(func, f, st.random_transform):
-            self._use(func, st.TORCH, call, env, anchor)
-        self._follow(func, call, env, anchor)
+        if self.holds(f, st.random_transform):
+            self.use(st.TORCH, call, env)
+        self.follow(call, env)
 
-    def _holds(self, func: Func, expr: cst.BaseExpression, pred: object) -> bool:
+    def holds(
+        self, expr: cst.BaseExpression, pred: Callable[[Unit, cst.BaseExpression], bool]
+    ) -> bool:
         """``expr`` (a name or ``self.attr``) holds an object ``pred`` recognizes."""
-        assert callable(pred)
-        return any(pred(unit, value) for unit, value in held_values(self.regions, func, expr))
+        values = held_values(self.flow.regions, self.func, expr)
+        return any(pred(unit, value) for unit, value in values)
 
-    def _follow(
-        self, func: Func, call: cst.Call, env: dict[str, State], anchor: cst.CSTNode | None
-    ) -> None:
-        for target, binding, same_self in callees(self.regions, func, call):
+    def follow(self, call: cst.Call, env: dict[str, State]) -> None:
+        func, flow = self.func, self.flow
+        for target, binding, same_self in callees(flow.regions, func, call):
             callee_env: dict[str, State] = {k: v for k, v in env.items() if k.startswith("<")}
             if same_self:
                 callee_env.update((k, v) for k, v in env.items() if k.startswith("self."))
@@ -419,200 +418,22 @@ class _Flow:
                 if st.creator(func.unit, arg):
                     callee_env[p] = Safe(True)
                 elif (k := key_of(func, arg)) is not None:
-                    s = self.state(func, k, env)
+                    s = self.state(k, env)
                     if not isinstance(s, _NotGen):
                         callee_env[p] = s
-            here = anchor
-            if here is None and target.unit is not self.home:
+            here = self.anchor
+            if here is None and target.unit is not flow.home:
                 here = call
-            out = self.run(target, callee_env, here)
+            out = flow.run(target, callee_env, here)
             for k, v in out.items():
                 if k.startswith("<") or (same_self and k.startswith("self.")):
                     env[k] = v
-
-
-def key_of(func: Func, expr: cst.BaseExpression | None) -> str | None:
-    """The generator key of a name or attribute chain (the method's own first parameter is
-    ``self``), or None."""
-    if isinstance(expr, cst.Name):
-        return "self" if expr.value == func.self_param else expr.value
-    if isinstance(expr, cst.Attribute):
-        inner = key_of(func, expr.value)
-        return None if inner is None else f"{inner}.{expr.attr.value}"
-    return None
 
 
 def _stmts(suite: cst.BaseSuite) -> Sequence[cst.CSTNode]:
     if isinstance(suite, cst.IndentedBlock):
         return suite.body
     return [suite]
-
-
-def calls_in(unit: Unit, node: cst.CSTNode) -> list[cst.Call]:
-    """Calls in ``node``, inner ones (arguments) first, lambda bodies included, nested defs
-    not. Kept per node: the reach and the flow ask for the same statements."""
-    cache = _CALLS.setdefault(unit, {})
-    found = cache.get(node)
-    if found is None:
-        out: list[cst.Call] = []
-
-        def walk(n: cst.CSTNode) -> None:
-            if isinstance(n, cst.FunctionDef | cst.ClassDef):
-                return
-            for c in n.children:
-                walk(c)
-            if isinstance(n, cst.Call):
-                out.append(n)
-
-        walk(node)
-        found = cache[node] = out
-    return found
-
-
-#: per unit, keyed by the node itself (libcst nodes hash by identity)
-_CALLS: weakref.WeakKeyDictionary[Unit, dict[cst.CSTNode, list[cst.Call]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def attr_values(
-    regions: Regions, unit: Unit, cls: str, attr: str, depth: int = 0
-) -> list[tuple[Unit, int, cst.BaseExpression]]:
-    """The values ``self.attr`` is given in class ``cls`` and its local bases, each with the
-    unit and the scope (by node id) that assigns it. A constructor parameter stored there
-    (``self.rng = rng``) stands for the arguments the file's ``Cls(...)`` calls pass."""
-    prog = unit.program
-    out: list[tuple[Unit, int, cst.BaseExpression]] = []
-    info = prog.classes.get(cls)
-    if info is None or depth > 4:
-        return out
-    for meth, value in info.attr_assigned.get(attr, []):
-        if value is None:
-            continue
-        scope = prog.scopes.get(meth)
-        where = id(scope.node) if scope else 0
-        if isinstance(value, cst.Name) and scope is not None and value.value in scope.params:
-            out.extend(_constructor_args(regions, unit, cls, meth, value.value))
-        else:
-            out.append((unit, where, value))
-    for base in info.bases:
-        out.extend(attr_values(regions, unit, base, attr, depth + 1))
-    return out
-
-
-def _constructor_args(
-    regions: Regions, unit: Unit, cls: str, meth: str, param: str
-) -> list[tuple[Unit, int, cst.BaseExpression]]:
-    """What the file's (and the checked file's) ``Cls(...)`` calls pass for ``param``."""
-    if not meth.endswith(".__init__"):
-        return []
-    init = unit.program.scopes[meth]
-    out: list[tuple[Unit, int, cst.BaseExpression]] = []
-    sites = [unit] if unit is regions.unit else [unit, regions.unit]
-    for site in sites:
-        module = site.program.scopes[MODULE]
-        simple = cls.rsplit(".", 1)[-1]
-        for call in site.calls:
-            f = call.func
-            named = (
-                f.value
-                if isinstance(f, cst.Name)
-                else f.attr.value
-                if isinstance(f, cst.Attribute)
-                else ""
-            )
-            if named != simple:
-                continue
-            found = class_of(site, call, module)
-            if found is None or found[0] is not unit or found[1] != cls:
-                continue
-            arg = bind_params(call, init, call.func).get(param)
-            if arg is None:
-                continue
-            scope = scope_of(site, call)
-            values: list[cst.BaseExpression | None] = [arg]
-            if isinstance(arg, cst.Name):
-                owner = site.program.binding_scope(scope, arg.value)
-                values = list(owner.assigned.get(arg.value, [])) if owner else []
-            out.extend((site, id(scope.node), v) for v in values if v is not None)
-    return out
-
-
-def held_values(
-    regions: Regions, func: Func, expr: cst.BaseExpression
-) -> list[tuple[Unit, cst.BaseExpression]]:
-    """The values a name or ``self.attr`` may hold, as assignments show them."""
-    key = key_of(func, expr)
-    if key is None:
-        return []
-    root, _, attr = key.partition(".")
-    if root == "self" and attr and "." not in attr and func.scope.cls is not None:
-        return [(u, v) for u, _, v in attr_values(regions, func.unit, func.scope.cls, attr)]
-    if attr:
-        return []
-    owner = func.unit.program.binding_scope(func.scope, root)
-    if owner is None:
-        return []
-    return [(func.unit, v) for v in owner.assigned.get(root, []) if v is not None]
-
-
-def callees(
-    regions: Regions, func: Func, call: cst.Call
-) -> list[tuple[Func, dict[str, cst.BaseExpression], bool]]:
-    """The functions ``call`` runs, each with its parameters' arguments and whether its
-    ``self`` is the caller's."""
-    unit, prog = func.unit, func.unit.program
-    r = prog.resolve_call(call, func.scope)
-    if r is not None and r[0] in prog.scopes:
-        target = func_of(unit, prog.scopes[r[0]])
-        if target is not None:
-            recv = r[1]
-            same = isinstance(recv, cst.Name) and recv.value == func.self_param
-            return [(target, bind_params(call, target.scope, recv), same)]
-    out: list[tuple[Func, dict[str, cst.BaseExpression], bool]] = []
-    for q in unit.called(call):
-        d = project.resolve_dotted(unit, q)
-        if d is None:
-            continue
-        if d.scope is not None:
-            target = func_of(d.unit, d.scope)
-        elif d.cls is not None:
-            init = d.unit.program.method(d.cls.qualname, "__init__")
-            target = func_of(d.unit, d.unit.program.scopes[init]) if init else None
-        else:
-            target = None
-        if target is not None:
-            recv = call.func if d.cls is not None else None
-            return [(target, bind_params(call, target.scope, recv), False)]
-    # a callable kept on self or in a name: `self.transform(x)` runs its class's __call__
-    for vunit, value in held_values(regions, func, call.func):
-        scope = vunit.program.scopes[MODULE]
-        cls = class_of(vunit, value, scope) if isinstance(value, cst.Call) else None
-        targets = [class_callable(*cls)] if cls else []
-        if isinstance(value, cst.Call):
-            for a in value.args:  # Compose([Flip(), Noise()])
-                if isinstance(a.value, cst.List | cst.Tuple):
-                    for el in a.value.elements:
-                        c = class_of(vunit, el.value, scope)
-                        targets.append(class_callable(*c) if c else None)
-        for t in targets:
-            if t is not None and all(t != o[0] for o in out):
-                out.append((t, bind_params(call, t.scope, call.func), False))
-    return out
-
-
-def reach(regions: Regions, entries: Sequence[Func]) -> set[int]:
-    """Every function (by node id) the regions run, however deep."""
-    seen: set[int] = set()
-    stack = list(entries)
-    while stack:
-        f = stack.pop()
-        if id(f.node) in seen:
-            continue
-        seen.add(id(f.node))
-        for call in calls_in(f.unit, f.node.body):
-            stack.extend(t for t, _, _ in callees(regions, f, call))
-    return seen
 
 
 class Analysis:
@@ -633,74 +454,6 @@ class Analysis:
                     flow.reseeded_attrs |= attrs
             flow.run(region.entry, env, region.anchor)
             self.draws.extend(flow.draws)
-
-
-def worker_seeding(
-    regions: Regions, init: Func, dataset: tuple[Unit, str] | None = None
-) -> tuple[set[str], set[str]]:
-    """What a ``worker_init_fn`` reseeds in each worker: global streams, and attributes of the
-    worker's dataset (``get_worker_info().dataset.rng = default_rng(..)``, or a method of the
-    dataset that does it: ``info.dataset.reseed(info.seed)``)."""
-    streams: set[str] = set()
-    attrs: set[str] = set()
-    for f in [init, *_local_callees(regions, init)]:
-        for call in calls_in(f.unit, f.node.body):
-            s = st.seeded_stream(f.unit, call)
-            if s is not None:
-                streams.add(s)
-            fn = call.func
-            if not isinstance(fn, cst.Attribute):
-                continue
-            k = key_of(f, fn.value)
-            if k is None or ".dataset" not in f".{k}":
-                continue
-            if fn.attr.value in st.RESEEDS and ".dataset." in f".{k}":
-                attrs.add(k.rsplit(".", 1)[-1])
-            elif k.endswith("dataset") and dataset is not None:
-                attrs |= _created_by(dataset, fn.attr.value)
-        for node in _assigns(f.node.body):
-            for t in node.targets:
-                k = key_of(f, t.target)
-                if k is not None and ".dataset." in f".{k}" and st.creator(f.unit, node.value):
-                    attrs.add(k.rsplit(".", 1)[-1])
-    return streams, attrs
-
-
-def _created_by(dataset: tuple[Unit, str], method: str) -> set[str]:
-    """The attributes a dataset method gives a new generator (or reseeds)."""
-    unit, cls = dataset
-    prog = unit.program
-    qual = prog.method(cls, method)
-    if qual is None:
-        return set()
-    out = set()
-    for info in (prog.classes.get(c) for c in [cls, *prog.classes[cls].bases]):
-        for attr, assigned in info.attr_assigned.items() if info else ():
-            if any(m == qual and v is not None and st.creator(unit, v) for m, v in assigned):
-                out.add(attr)
-    node = prog.scopes[qual].node
-    for call in calls_in(unit, node.body) if isinstance(node, cst.FunctionDef) else ():
-        fn = call.func
-        if isinstance(fn, cst.Attribute) and fn.attr.value in st.RESEEDS:
-            r = fn.value
-            if isinstance(r, cst.Attribute) and isinstance(r.value, cst.Name):
-                out.add(r.attr.value)
-    return out
-
-
-def _local_callees(regions: Regions, f: Func) -> list[Func]:
-    return [t for c in calls_in(f.unit, f.node.body) for t, _, _ in callees(regions, f, c)]
-
-
-def _assigns(node: cst.CSTNode) -> list[cst.Assign]:
-    out: list[cst.Assign] = []
-
-    class _V(cst.CSTVisitor):
-        def visit_Assign(self, n: cst.Assign) -> None:
-            out.append(n)
-
-    node.visit(_V())
-    return out
 
 
 _CACHE: weakref.WeakKeyDictionary[Unit, Analysis] = weakref.WeakKeyDictionary()

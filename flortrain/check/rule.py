@@ -10,14 +10,12 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import libcst as cst
 
 from flortrain.check.finding import Fix, Severity
-
-if TYPE_CHECKING:
-    from flortrain.check.unit import Unit
+from flortrain.check.unit import Unit
 
 
 class Family:

@@ -11,8 +11,10 @@ import os
 from collections.abc import Iterable, Sequence
 
 from flortrain.check.config import CheckConfig
+from flortrain.check.discovery import discover
 from flortrain.check.finding import Finding, Severity
 from flortrain.check.noqa import Suppressions
+from flortrain.check.pyproject import Configs
 from flortrain.check.rule import Hit, Rule
 from flortrain.check.rules import all_rules
 from flortrain.check.unit import Unit
@@ -125,8 +127,6 @@ def _finding(unit: Unit, rule: Rule, hit: Hit) -> Finding:
 def check_paths(paths: Iterable[str], config: CheckConfig) -> list[Finding]:
     """Every finding in ``paths`` (files or directories) under one configuration (for callers
     such as ``record``, which have no command line to take a configuration from)."""
-    from flortrain.check.discovery import discover
-    from flortrain.check.pyproject import Configs
 
     out: list[Finding] = []
     for path in discover(paths, Configs(fixed=config)):

@@ -6,16 +6,14 @@ seeding helpers' parameters (``set_seed(int(time.time()))``)."""
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from flortrain.check import seeding
+from flortrain.check.flow import callee, nodes
+from flortrain.check.unit import Unit
 from flortrain.static.arguments import bind_params
 from flortrain.static.program import Scope
-
-if TYPE_CHECKING:
-    from flortrain.check.unit import Unit
 
 #: values that differ run to run, by qualified name, with what they are
 _VOLATILE = {
@@ -139,8 +137,6 @@ _SEED_PARAMS: weakref.WeakKeyDictionary[Unit, dict[str, str | None]] = weakref.W
 
 
 def _seed_param(unit: Unit, scope: Scope, _depth: int) -> str | None:
-    from flortrain.check.flow import callee, nodes
-
     if _depth > _DEPTH or not isinstance(scope.node, cst.FunctionDef):
         return None
     params = set(scope.params)

@@ -11,15 +11,13 @@ by name; the script's own helpers are not matched by name but walked into (:mod:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from flortrain.check.streams import PYTHON_DRAWS, TORCH_DRAWS
+from flortrain.check.streams import NUMPY_GLOBAL_DRAWS, PYTHON_DRAWS, TORCH_DRAWS
+from flortrain.check.unit import Unit
+from flortrain.static.expressions import argument
 from flortrain.static.program import Scope
-
-if TYPE_CHECKING:
-    from flortrain.check.unit import Unit
 
 TORCH = "torch"
 NUMPY = "numpy"
@@ -130,27 +128,7 @@ _TORCH_DATA = {
     "torch.utils.data.sampler.RandomSampler": "RandomSampler",
 }
 _LOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
-#: names under numpy.random that are not draws from the global stream
-_NUMPY_NOT_DRAWS = frozenset(
-    {
-        "seed",
-        "get_state",
-        "set_state",
-        "default_rng",
-        "RandomState",
-        "Generator",
-        "SeedSequence",
-        "BitGenerator",
-        "PCG64",
-        "PCG64DXSM",
-        "MT19937",
-        "Philox",
-        "SFC64",
-        "get_bit_generator",
-        "set_bit_generator",
-    }
-)
-#: the random module's draws, named once for both stream analyses (:mod:`flortrain.check.streams`)
+#: the random module's draws, as :mod:`flortrain.check.streams` names them for both analyses
 _PYTHON_DRAWS = frozenset(f"random.{n}" for n in PYTHON_DRAWS)
 #: generators that start from OS entropy when made without a seed
 _GENERATORS = {
@@ -171,7 +149,7 @@ def seeded(unit: Unit, call: cst.Call) -> frozenset[str]:
 
 def draw(unit: Unit, call: cst.Call) -> tuple[str, str] | None:
     """The global stream a call draws from, and how the call is spelled, or None."""
-    if _keyword(call, "generator") is not None:
+    if argument(call, "generator") is not None:
         return None
     names = unit.called(call)
     for q in names:
@@ -180,20 +158,16 @@ def draw(unit: Unit, call: cst.Call) -> tuple[str, str] | None:
         if q in _TORCH_DATA:
             return TORCH, _TORCH_DATA[q]
         if q in _LOADERS:
-            shuffle = _keyword(call, "shuffle")
+            shuffle = argument(call, "shuffle")
             if (
                 shuffle is not None
                 and _truthy(shuffle)
-                and _keyword(call, "sampler") is None
-                and _keyword(call, "batch_sampler") is None
+                and argument(call, "sampler") is None
+                and argument(call, "batch_sampler") is None
             ):
                 return TORCH, "DataLoader(shuffle=True)"
             return None
-        if (
-            q.startswith("numpy.random.")
-            and q.count(".") == 2
-            and q.rsplit(".", 1)[1] not in _NUMPY_NOT_DRAWS
-        ):
+        if q in NUMPY_GLOBAL_DRAWS:
             return NUMPY, "np." + q.split(".", 1)[1]
         if q in _PYTHON_DRAWS:
             return PYTHON, q
@@ -254,13 +228,6 @@ def generator_names(unit: Unit, scope: Scope) -> Iterator[str]:
             }:
                 yield name
                 break
-
-
-def _keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:
-    for a in call.args:
-        if a.keyword is not None and a.keyword.value == name:
-            return a.value
-    return None
 
 
 def _truthy(expr: cst.BaseExpression) -> bool:

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import libcst as cst
 
 from flortrain.check import streams as st
+from flortrain.check.reach import callees, calls_in
 from flortrain.check.regions import Func, Regions
-from flortrain.check.rngflow import callees, calls_in, version
+from flortrain.check.rngflow import version
 from flortrain.check.unit import Unit
 
 WID, RUN, TORCH, ENTROPY = "worker id", "run", "torch", "entropy"
@@ -69,40 +70,52 @@ def _sources(func: Func, expr: cst.CSTNode, bound: dict[str, set[str]], seen: se
     """Where a seed's value comes from: the worker id, torch's per-worker seed, values fixed
     for the run, or the clock and the like."""
     if isinstance(expr, cst.Name):
-        name = expr.value
-        if name in bound:
-            return bound[name]
-        if func.is_local(name) and name not in seen and not isinstance(func.node, cst.Lambda):
-            out: set[str] = set()
-            for v in func.scope.assigned.get(name, []):
-                out |= _sources(func, v, bound, seen | {name}) if v is not None else {RUN}
-            return out
-        if name in ("True", "False", "None"):
-            return set()
-        return {RUN}
+        return _name_sources(func, expr.value, bound, seen)
     if isinstance(expr, cst.Call):
-        called = func.unit.called(expr)
-        if any(q.startswith("torch.") for q in called):
-            return {TORCH}
-        stream = st.global_draw(func.unit, expr) or next(
-            (_STATES[q] for q in called if q in _STATES), None
-        )
-        if stream in _reseeded(func.unit):
-            return {TORCH}  # a stream torch already reseeded in this worker
-        if any(q.startswith(_ENTROPY) for q in called):
-            return {ENTROPY}
-        out = set()
-        if isinstance(expr.func, cst.Attribute):  # `x.item()`: the receiver's
-            out |= _sources(func, expr.func.value, bound, seen)
-        for a in expr.args:
-            out |= _sources(func, a.value, bound, seen)
-        return out
+        return _call_sources(func, expr, bound, seen)
     if isinstance(expr, cst.Attribute):
         return _sources(func, expr.value, bound, seen)
     if isinstance(expr, cst.BaseNumber | cst.BaseString):
         return set()
-    out = set()
+    out: set[str] = set()
     for child in expr.children:
         if isinstance(child, cst.BaseExpression):
             out |= _sources(func, child, bound, seen)
+    return out
+
+
+def _name_sources(func: Func, name: str, bound: dict[str, set[str]], seen: set[str]) -> set[str]:
+    """A name's: a parameter's as bound by the caller, a local's from its assignments."""
+    if name in bound:
+        return bound[name]
+    if func.is_local(name) and name not in seen and not isinstance(func.node, cst.Lambda):
+        out: set[str] = set()
+        for v in func.scope.assigned.get(name, []):
+            out |= _sources(func, v, bound, seen | {name}) if v is not None else {RUN}
+        return out
+    if name in ("True", "False", "None"):
+        return set()
+    return {RUN}
+
+
+def _call_sources(
+    func: Func, expr: cst.Call, bound: dict[str, set[str]], seen: set[str]
+) -> set[str]:
+    """A call's: torch's seed, a stream torch reseeded, the clock, else its receiver's and
+    arguments' (``int(seed) + worker_id``)."""
+    called = func.unit.called(expr)
+    if any(q.startswith("torch.") for q in called):
+        return {TORCH}
+    stream = st.global_draw(func.unit, expr) or next(
+        (_STATES[q] for q in called if q in _STATES), None
+    )
+    if stream in _reseeded(func.unit):
+        return {TORCH}  # a stream torch already reseeded in this worker
+    if any(q.startswith(_ENTROPY) for q in called):
+        return {ENTROPY}
+    out: set[str] = set()
+    if isinstance(expr.func, cst.Attribute):  # `x.item()`: the receiver's
+        out |= _sources(func, expr.func.value, bound, seen)
+    for a in expr.args:
+        out |= _sources(func, a.value, bound, seen)
     return out

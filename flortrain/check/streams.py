@@ -145,8 +145,12 @@ GENERATOR_DRAWS = _NUMPY_DRAWS | PYTHON_DRAWS
 #: methods that reseed a generator object in place
 RESEEDS = frozenset({"seed", "manual_seed", "set_state", "setstate", "set_random_state"})
 
+#: numpy's global-stream draws (``np.random.rand``): the legacy module functions, that is the
+#: draws but for ``integers`` and ``permuted``, which only a ``Generator`` has
+NUMPY_GLOBAL_DRAWS = frozenset(f"numpy.random.{n}" for n in _NUMPY_DRAWS - {"integers", "permuted"})
+
 _GLOBAL_DRAWS: dict[str, str] = {
-    **{f"numpy.random.{n}": NUMPY for n in _NUMPY_DRAWS - {"integers", "permuted"}},
+    **dict.fromkeys(NUMPY_GLOBAL_DRAWS, NUMPY),
     **{f"random.{n}": PYTHON for n in PYTHON_DRAWS},
     **{f"torch.{n}": TORCH for n in TORCH_DRAWS},
     "cv2.randn": CV2,

@@ -8,18 +8,17 @@ plan, so a dozen rules cost about one pass over the file.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst.metadata import CodeRange, PositionProvider
 
+from flortrain.check.config import CheckConfig
 from flortrain.check.names import Names, resolve_names
+from flortrain.static.analysis import analyse
+from flortrain.static.indexing import index
+from flortrain.static.plan import Plan
+from flortrain.static.program import Program
 from flortrain.static.source import Source
-
-if TYPE_CHECKING:
-    from flortrain.check.config import CheckConfig
-    from flortrain.static.plan import Plan
-    from flortrain.static.program import Program
 
 
 class Unit:
@@ -72,14 +71,10 @@ class Unit:
 
     @cached_property
     def program(self) -> Program:
-        from flortrain.static.indexing import index
-
         return index(self.source)
 
     @cached_property
     def plan(self) -> Plan:
-        from flortrain.static.analysis import analyse
-
         return self._plan if self._plan is not None else analyse(self.source, prog=self.program)
 
     @cached_property

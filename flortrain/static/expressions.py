@@ -172,3 +172,15 @@ def impurity(expr: cst.CSTNode) -> str | None:
             return f"is not a plain expression of names and numbers ({type(n).__name__})"
         stack.extend(n.children)
     return None
+
+
+def argument(call: cst.Call, keyword: str, pos: int | None = None) -> cst.BaseExpression | None:
+    """The argument ``call`` passes as ``keyword``, or at position ``pos`` when it is not given
+    by keyword (None: not passed, or passed through ``*args``/``**kwargs``)."""
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == keyword:
+            return a.value
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if pos is not None and pos < len(positional):
+        return positional[pos].value
+    return None

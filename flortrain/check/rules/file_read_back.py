@@ -11,7 +11,7 @@ from flortrain.check import plan_facts
 from flortrain.check.finding import Severity
 from flortrain.check.rule import Family, Hit, Invalid, Rule, Valid
 from flortrain.check.unit import Unit
-from flortrain.static.expressions import dotted
+from flortrain.static.expressions import argument, dotted
 from flortrain.static.loops import loop_body
 from flortrain.static.program import Program
 
@@ -162,23 +162,16 @@ def _path(unit: Unit, call: cst.Call, table: dict[str, tuple[int, str]], read: b
     """The path expression ``call`` writes (or reads), as text."""
     names = unit.called(call)
     if "open" in names or "builtins.open" in names or "io.open" in names:
-        mode = _arg(call, 1, "mode")
+        mode = argument(call, "mode", 1)
         text = unit.module.code_for_node(mode).strip("'\"rb") if mode is not None else ""
         writes = mode is not None and any(ch in text for ch in "wax+")
         if writes == read:
             return None
-        target = _arg(call, 0, "file")
+        target = argument(call, "file", 0)
     else:
         key = next((n for n in names if n in table), None)
         if key is None:
             return None
-        target = _arg(call, *table[key])
+        pos, keyword = table[key]
+        target = argument(call, keyword, pos)
     return unit.module.code_for_node(target) if target is not None else None
-
-
-def _arg(call: cst.Call, pos: int, keyword: str) -> cst.BaseExpression | None:
-    for a in call.args:
-        if a.keyword is not None and a.keyword.value == keyword:
-            return a.value
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    return positional[pos].value if len(positional) > pos else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import libcst as cst
@@ -10,7 +9,7 @@ import libcst as cst
 from flortrain.check import streams as st
 from flortrain.check.finding import Severity
 from flortrain.check.regions import Kind
-from flortrain.check.rngflow import Draw, Origin, analysis
+from flortrain.check.rngflow import Draw, Origin, analysis, where_drawn
 from flortrain.check.rule import Family, Hit, Invalid, Rule, Valid
 from flortrain.check.unit import Unit
 
@@ -23,19 +22,6 @@ _CONSEQUENCE = {
     Kind.THREADS: _SHARED,
     Kind.REPLICAS: _SHARED,
 }
-
-
-def where_drawn(unit: Unit, draw: Draw) -> str:
-    """``in `f`, which DataLoader workers run`` / ``in `g`, which `f` calls in threads``."""
-    region = draw.region
-    entry = region.entry.name
-    name = f"`{draw.func.name}`"
-    if draw.func.unit is not unit:
-        line = draw.func.unit.where(draw.node)[0]
-        name += f" ({os.path.basename(draw.func.unit.path)}:{line})"
-    if draw.func.node is region.entry.node:
-        return f"in {name}, which {region.kind.value} run"
-    return f"in {name}, which `{entry}` calls in {region.kind.value}"
 
 
 def describe(unit: Unit, draw: Draw) -> str:

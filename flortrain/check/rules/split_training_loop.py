@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from flortrain.check import modules, plan_facts
+from flortrain.check import modules, plan_facts, project
 from flortrain.check.finding import Severity
 from flortrain.check.rule import Family, Hit, Invalid, Rule, Valid
 from flortrain.check.unit import Unit
@@ -148,7 +148,7 @@ def _imported_trainer(unit: Unit, prog: Program, call: cst.Call) -> str | None:
     module, _, func = full.rpartition(".")
     if not module:
         return None
-    found = modules.resolve(unit.path, module)
+    found = project.hook_module(unit.path, module)
     if found is None or not modules.function_loops(found.path).get(func):
         return None
     if func in modules.main_loop_functions(found.path, module):
@@ -164,7 +164,7 @@ def _outside_directory(unit: Unit, prog: Program) -> Iterator[Hit]:
             if not isinstance(s, cst.Import | cst.ImportFrom):
                 continue
             for dotted_name in _imported_modules(unit.path, s):
-                found = modules.resolve(unit.path, dotted_name)
+                found = project.hook_module(unit.path, dotted_name)
                 if found is None or found.beside:
                     continue
                 if not modules.main_loop_functions(found.path, dotted_name):
@@ -194,6 +194,6 @@ def _imported_modules(script: str, s: cst.Import | cst.ImportFrom) -> Iterator[s
         if not isinstance(s.names, cst.ImportStar):
             for alias in s.names:
                 sub = dotted(alias.name)
-                if sub is not None and modules.resolve(script, f"{base}.{sub}") is not None:
+                if sub is not None and project.hook_module(script, f"{base}.{sub}") is not None:
                     yield f"{base}.{sub}"
         yield base

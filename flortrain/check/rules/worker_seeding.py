@@ -8,9 +8,8 @@ import libcst as cst
 
 from flortrain.check import streams as st
 from flortrain.check.finding import Severity
-from flortrain.check.rngflow import Origin, analysis
+from flortrain.check.rngflow import Origin, analysis, where_drawn
 from flortrain.check.rule import Family, Hit, Invalid, Rule, Valid
-from flortrain.check.rules.shared_generator import where_drawn
 from flortrain.check.seeds import RUN, WID, seeds
 from flortrain.check.unit import Unit
 
