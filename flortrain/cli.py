@@ -136,17 +136,17 @@ def record(
     """Run SCRIPT instrumented, checkpointing its memoized loops. Its stdout is unchanged.
     Options go before SCRIPT; everything after it is the script's."""
     from flortrain import knobs
-    from flortrain.distributed import check_environment
-    from flortrain.launcher import launch
-    from flortrain.static.overlap import begin
+    from flortrain.process.distributed import check_environment
+    from flortrain.process.launcher import launch
+    from flortrain.process.static_child import start_static_pass
 
     knobs.validate()
     check_environment(script, "record")
     launch()  # the launcher waits here for the training process, which goes on
     # forked off now, before the runtime's and torch's imports
-    static = begin(script, not no_check and knobs.check())
+    static = start_static_pass(script, not no_check and knobs.check())
     try:
-        from flortrain.record import record as do_record
+        from flortrain.commands.record import record as do_record
     except BaseException:
         static.close()
         raise
@@ -213,7 +213,7 @@ def replay(
     allow_changed_inputs: bool,
 ) -> None:
     """Replay SCRIPT (with added probes) against its record. New script arguments go after `--`."""
-    from flortrain.distributed import check_environment
+    from flortrain.process.distributed import check_environment
 
     check_environment(script, "replay")
     from flortrain.replay.replayer import replay as do_replay
@@ -401,14 +401,14 @@ def main() -> None:
     is finalized, as ``python`` does, so a calling shell loop sees an interrupt, not a failure.
     The runner is looked up, not imported: if it never loaded, no script ran, and importing it
     here could fail again (a broken install) and turn the one-line error into a traceback."""
-    from flortrain import launcher
+    from flortrain.process import launcher
 
     launcher.allowed = True  # this process is flortrain's own: `record` may fork from it
     try:
         cli(prog_name="flortrain")
     except SystemExit:
-        runner = sys.modules.get("flortrain.runtime.runner")
-        if runner is not None and getattr(runner, "interrupted", False):
+        as_main = sys.modules.get("flortrain.process.as_main")
+        if as_main is not None and getattr(as_main, "interrupted", False):
             import signal
 
             signal.signal(signal.SIGINT, signal.SIG_DFL)

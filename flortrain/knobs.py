@@ -69,7 +69,7 @@ ARENA_WARM_ENV = "FLORTRAIN_ARENA_WARM_MB"
 
 #: Whether ``flortrain record`` forks the training process from a launcher that waits for it
 #: ("on", the default: the writer's last work then overlaps the training process's exit,
-#: ``flortrain/launcher.py``) or runs the script in its own process ("off").
+#: ``flortrain/process/launcher.py``) or runs the script in its own process ("off").
 LAUNCHER_ENV = "FLORTRAIN_LAUNCHER"
 LAUNCHERS = ("on", "off")
 
@@ -97,7 +97,7 @@ PRESTARTS = ("on", "off")
 
 #: Whether ``flortrain record`` and a serial ``replay`` run their static pass in a forked child
 #: while they import torch
-#: ("on", the default, where that can save time: :mod:`flortrain.static.overlap`) or in its own
+#: ("on", the default, where that can save time: :mod:`flortrain.process.static_child`) or in its own
 #: process first ("off": for measuring what the overlap saves).
 STATIC_OVERLAP_ENV = "FLORTRAIN_STATIC_OVERLAP"
 STATIC_OVERLAPS = ("on", "off")
