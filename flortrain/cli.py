@@ -312,6 +312,16 @@ def instrument(script: str, explain: bool) -> None:
     click.echo(text, nl=not text.endswith("\n"))
 
 
+def _flag(name: str, help: str) -> Callable[[F], F]:
+    """An on/off option of ``flortrain check``."""
+    return click.option(name, is_flag=True, help=help)
+
+
+def _codes(name: str, help: str) -> Callable[[F], F]:
+    """A ``flortrain check`` option naming rule codes, given any number of times."""
+    return click.option(name, multiple=True, metavar="CODES", help=help)
+
+
 @cli.command()
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option(
@@ -322,14 +332,12 @@ def instrument(script: str, explain: bool) -> None:
     show_default=True,
     help="How findings are printed (json: the schema in docs/check.md).",
 )
-@click.option("--fix", is_flag=True, help="Apply the fixes that cannot change a correct program.")
-@click.option(
-    "--unsafe-fixes", is_flag=True, help="Count unsafe fixes as available too (with --fix: apply)."
-)
-@click.option("--diff", is_flag=True, help="Print the fixes as a diff instead of writing them.")
-@click.option("--select", multiple=True, metavar="CODES", help="Rules to run (comma-separated).")
-@click.option("--extend-select", multiple=True, metavar="CODES", help="Rules to add to select.")
-@click.option("--ignore", multiple=True, metavar="CODES", help="Rules not to run.")
+@_flag("--fix", "Apply the fixes that cannot change a correct program.")
+@_flag("--unsafe-fixes", "Count unsafe fixes as available too (with --fix: apply).")
+@_flag("--diff", "Print the fixes as a diff instead of writing them.")
+@_codes("--select", "Rules to run (comma-separated).")
+@_codes("--extend-select", "Rules to add to select.")
+@_codes("--ignore", "Rules not to run.")
 @click.option(
     "--config",
     "config_path",
@@ -337,11 +345,9 @@ def instrument(script: str, explain: bool) -> None:
     default=None,
     help="The pyproject.toml whose [tool.flortrain.check] governs every file.",
 )
-@click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
-@click.option(
-    "--force-exclude", is_flag=True, help="Apply excludes to files named on the command line too."
-)
-@click.option("--exit-zero", is_flag=True, help="Exit 0 even when a finding is an error.")
+@_flag("--isolated", "Ignore every configuration file.")
+@_flag("--force-exclude", "Apply excludes to files named on the command line too.")
+@_flag("--exit-zero", "Exit 0 even when a finding is an error.")
 @_one_line_errors
 def check(
     paths: tuple[str, ...],
