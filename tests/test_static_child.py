@@ -322,12 +322,12 @@ def test_no_fork_while_another_thread_runs(tmp_path: Path) -> None:
     thread alive, the pass runs in the process (the CLI itself starts none before it forks)."""
     code = textwrap.dedent("""\
         import threading
-        from flortrain.process import static_child as overlap
-        print(overlap._threads(), overlap.worth_overlapping(True))
+        from flortrain.process import static_child
+        print(static_child._threads(), static_child.worth_overlapping(True))
         stop = threading.Event()
         t = threading.Thread(target=stop.wait)
         t.start()
-        print(overlap._threads(), overlap.worth_overlapping(True))
+        print(static_child._threads(), static_child.worth_overlapping(True))
         stop.set()
         t.join()
     """)
