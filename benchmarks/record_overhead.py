@@ -244,7 +244,7 @@ def source(
 
 _HELD = re.compile(r"flortrain held training up [0-9.]+s \(([0-9.]+)%\)")
 _EXIT_WAIT = re.compile(r", ([0-9.]+)s of it at exit for the checkpoint writer(;|$)", re.M)
-#: the launcher's wait for the writer once the training process had exited (``flortrain/launcher.py``)
+#: the launcher's wait for the writer once the training process had exited (``flortrain/process/launcher.py``)
 _LATE = re.compile(r"; then ([0-9.]+)s for the checkpoint writer after training exited$", re.M)
 
 

@@ -136,17 +136,17 @@ def record(
     """Run SCRIPT instrumented, checkpointing its memoized loops. Its stdout is unchanged.
     Options go before SCRIPT; everything after it is the script's."""
     from flortrain import knobs
-    from flortrain.distributed import check_environment
-    from flortrain.launcher import launch
-    from flortrain.static.overlap import begin
+    from flortrain.process.distributed import check_environment
+    from flortrain.process.launcher import launch
+    from flortrain.process.static_child import start_static_pass
 
     knobs.validate()
     check_environment(script, "record")
     launch()  # the launcher waits here for the training process, which goes on
     # forked off now, before the runtime's and torch's imports
-    static = begin(script, not no_check and knobs.check())
+    static = start_static_pass(script, not no_check and knobs.check())
     try:
-        from flortrain.record import record as do_record
+        from flortrain.commands.record import record as do_record
     except BaseException:
         static.close()
         raise
@@ -213,7 +213,7 @@ def replay(
     allow_changed_inputs: bool,
 ) -> None:
     """Replay SCRIPT (with added probes) against its record. New script arguments go after `--`."""
-    from flortrain.distributed import check_environment
+    from flortrain.process.distributed import check_environment
 
     check_environment(script, "replay")
     from flortrain.replay.replayer import replay as do_replay
@@ -312,6 +312,16 @@ def instrument(script: str, explain: bool) -> None:
     click.echo(text, nl=not text.endswith("\n"))
 
 
+def _flag(name: str, help: str) -> Callable[[F], F]:
+    """An on/off option of ``flortrain check``."""
+    return click.option(name, is_flag=True, help=help)
+
+
+def _codes(name: str, help: str) -> Callable[[F], F]:
+    """A ``flortrain check`` option naming rule codes, given any number of times."""
+    return click.option(name, multiple=True, metavar="CODES", help=help)
+
+
 @cli.command()
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option(
@@ -322,14 +332,12 @@ def instrument(script: str, explain: bool) -> None:
     show_default=True,
     help="How findings are printed (json: the schema in docs/check.md).",
 )
-@click.option("--fix", is_flag=True, help="Apply the fixes that cannot change a correct program.")
-@click.option(
-    "--unsafe-fixes", is_flag=True, help="Count unsafe fixes as available too (with --fix: apply)."
-)
-@click.option("--diff", is_flag=True, help="Print the fixes as a diff instead of writing them.")
-@click.option("--select", multiple=True, metavar="CODES", help="Rules to run (comma-separated).")
-@click.option("--extend-select", multiple=True, metavar="CODES", help="Rules to add to select.")
-@click.option("--ignore", multiple=True, metavar="CODES", help="Rules not to run.")
+@_flag("--fix", "Apply the fixes that cannot change a correct program.")
+@_flag("--unsafe-fixes", "Count unsafe fixes as available too (with --fix: apply).")
+@_flag("--diff", "Print the fixes as a diff instead of writing them.")
+@_codes("--select", "Rules to run (comma-separated).")
+@_codes("--extend-select", "Rules to add to select.")
+@_codes("--ignore", "Rules not to run.")
 @click.option(
     "--config",
     "config_path",
@@ -337,11 +345,9 @@ def instrument(script: str, explain: bool) -> None:
     default=None,
     help="The pyproject.toml whose [tool.flortrain.check] governs every file.",
 )
-@click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
-@click.option(
-    "--force-exclude", is_flag=True, help="Apply excludes to files named on the command line too."
-)
-@click.option("--exit-zero", is_flag=True, help="Exit 0 even when a finding is an error.")
+@_flag("--isolated", "Ignore every configuration file.")
+@_flag("--force-exclude", "Apply excludes to files named on the command line too.")
+@_flag("--exit-zero", "Exit 0 even when a finding is an error.")
 @_one_line_errors
 def check(
     paths: tuple[str, ...],
@@ -401,14 +407,14 @@ def main() -> None:
     is finalized, as ``python`` does, so a calling shell loop sees an interrupt, not a failure.
     The runner is looked up, not imported: if it never loaded, no script ran, and importing it
     here could fail again (a broken install) and turn the one-line error into a traceback."""
-    from flortrain import launcher
+    from flortrain.process import launcher
 
     launcher.allowed = True  # this process is flortrain's own: `record` may fork from it
     try:
         cli(prog_name="flortrain")
     except SystemExit:
-        runner = sys.modules.get("flortrain.runtime.runner")
-        if runner is not None and getattr(runner, "interrupted", False):
+        as_main = sys.modules.get("flortrain.process.as_main")
+        if as_main is not None and getattr(as_main, "interrupted", False):
             import signal
 
             signal.signal(signal.SIGINT, signal.SIG_DFL)

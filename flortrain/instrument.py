@@ -7,6 +7,7 @@ import os
 from flortrain.errors import FlortrainError
 from flortrain.static.analysis import analyse, module_prefix
 from flortrain.static.plan import Instrumentation, Instrumented
+from flortrain.static.project_files import ProjectFiles, project_roots
 from flortrain.static.source import Source, parse
 from flortrain.static.text import loop_count, path_imports, project_imports, read_text
 from flortrain.static.transform import transform
@@ -66,8 +67,6 @@ def outside_lines(script: str, text: str, found: list[tuple[str, str]]) -> list[
     import hook instruments only the project's files, those under the script's directory or
     the working directory. Installed packages (``site-packages``) are not listed; one under the
     working directory is the project's, and joins ``found``."""
-    from flortrain.runtime.importhook import ProjectFiles, project_roots
-
     files = ProjectFiles(project_roots(script), script)
     out = []
     for name, path, where in path_imports(script, text):

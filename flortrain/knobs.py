@@ -1,5 +1,10 @@
 """Every tunable in one place (torchsnapshot's lesson): defaults, and the environment variables
-that override them."""
+that override them.
+
+A knob read from the environment is a :class:`Choice` (one of a few words, the first the
+default) or a :class:`Number` (validated by a predicate that its error line puts in words). Each
+is called to read it, so a value set after import (a test's ``monkeypatch.setenv``) counts, and
+:func:`validate` reads them all before a run starts."""
 
 from __future__ import annotations
 
@@ -8,126 +13,34 @@ from collections.abc import Callable
 
 from flortrain.errors import FlortrainError
 
-#: Default store directory, relative to the working directory.
-STORE_DIRNAME = ".flortrain"
-STORE_ENV = "FLORTRAIN_STORE"
 
-#: Overhead tolerance ε of the Joint Invariant (Flor Eq. 4). 1/15 as in the paper.
-EPSILON_ENV = "FLORTRAIN_EPSILON"
-DEFAULT_EPSILON = 1.0 / 15.0
+class Choice:
+    """A knob that is one of ``values``; unset, the first."""
 
-#: Restore/materialize cost ratio c (Flor Eq. 3); 1.38 is the paper's measured average, refined
-#: from observed restore times once a replay has run.
-DEFAULT_RESTORE_RATIO = 1.38
+    def __init__(self, env: str, *values: str) -> None:
+        self.env, self.values = env, values
 
-#: How many first instances of each block are watched for state mutated through aliases the
-#: changeset rules cannot see (live modules and optimizers outside the changeset).
-ALIAS_WATCH_INSTANCES = 2
-
-#: Captured stdout lines are committed to SQLite in batches of this many (and at exit).
-LOG_BATCH = 256
-
-#: Main-loop boundaries (RNG digests, the lines printed since) are committed at most this often,
-#: in seconds: a step-based script (nanoGPT's ``while True``, thousands of millisecond iterations)
-#: would otherwise pay a SQLite transaction per step. A killed run loses at most this much.
-COMMIT_INTERVAL_ENV = "FLORTRAIN_COMMIT_INTERVAL"
-DEFAULT_COMMIT_INTERVAL_S = 1.0
+    def __call__(self) -> str:
+        raw = os.environ.get(self.env, self.values[0])
+        if raw not in self.values:
+            raise FlortrainError(
+                f"{self.env}={raw!r} must be one of {', '.join(self.values)}", code="FT050"
+            )
+        return raw
 
 
-#: "adaptive" (Flor's Eq. 4, the default) or "every" (checkpoint every block instance).
-PERIOD_ENV = "FLORTRAIN_PERIOD"
-#: seconds of training after which a main loop takes a boundary checkpoint even where Eq. 4
-#: would not (its blocks' checkpoints cover the iterations), so ``record --resume`` has one
-BOUNDARY_INTERVAL_ENV = "FLORTRAIN_BOUNDARY_INTERVAL"
-DEFAULT_BOUNDARY_INTERVAL_S = 60.0
-#: N > 0: a main loop takes boundary checkpoints only at iterations that are multiples of N (with
-#: ``FLORTRAIN_PERIOD=every``: exactly those), so tests can space boundaries out without timing
-BOUNDARY_EVERY_ENV = "FLORTRAIN_BOUNDARY_EVERY"
-PERIODS = ("adaptive", "every")
+class Number:
+    """A numeric knob: ``default`` when unset; a value ``ok`` refuses fails in one line that
+    says it must be ``what``."""
 
+    def __init__(self, env: str, default: float, ok: Callable[[float], bool], what: str) -> None:
+        self.env, self.default, self.ok, self.what = env, default, ok, what
 
-#: "background" (the forked writer, the default) or "sync" (write on the training thread).
-MATERIALIZER_ENV = "FLORTRAIN_MATERIALIZER"
-MATERIALIZERS = ("background", "sync")
-
-#: The staging buffer the training thread copies checkpoints into for the writer, in MB. A
-#: checkpoint larger than it is written on the training thread.
-BUFFER_ENV = "FLORTRAIN_BUFFER_MB"
-DEFAULT_BUFFER_MB = 2048
-
-#: The backlog, in MB staged and not yet written, at which the writer stops waiting for idle CPU
-#: and competes with training (at a low priority) until it has written all it holds
-#: (``writer.Pace``). At most half the staging buffer.
-WRITER_BACKLOG_ENV = "FLORTRAIN_WRITER_BACKLOG_MB"
-DEFAULT_WRITER_BACKLOG_MB = 256
-
-#: How much of the staging buffer, in MB, is mapped before the script runs, so that staging a
-#: checkpoint does not pay a page fault per 4 KB (``runtime/arena.py``). By default as much as
-#: the writer's backlog: the buffer's ring seldom goes further. At most the buffer, and at most an
-#: eighth of the memory available; 0 turns it off.
-ARENA_WARM_ENV = "FLORTRAIN_ARENA_WARM_MB"
-
-#: Whether ``flortrain record`` forks the training process from a launcher that waits for it
-#: ("on", the default: the writer's last work then overlaps the training process's exit,
-#: ``flortrain/launcher.py``) or runs the script in its own process ("off").
-LAUNCHER_ENV = "FLORTRAIN_LAUNCHER"
-LAUNCHERS = ("on", "off")
-
-#: How long a finished run waits for the writer to write what it holds, in seconds.
-FLUSH_TIMEOUT_ENV = "FLORTRAIN_FLUSH_TIMEOUT"
-DEFAULT_FLUSH_TIMEOUT_S = 600.0
-
-#: How ``replay --jobs N`` divides the main loop: "estimated" (the default: by the record's
-#: measured costs, and only when that beats a serial replay) or "even" (N segments of about
-#: equal iteration counts, whatever the estimate says: for tests and benchmarks).
-SEGMENTS_ENV = "FLORTRAIN_SEGMENTS"
-SEGMENTINGS = ("estimated", "even")
-
-#: How parallel-replay workers reach their segments: "direct" (the default: restore the
-#: boundary checkpoint at the segment's start where there is one) or "pseudo" (Flor's
-#: pseudoresume from the loop's start, blocks restored: the baseline benchmarks compare against).
-RESUME_ENV = "FLORTRAIN_RESUME"
-RESUMES = ("direct", "pseudo")
-
-#: Whether ``replay --jobs N`` on local workers starts them before it plans ("on", the
-#: default: their start-up overlaps planning) or once the plan is made ("off": for measuring
-#: what prestarting saves).
-PRESTART_ENV = "FLORTRAIN_PRESTART"
-PRESTARTS = ("on", "off")
-
-#: Whether ``flortrain record`` and a serial ``replay`` run their static pass in a forked child
-#: while they import torch
-#: ("on", the default, where that can save time: :mod:`flortrain.static.overlap`) or in its own
-#: process first ("off": for measuring what the overlap saves).
-STATIC_OVERLAP_ENV = "FLORTRAIN_STATIC_OVERLAP"
-STATIC_OVERLAPS = ("on", "off")
-
-#: Whether ``flortrain record`` runs ``flortrain check`` on the script and warns of its findings
-#: before training ("on", the default) or not ("off", as ``record --no-check``).
-CHECK_ENV = "FLORTRAIN_CHECK"
-CHECKS = ("on", "off")
-
-#: How long a store operation waits for another process's SQLite lock, in seconds, before it
-#: gives up: a command then fails with a one-line error, a recording process stops recording.
-DB_TIMEOUT_ENV = "FLORTRAIN_DB_TIMEOUT"
-DEFAULT_DB_TIMEOUT_S = 30.0
-
-#: "steady" (the default: glibc malloc keeps large blocks and freed memory on its heap while a
-#: replay re-executes training, ``runtime/allocator.py``) or "default" (leave malloc as it is).
-REPLAY_ALLOCATOR_ENV = "FLORTRAIN_REPLAY_ALLOCATOR"
-REPLAY_ALLOCATORS = ("steady", "default")
-
-
-#: Fault injection for tests: ``name=value`` pairs, comma separated (``writer-delay=2``: the
-#: writer sleeps that long before each checkpoint, a slow disk; ``writer-fail=1``: it fails
-#: every checkpoint as on a full disk and writes nothing; ``launcher-fail=1``: the
-#: launcher raises before it waits, a bug in it; ``checkpoint-signal=N``: the training process
-#: sends itself signal N as it stages its first checkpoint, a signal arriving mid-hook).
-INJECT_ENV = "FLORTRAIN_INJECT"
+    def __call__(self) -> float:
+        return _number(self.env, self.default, self.ok, self.what)
 
 
 def _number(env: str, default: float, ok: Callable[[float], bool], what: str) -> float:
-    """A numeric knob, validated: ``what`` says what it must be, in the one-line error."""
     raw = os.environ.get(env)
     if raw is None:
         return default
@@ -140,42 +53,141 @@ def _number(env: str, default: float, ok: Callable[[float], bool], what: str) ->
     return value
 
 
-def _choice(env: str, choices: tuple[str, ...]) -> str:
-    raw = os.environ.get(env, choices[0])
-    if raw not in choices:
-        raise FlortrainError(f"{env}={raw!r} must be one of {', '.join(choices)}", code="FT050")
-    return raw
+def _at_least_0(v: float) -> bool:
+    return v >= 0
 
 
-def materializer() -> str:
-    return _choice(MATERIALIZER_ENV, MATERIALIZERS)
+def _above_0(v: float) -> bool:
+    return v > 0
 
 
-def launcher() -> str:
-    return _choice(LAUNCHER_ENV, LAUNCHERS)
+#: Default store directory, relative to the working directory.
+STORE_DIRNAME = ".flortrain"
+STORE_ENV = "FLORTRAIN_STORE"
+
+#: Overhead tolerance ε of the Joint Invariant (Flor Eq. 4). 1/15 as in the paper.
+epsilon = Number("FLORTRAIN_EPSILON", 1.0 / 15.0, _above_0, "a positive number (default 1/15)")
+
+#: Restore/materialize cost ratio c (Flor Eq. 3); 1.38 is the paper's measured average, refined
+#: from observed restore times once a replay has run.
+DEFAULT_RESTORE_RATIO = 1.38
+
+#: How many first instances of each block are watched for state mutated through aliases the
+#: changeset rules cannot see (live modules and optimizers outside the changeset).
+ALIAS_WATCH_INSTANCES = 2
+
+#: Captured stdout lines are committed to SQLite in batches of this many (and at exit).
+LOG_BATCH = 256
+
+#: Seconds between commits of main-loop boundaries (RNG digests, the lines printed since), 0:
+#: every one. A step-based script (nanoGPT's ``while True``, thousands of millisecond
+#: iterations) would otherwise pay a SQLite transaction per step. A killed run loses at most
+#: this much.
+commit_interval = Number(
+    "FLORTRAIN_COMMIT_INTERVAL", 1.0, _at_least_0, "a number of seconds >= 0 (default 1)"
+)
+
+#: "adaptive" (Flor's Eq. 4, the default) or "every" (checkpoint every block instance).
+period = Choice("FLORTRAIN_PERIOD", "adaptive", "every")
+
+#: Seconds of training after which a main loop takes a boundary checkpoint even where Eq. 4
+#: would not (its blocks' checkpoints cover the iterations), so ``record --resume`` has one.
+boundary_interval = Number(
+    "FLORTRAIN_BOUNDARY_INTERVAL", 60.0, _above_0, "a number of seconds > 0 (default 60)"
+)
+
+#: N > 0: a main loop takes boundary checkpoints only at iterations that are multiples of N (with
+#: ``FLORTRAIN_PERIOD=every``: exactly those), so tests can space boundaries out without timing;
+#: 0 (the default): the period decides.
+_boundary_every = Number(
+    "FLORTRAIN_BOUNDARY_EVERY",
+    0,
+    lambda v: v >= 0 and v == int(v),
+    "a whole number of iterations >= 0 (default 0: the period decides)",
+)
+
+#: "background" (the forked writer, the default) or "sync" (write on the training thread).
+materializer = Choice("FLORTRAIN_MATERIALIZER", "background", "sync")
+
+#: The staging buffer the training thread copies checkpoints into for the writer, in MB. A
+#: checkpoint larger than it is written on the training thread.
+BUFFER_ENV = "FLORTRAIN_BUFFER_MB"
+_buffer_mb = Number(BUFFER_ENV, 2048, _at_least_0, "a number of MB >= 0 (default 2048)")
+
+#: The backlog, in MB staged and not yet written, at which the writer stops waiting for idle CPU
+#: and competes with training (at a low priority) until it has written all it holds
+#: (``writer.Pace``). At most half the staging buffer.
+_writer_backlog_mb = Number(
+    "FLORTRAIN_WRITER_BACKLOG_MB", 256, _at_least_0, "a number of MB >= 0 (default 256)"
+)
+
+#: How much of the staging buffer, in MB, is mapped before the script runs, so that staging a
+#: checkpoint does not pay a page fault per 4 KB (``runtime/arena.py``). By default as much as
+#: the writer's backlog: the buffer's ring seldom goes further. At most the buffer, and at most an
+#: eighth of the memory available; 0 turns it off.
+ARENA_WARM_ENV = "FLORTRAIN_ARENA_WARM_MB"
+
+#: Whether ``flortrain record`` forks the training process from a launcher that waits for it
+#: ("on", the default: the writer's last work then overlaps the training process's exit,
+#: ``flortrain/process/launcher.py``) or runs the script in its own process ("off").
+launcher = Choice("FLORTRAIN_LAUNCHER", "on", "off")
+
+#: How long a finished run waits for the writer to write what it holds, in seconds.
+FLUSH_TIMEOUT_ENV = "FLORTRAIN_FLUSH_TIMEOUT"
+flush_timeout = Number(
+    FLUSH_TIMEOUT_ENV, 600.0, _at_least_0, "a number of seconds >= 0 (default 600)"
+)
+
+#: How ``replay --jobs N`` divides the main loop: "estimated" (the default: by the record's
+#: measured costs, and only when that beats a serial replay) or "even" (N segments of about
+#: equal iteration counts, whatever the estimate says: for tests and benchmarks).
+segments = Choice("FLORTRAIN_SEGMENTS", "estimated", "even")
+
+#: How parallel-replay workers reach their segments: "direct" (the default: restore the
+#: boundary checkpoint at the segment's start where there is one) or "pseudo" (Flor's
+#: pseudoresume from the loop's start, blocks restored: the baseline benchmarks compare against).
+resume = Choice("FLORTRAIN_RESUME", "direct", "pseudo")
+
+#: Whether ``replay --jobs N`` on local workers starts them before it plans ("on", the
+#: default: their start-up overlaps planning) or once the plan is made ("off": for measuring
+#: what prestarting saves).
+prestart = Choice("FLORTRAIN_PRESTART", "on", "off")
+
+#: Whether ``flortrain record`` and a serial ``replay`` run their static pass in a forked child
+#: while they import torch ("on", the default, where that can save time:
+#: :mod:`flortrain.process.static_child`) or in its own process first ("off": for measuring
+#: what the overlap saves).
+static_overlap = Choice("FLORTRAIN_STATIC_OVERLAP", "on", "off")
+
+#: Whether ``flortrain record`` runs ``flortrain check`` on the script and warns of its findings
+#: before training ("on", the default) or not ("off", as ``record --no-check``).
+_check = Choice("FLORTRAIN_CHECK", "on", "off")
+
+#: How long a store operation waits for another process's SQLite lock, in seconds, before it
+#: gives up: a command then fails with a one-line error, a recording process stops recording.
+db_timeout = Number(
+    "FLORTRAIN_DB_TIMEOUT", 30.0, _at_least_0, "a number of seconds >= 0 (default 30)"
+)
+
+#: "steady" (the default: glibc malloc keeps large blocks and freed memory on its heap while a
+#: replay re-executes training, ``runtime/allocator.py``) or "default" (leave malloc as it is).
+replay_allocator = Choice("FLORTRAIN_REPLAY_ALLOCATOR", "steady", "default")
 
 
-def replay_allocator() -> str:
-    return _choice(REPLAY_ALLOCATOR_ENV, REPLAY_ALLOCATORS)
+#: Fault injection for tests: ``name=value`` pairs, comma separated (``writer-delay=2``: the
+#: writer sleeps that long before each checkpoint, a slow disk; ``writer-fail=1``: it fails
+#: every checkpoint as on a full disk and writes nothing; ``launcher-fail=1``: the
+#: launcher raises before it waits, a bug in it; ``checkpoint-signal=N``: the training process
+#: sends itself signal N as it stages its first checkpoint, a signal arriving mid-hook).
+INJECT_ENV = "FLORTRAIN_INJECT"
 
 
 def buffer_bytes() -> int:
-    return int(
-        _number(
-            BUFFER_ENV, DEFAULT_BUFFER_MB, lambda v: v >= 0, "a number of MB >= 0 (default 2048)"
-        )
-        * 2**20
-    )
+    return int(_buffer_mb() * 2**20)
 
 
 def writer_backlog() -> int:
-    mb = _number(
-        WRITER_BACKLOG_ENV,
-        DEFAULT_WRITER_BACKLOG_MB,
-        lambda v: v >= 0,
-        "a number of MB >= 0 (default 256)",
-    )
-    return int(min(mb * 2**20, buffer_bytes() / 2))
+    return int(min(_writer_backlog_mb() * 2**20, buffer_bytes() / 2))
 
 
 def arena_warm() -> int:
@@ -185,28 +197,20 @@ def arena_warm() -> int:
     mb = _number(
         ARENA_WARM_ENV,
         default,
-        lambda v: v >= 0,
+        _at_least_0,
         f"a number of MB >= 0 (default {default:g}, the writer's backlog)",
     )
     return int(min(mb * 2**20, buffer_bytes()))
 
 
-def flush_timeout() -> float:
-    return _number(
-        FLUSH_TIMEOUT_ENV,
-        DEFAULT_FLUSH_TIMEOUT_S,
-        lambda v: v >= 0,
-        "a number of seconds >= 0 (default 600)",
-    )
+def boundary_every() -> int:
+    """The stride of main-loop boundaries (0: the period decides)."""
+    return int(_boundary_every())
 
 
-def db_timeout() -> float:
-    return _number(
-        DB_TIMEOUT_ENV,
-        DEFAULT_DB_TIMEOUT_S,
-        lambda v: v >= 0,
-        "a number of seconds >= 0 (default 30)",
-    )
+def check() -> bool:
+    """Whether record warns of ``flortrain check``'s findings (``FLORTRAIN_CHECK``)."""
+    return _check() == "on"
 
 
 def injected(name: str) -> float:
@@ -229,86 +233,26 @@ def _injections() -> dict[str, float]:
     return out
 
 
-def epsilon() -> float:
-    """The overhead tolerance ε, validated: a positive number."""
-    return _number(
-        EPSILON_ENV, DEFAULT_EPSILON, lambda v: v > 0, "a positive number (default 1/15)"
-    )
-
-
-def segments() -> str:
-    return _choice(SEGMENTS_ENV, SEGMENTINGS)
-
-
-def resume() -> str:
-    return _choice(RESUME_ENV, RESUMES)
-
-
-def prestart() -> str:
-    return _choice(PRESTART_ENV, PRESTARTS)
-
-
-def static_overlap() -> str:
-    return _choice(STATIC_OVERLAP_ENV, STATIC_OVERLAPS)
-
-
-def check() -> bool:
-    """Whether record warns of ``flortrain check``'s findings (:data:`CHECK_ENV`)."""
-    return _choice(CHECK_ENV, CHECKS) == "on"
-
-
-def period() -> str:
-    return _choice(PERIOD_ENV, PERIODS)
-
-
-def commit_interval() -> float:
-    """Seconds between commits of main-loop boundaries, validated: a number >= 0 (0: every one)."""
-    return _number(
-        COMMIT_INTERVAL_ENV,
-        DEFAULT_COMMIT_INTERVAL_S,
-        lambda v: v >= 0,
-        "a number of seconds >= 0 (default 1)",
-    )
-
-
-def boundary_interval() -> float:
-    return _number(
-        BOUNDARY_INTERVAL_ENV,
-        DEFAULT_BOUNDARY_INTERVAL_S,
-        lambda v: v > 0,
-        "a number of seconds > 0 (default 60)",
-    )
-
-
-def boundary_every() -> int:
-    """The stride of main-loop boundaries (0: the period decides)."""
-    return int(
-        _number(
-            BOUNDARY_EVERY_ENV,
-            0,
-            lambda v: v >= 0 and v == int(v),
-            "a whole number of iterations >= 0 (default 0: the period decides)",
-        )
-    )
-
-
 def validate() -> None:
     """Check every environment knob before a run starts, so a typo fails in one line up front."""
-    epsilon()
-    period()
-    commit_interval()
-    boundary_interval()
-    boundary_every()
-    materializer()
-    launcher()
-    buffer_bytes()
-    writer_backlog()
-    arena_warm()
-    flush_timeout()
-    segments()
-    resume()
-    prestart()
-    static_overlap()
-    check()
-    db_timeout()
-    _injections()
+    for knob in (
+        epsilon,
+        period,
+        commit_interval,
+        boundary_interval,
+        boundary_every,
+        materializer,
+        launcher,
+        buffer_bytes,
+        writer_backlog,
+        arena_warm,
+        flush_timeout,
+        segments,
+        resume,
+        prestart,
+        static_overlap,
+        check,
+        db_timeout,
+        _injections,
+    ):
+        knob()

@@ -1,5 +1,5 @@
 """Record and replay under ``torch.distributed`` with more than one process are refused in one
-line, exit 2, and leave the store as it was or the run failed (flortrain/distributed.py):
+line, exit 2, and leave the store as it was or the run failed (flortrain/process/distributed.py):
 under torchrun every rank recorded a run of its own and every rank replayed the latest one."""
 
 from __future__ import annotations

@@ -318,16 +318,17 @@ def test_installed_code_reached_through_a_symlink_is_passed_over_by_its_prefix(
     import sysconfig
     import types
 
-    from flortrain.runtime import audit, importhook
+    from flortrain.runtime import audit
+    from flortrain.static import project_files
 
     real = tmp_path / "real"
     (real / "site").mkdir(parents=True)
     link = tmp_path / "link"
     link.symlink_to(real)
     monkeypatch.setattr(sysconfig, "get_paths", lambda: {"purelib": str(link / "site")})
-    roots = importhook._excluded_roots()
+    roots = project_files._excluded_roots()
     assert str(link / "site") in roots and str(real / "site") in roots
-    files = importhook.ProjectFiles([str(tmp_path)], str(tmp_path / "train.py"))
+    files = project_files.ProjectFiles([str(tmp_path)], str(tmp_path / "train.py"))
     asked: list[str] = []
     monkeypatch.setattr(files, "contains", lambda path: asked.append(path) or False)
     module = types.ModuleType("flortrain_test_installed")
@@ -345,9 +346,10 @@ def test_the_audits_project_modules_follow_every_change_to_sys_modules(
     then; a project module imported, removed or replaced under its name since must show."""
     import types
 
-    from flortrain.runtime import audit, importhook
+    from flortrain.runtime import audit
+    from flortrain.static import project_files
 
-    files = importhook.ProjectFiles([str(tmp_path)], str(tmp_path / "train.py"))
+    files = project_files.ProjectFiles([str(tmp_path)], str(tmp_path / "train.py"))
 
     def project_module(name: str) -> types.ModuleType:
         m = types.ModuleType(name)
@@ -369,6 +371,6 @@ def test_the_audits_project_modules_follow_every_change_to_sys_modules(
     answer = audit.project_modules(files)
     answer.clear()  # a caller's copy: the next answer is whole
     assert "flortrain_test_helpers" in audit.project_modules(files)
-    other = importhook.ProjectFiles([str(tmp_path / "elsewhere")], str(tmp_path / "train.py"))
+    other = project_files.ProjectFiles([str(tmp_path / "elsewhere")], str(tmp_path / "train.py"))
     monkeypatch.setattr(audit, "_PROJECT", {})  # judged afresh for another project
     assert "flortrain_test_helpers" not in audit.project_modules(other)

@@ -1,4 +1,4 @@
-"""The launcher (``flortrain/launcher.py``): ``flortrain record`` forks the training process and waits
+"""The launcher (``flortrain/process/launcher.py``): ``flortrain record`` forks the training process and waits
 for it; the training process hands the writer's backlog over and exits while the writer drains;
 the launcher commits the writer's results and exits as the training process did. Real processes,
 real signals, a real store."""

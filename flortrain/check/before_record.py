@@ -2,7 +2,7 @@
 training.
 
 The check runs beside the rest of record's static pass (in its forked child when there is one,
-:mod:`flortrain.static.overlap`), so that it costs the training process no time there. Its result
+:mod:`flortrain.process.static_child`), so that it costs the training process no time there. Its result
 is plain data that unpickles without libcst. An error-level finding is still only a warning
 here: record runs the script whatever the check says, and changes nothing the script computes
 or prints on stdout.

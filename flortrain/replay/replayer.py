@@ -11,20 +11,22 @@ from typing import Any
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
+from flortrain.process import as_main as runner
+from flortrain.process.static_child import Overlapped, module_passes, worth_overlapping
+from flortrain.process.training import execute, import_torch, pin_threads, set_aside_static_objects
 from flortrain.replay.backends import LocalBackend
 from flortrain.replay.diff import diff_runs
 from flortrain.replay.files import Prologue, begin_files, end_files, plan_files
 from flortrain.replay.inputs import check_inputs
 from flortrain.replay.replayplan import ReplayPlan
 from flortrain.replay.sharing import cannot_pay
-from flortrain.runtime import allocator, runner
-from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
-from flortrain.runtime.launch import execute, import_torch, pin_threads, set_aside_static_objects
+from flortrain.runtime import allocator
+from flortrain.runtime.importhook import ProjectHook
 from flortrain.runtime.session import ReplaySource, Session
 from flortrain.runtime.spans import SpanReplay, compile_guard
 from flortrain.static.linemap import compile_for
-from flortrain.static.overlap import Overlapped, module_passes, worth_overlapping
 from flortrain.static.plan import ModulePasses, Plan
+from flortrain.static.project_files import ProjectFiles, project_roots
 from flortrain.static.text import project_uses_torch, read_text, torch_available, uses_torch
 from flortrain.store.db import Run, Store, open_store
 
@@ -193,7 +195,7 @@ def _executed_source(script: str, record: Run, probes: tuple[tuple[int, str], ..
 @dataclass(frozen=True)
 class StaticReplay:
     """What the replay's static pass makes of the recorded script and the current one: plain
-    data, so that it can be made in a forked child (:mod:`flortrain.static.overlap`)."""
+    data, so that it can be made in a forked child (:mod:`flortrain.process.static_child`)."""
 
     current_text: str  # the script with its CLI probes added
     plan: Plan  # of the recorded script

@@ -1,7 +1,7 @@
 """The replay plan as data: what a replay executes, skips and jumps over, and how it says so.
 
 Made by :func:`flortrain.replay.planner.plan_replay` (which needs libcst); defined apart from it
-so that a plan made in a forked child (:mod:`flortrain.static.overlap`) unpickles in a process
+so that a plan made in a forked child (:mod:`flortrain.process.static_child`) unpickles in a process
 that never imports libcst.
 """
 

@@ -65,12 +65,13 @@ class WorkerResult:
 
 def run_task(task: WorkerTask) -> WorkerResult:
     """Replay the task's segment in this process (which must be fresh)."""
+    from flortrain.process.training import execute, pin_threads
     from flortrain.runtime import allocator
-    from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
-    from flortrain.runtime.launch import execute, pin_threads
+    from flortrain.runtime.importhook import ProjectHook
     from flortrain.runtime.session import ReplaySource, Session
     from flortrain.runtime.spans import SpanReplay, compile_guard
     from flortrain.static.linemap import compile_for
+    from flortrain.static.project_files import ProjectFiles, project_roots
     from flortrain.store.blobs import BlobReader
     from flortrain.store.rows import WorkerRows
 
@@ -105,8 +106,8 @@ def warm_up(uses_torch: bool) -> None:
     code and draws no random numbers the script could see (torch seeds its generators on import
     either way), so a warmed process is as fresh as a cold one when its task arrives."""
     import flortrain.instrument
+    import flortrain.process.training
     import flortrain.runtime.importhook
-    import flortrain.runtime.launch
     import flortrain.runtime.session
     import flortrain.runtime.spans
     import flortrain.static.text

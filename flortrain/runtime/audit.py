@@ -73,8 +73,8 @@ _NOT_ENTERED = (
 
 def roots(frame: FrameType | None, project: Any = None) -> dict[str, Any]:
     """The names a loop's code can reach state through: its frame's locals and its module's
-    globals, and the globals of the project's own modules (``project``: which files are, an
-    ``importhook.ProjectFiles``), without dunders and flortrain's own. A helper in ``utils.py``
+    globals, and the globals of the project's own modules (``project``: which files are, a
+    ``project_files.ProjectFiles``), without dunders and flortrain's own. A helper in ``utils.py``
     counting into its module's ``COUNTS`` changes state no name of the loop's frame reaches
     (``from utils import step_fn``)."""
     if frame is None:

@@ -47,8 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from flortrain import knobs, launcher
-from flortrain.channel import Channel
+from flortrain import knobs
+from flortrain.process import launcher
+from flortrain.process.channel import Channel
 from flortrain.runtime import blobformat, versions
 from flortrain.runtime.arena import Warmer, resident_budget
 from flortrain.runtime.digest import state_digests
@@ -166,7 +167,7 @@ class Materializer(Protocol):
 
     def hand_off(self) -> tuple[int, list[str]] | None:
         """Stop without waiting: the writer sends what it still holds to the launcher, which
-        commits it (``flortrain/launcher.py``). The writer's pid and the keys handed over; None
+        commits it (``flortrain/process/launcher.py``). The writer's pid and the keys handed over; None
         where that cannot be (no launcher, no writer): :meth:`flush` then."""
 
 

@@ -970,7 +970,7 @@ class Session:
 
     def flush(self) -> None:
         """The script ended: hand the writer's backlog to the launcher where there is one (the
-        wait then overlaps this process's exit, ``flortrain/launcher.py``), else wait for it.
+        wait then overlaps this process's exit, ``flortrain/process/launcher.py``), else wait for it.
         Signals are not deferred here: a Ctrl-C during a long wait for the writer stops it."""
         with self.holding(defer_signals=False):
             if self.materializer is not None:

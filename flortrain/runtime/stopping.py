@@ -33,8 +33,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
+from flortrain.process.as_main import run_as_main
 from flortrain.runtime import signals
-from flortrain.runtime.runner import run_as_main
 
 _RUNNER = run_as_main.__code__
 #: how long a SIGTERM that fell in flortrain's code waits to be sent again

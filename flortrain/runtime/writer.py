@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from flortrain import knobs
-from flortrain.channel import Channel
+from flortrain.process.channel import Channel
 from flortrain.runtime import blobformat
 from flortrain.runtime.arena import MADV_POPULATE_READ, populate_chunks
 from flortrain.store import content, direct
@@ -530,7 +530,7 @@ def run_child(
     launcher: socket.socket | None = None,
 ) -> None:
     """The forked child's whole life. ``launcher``: where the results of what the parent hands
-    over at its end go (``flortrain/launcher.py``)."""
+    over at its end go (``flortrain/process/launcher.py``)."""
     code = 0
     try:
         serve(sock, arena, blobs, parent, delay, threshold, warm, launcher)

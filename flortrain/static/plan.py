@@ -211,7 +211,7 @@ class Plan:
 class Instrumented:
     """A file's plan and its instrumented text: what the static pass hands the runtime. Plain
     data, defined here rather than beside the pass, so that a forked pass's result unpickles
-    without importing libcst (:mod:`flortrain.static.overlap`)."""
+    without importing libcst (:mod:`flortrain.process.static_child`)."""
 
     plan: Plan
     code_text: str

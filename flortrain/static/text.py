@@ -3,7 +3,7 @@
 This is the side of the static pass a run needs before it knows whether to pay for libcst: the
 text as Python decodes it, how many loops a file has, which project modules a script imports.
 It imports nothing heavy, so ``flortrain record`` can read the script, decide, and fork the
-analyses off (:mod:`flortrain.static.overlap`) before libcst or torch is imported.
+analyses off (:mod:`flortrain.process.static_child`) before libcst or torch is imported.
 """
 
 from __future__ import annotations

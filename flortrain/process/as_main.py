@@ -18,8 +18,8 @@ import types
 from pathlib import Path
 from types import CodeType, TracebackType
 
-from flortrain.distributed import Refused
 from flortrain.errors import FlortrainError
+from flortrain.process.distributed import Refused
 from flortrain.runtime.spans import SegmentEnd
 
 _PKG = str(Path(__file__).resolve().parent.parent)

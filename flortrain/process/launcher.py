@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from flortrain import knobs
-from flortrain.channel import Channel
+from flortrain.process.channel import Channel
 
 #: Whether this process may become a launcher: only the ``flortrain`` command's own process
 #: (``cli.main``), never one that calls the CLI in-process (click's test runner, a notebook).
@@ -86,7 +86,7 @@ class Summary:
     instances: int
     held: float
     exit_wait: float
-    #: why flortrain stopped the script (:mod:`flortrain.distributed`): the last line
+    #: why flortrain stopped the script (:mod:`flortrain.process.distributed`): the last line
     refusal: str | None = None
 
     def line(self, more: int = 0, after: float = 0.0) -> str:

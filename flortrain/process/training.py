@@ -9,12 +9,12 @@ import sys
 from collections.abc import Callable
 from types import CodeType
 
-from flortrain import distributed
+from flortrain.process import distributed
+from flortrain.process.as_main import run_as_main
 from flortrain.runtime import session as _session
 from flortrain.runtime import stopping
 from flortrain.runtime.capture import Tee
 from flortrain.runtime.importhook import installed
-from flortrain.runtime.runner import run_as_main
 from flortrain.runtime.session import Session
 from flortrain.static.text import torch_available
 
@@ -46,7 +46,7 @@ def intra_op_threads(uses_torch: bool = True) -> int | None:
 
 def import_torch() -> None:
     """Import torch now, where it is installed: while a forked static pass runs beside it
-    (:mod:`flortrain.static.overlap`), rather than after it."""
+    (:mod:`flortrain.process.static_child`), rather than after it."""
     if torch_available():
         import torch  # noqa: F401
 

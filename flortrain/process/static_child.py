@@ -236,7 +236,7 @@ class ScriptPass:
 
 
 class StaticPass(Overlapped[ScriptPass]):
-    """A script's text and its static pass for record (:func:`begin`), with ``flortrain check``'s
+    """A script's text and its static pass for record (:func:`start_static_pass`), with ``flortrain check``'s
     findings on it unless ``check`` is off."""
 
     def __init__(self, script: str, text: str, fork: bool, check: bool = True) -> None:
@@ -294,7 +294,7 @@ def module_passes(
     return out
 
 
-def begin(script: str, check: bool = True) -> StaticPass:
+def start_static_pass(script: str, check: bool = True) -> StaticPass:
     """The static pass of ``script`` for record, forked off when that can save wall time
     (:func:`worth_overlapping`), else run at once; with ``flortrain check``'s findings unless
     ``check`` is off. A missing or undecodable script fails here, in one line, before anything

@@ -1,4 +1,4 @@
-"""The static pass forked off beside torch's import (``flortrain/static/overlap.py``): a record
+"""The static pass forked off beside torch's import (``flortrain/process/static_child.py``): a record
 whose pass ran in a child prints what ``python`` prints and replays exactly; an error the child
 finds is the same located line; a child that dies leaves the pass to the parent, with a note;
 where there is nothing to gain (one CPU, the knob off) the pass runs in the process.
@@ -322,12 +322,12 @@ def test_no_fork_while_another_thread_runs(tmp_path: Path) -> None:
     thread alive, the pass runs in the process (the CLI itself starts none before it forks)."""
     code = textwrap.dedent("""\
         import threading
-        from flortrain.static import overlap
-        print(overlap._threads(), overlap.worth_overlapping(True))
+        from flortrain.process import static_child
+        print(static_child._threads(), static_child.worth_overlapping(True))
         stop = threading.Event()
         t = threading.Thread(target=stop.wait)
         t.start()
-        print(overlap._threads(), overlap.worth_overlapping(True))
+        print(static_child._threads(), static_child.worth_overlapping(True))
         stop.set()
         t.join()
     """)

@@ -9,24 +9,26 @@ import sys
 import time
 from typing import Any
 
-from flortrain import knobs, launcher
+from flortrain import knobs
 from flortrain.check.before_record import warn
 from flortrain.errors import FlortrainError, Located
-from flortrain.launcher import Summary
-from flortrain.runtime import runner, stopping
-from flortrain.runtime.files import Watch, skip_roots, watching
-from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
-from flortrain.runtime.launch import (
+from flortrain.process import as_main, launcher
+from flortrain.process.launcher import Summary
+from flortrain.process.static_child import StaticPass, start_static_pass
+from flortrain.process.training import (
     execute,
     intra_op_threads,
     pin_threads,
     set_aside_static_objects,
 )
+from flortrain.runtime import stopping
+from flortrain.runtime.files import Watch, skip_roots, watching
+from flortrain.runtime.importhook import ProjectHook
 from flortrain.runtime.session import ReplaySource, Session
 from flortrain.runtime.spans import Segment, SpanReplay
 from flortrain.static.linemap import compile_for
-from flortrain.static.overlap import StaticPass, begin
 from flortrain.static.plan import UNTRACKED, ModulePasses, Plan, not_memoized
+from flortrain.static.project_files import ProjectFiles, project_roots
 from flortrain.static.text import project_uses_torch
 from flortrain.store.db import Run, Store, open_store
 
@@ -142,10 +144,10 @@ def record(
     static: StaticPass | None = None,
 ) -> int:
     """Record ``script``. ``static`` is its static pass, begun by the caller as early as it could
-    (the CLI forks it off before importing this module: :mod:`flortrain.static.overlap`)."""
+    (the CLI forks it off before importing this module: :mod:`flortrain.process.static_child`)."""
     knobs.validate()
     if static is None:
-        static = begin(script, knobs.check())
+        static = start_static_pass(script, knobs.check())
     try:
         text = static.text
         torch_script = project_uses_torch(script, text)
@@ -243,7 +245,7 @@ def record(
     try:
         with watching(session.files):
             status = execute(session, code, script, args, torch_script, hook, stopped)
-        stopped_by = signal.SIGINT if runner.interrupted else None
+        stopped_by = signal.SIGINT if as_main.interrupted else None
         return _finish(script, store, session, run_id, status, time.perf_counter() - t0, stopped_by)
     finally:
         stopping.close()  # a SIGTERM that came while the run was being finished ends the process now
@@ -286,7 +288,7 @@ def _finish(
         c.get("checkpointed", 0) + c.get("recorded", 0),
         session.held,
         session.exit_wait,
-        runner.refusal.one_line() if runner.refusal is not None else None,
+        as_main.refusal.one_line() if as_main.refusal is not None else None,
     )
     # closed before the launcher hears the run is over: the launcher, which holds the store open
     # too, then closes it last and pays the write-ahead log's copy while this process exits; and
