@@ -20,13 +20,8 @@ import os
 import statistics
 from itertools import pairwise
 
+from flortrain.replay.costs import WORKER_STARTUP_S, WORTHWHILE
 from flortrain.store.db import Run, Store
-
-#: a parallel plan must beat the serial estimate by this much to be worth the extra processes
-WORTHWHILE = 0.9
-#: seconds a worker process takes to start before the script runs (interpreter, flortrain's
-#: imports, reading the task) and to hand its result back
-WORKER_STARTUP_S = 0.5
 
 
 def machine_cores() -> int:
@@ -86,8 +81,6 @@ def cannot_pay(store: Store, record: Run, jobs: int, cores: int | None = None) -
 
 
 __all__ = [
-    "WORKER_STARTUP_S",
-    "WORTHWHILE",
     "cannot_pay",
     "concurrency",
     "loop_load",

@@ -17,9 +17,9 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
+from flortrain.replay.plan import ReplayPlan
 from flortrain.replay.probes import Probe, ProbeSet
 from flortrain.replay.probestate import carried_by_probes
-from flortrain.replay.replayplan import ReplayPlan
 from flortrain.static.plan import Block, Guard, Instrumentation, MainLoop, Plan
 from flortrain.static.program import MODULE
 from flortrain.static.spans import probe_guard, read_before_bound
