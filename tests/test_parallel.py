@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from flortrain.replay import sharing
+from flortrain.replay import costs, sharing
 from flortrain.replay.costs import LoopCosts
 from flortrain.replay.segments import divide, even
 from flortrain.store.blobs import BlobReader, object_rel
@@ -444,6 +444,45 @@ def test_divide_even_splits_by_iteration_counts() -> None:
     loop = LoopCosts("M1", 0, 0.0, [5.0, 1.0, 1.0, 1.0, 1.0, 1.0], [0.1] * 6, {})
     assert [w.segment.start for w in divide(loop, [], 2).workers] == [0, 1]
     assert [w.segment.start for w in divide(loop, [], 2, shape=even(loop)).workers] == [0, 3]
+
+
+def _row(block: str, state: str, it: int, compute: float, materialize: float) -> dict[str, object]:
+    return {
+        "block_id": block,
+        "state": state,
+        "key": f"{block}.{it}",
+        "main_id": "M1",
+        "main_inst": 0,
+        "iteration": it,
+        "compute_s": compute,
+        "materialize_s": materialize,
+    }
+
+
+def test_one_restore_price_serves_the_plan_estimate_and_the_division() -> None:
+    """A checkpoint restored costs c times its materialization, in the plan's block estimate
+    and in the iterations a worker pays before its segment alike."""
+    rows = [
+        _row("L5", "checkpointed", 0, 2.0, 0.5),
+        _row("L5", "checkpointed", 1, 2.0, 0.5),
+        _row("L5", "recorded", 2, 2.0, 0.0),
+        _row("M1", "boundary", 1, 0.0, 0.25),
+    ]
+    blocks = costs.block_costs(rows, ratio=2.0)
+    assert blocks == {"L5": costs.BlockCost(3, 2, 6.0, 2.0)}  # the boundary is no instance
+    assert blocks["L5"].replayed(executes=True) == 6.0
+    assert blocks["L5"].replayed(executes=False) == pytest.approx(
+        2.0 + 2.0
+    )  # one has no checkpoint
+    times = {("M1", 0): [(0, 1.0), (1, 4.0), (2, 7.0)]}
+    checkpoints = {"L5.0", "L5.1", "M1.1"}
+    (loop,) = costs.loop_costs(times, rows, checkpoints, set(), 2.0, end=10.0)
+    assert loop.pre == 1.0 and loop.restore == {1: 0.5}
+    assert loop.pseudo == pytest.approx([2.0, 2.0, 3.0])  # 3 s less 2 s compute plus 1 s restore
+    assert loop.run == loop.pseudo  # the block does not execute inside a segment either
+    (probed,) = costs.loop_costs(times, rows, checkpoints, {"L5"}, 2.0, end=10.0)
+    assert probed.run == [3.0, 3.0, 3.0] and probed.pseudo == loop.pseudo
+    assert costs.iteration_seconds([1.0, 4.0, 7.0], None) == [3.0, 3.0, 3.0]  # killed: the median
 
 
 # -- the blob store a remote worker reads ----------------------------------------------------------

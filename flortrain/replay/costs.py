@@ -98,6 +98,16 @@ class LoopCosts:
 Where = tuple[str, int, int]  # main id, entry, iteration
 
 
+def iteration_seconds(starts: list[float], end: float | None) -> list[float]:
+    """Each iteration's wall seconds at record, from two or more iterations' start times: the
+    last runs to the record's ``end``, or, for a record that did not complete, takes the median."""
+    full = [b - a for a, b in itertools.pairwise(starts)]
+    full.append(
+        end - starts[-1] if end is not None and end > starts[-1] else statistics.median(full)
+    )
+    return [max(f, 0.0) for f in full]
+
+
 def loop_costs(
     times: Mapping[tuple[str, int], list[tuple[int, float]]],
     blocks: Iterable[Mapping[str, Any]],
@@ -131,11 +141,7 @@ def loop_costs(
         if len(rows) < 2 or its != list(range(len(rows))):
             continue  # one iteration, or a gap (a killed record): nothing to divide
         starts = [t for _, t in rows]
-        full = [b - a for a, b in itertools.pairwise(starts)]
-        full.append(
-            end - starts[-1] if end is not None and end > starts[-1] else statistics.median(full)
-        )
-        full = [max(f, 0.0) for f in full]
+        full = iteration_seconds(starts, end)
         run = _less(full, run_saving, m, e)
         pseudo = _less(full, pseudo_saving, m, e)
         out.append(
@@ -159,6 +165,7 @@ __all__ = [
     "BlockCost",
     "LoopCosts",
     "block_costs",
+    "iteration_seconds",
     "loop_costs",
     "restore_price",
 ]
