@@ -24,6 +24,7 @@ import pytest
 
 from flortrain.replay import costs, sharing
 from flortrain.replay.costs import LoopCosts
+from flortrain.replay.preload import needs_torch
 from flortrain.replay.segments import divide, even
 from flortrain.store.blobs import BlobReader, object_rel
 from flortrain.store.db import open_store
@@ -391,6 +392,22 @@ def test_prestarted_workers_preload_torch_when_the_replay_uses_it(
     commands = set(workers.values())
     assert commands == {("--wait", "torch")}, commands
     assert _processes_marked(mark) == []
+
+
+def test_one_decision_of_whether_a_replay_needs_torch(tmp_path: Path) -> None:
+    """The script, a project module it imports from a package directory, or a ``--probe`` naming
+    torch: each makes the replay need it; none of them, not."""
+    (tmp_path / "mingpt").mkdir()
+    (tmp_path / "mingpt" / "__init__.py").write_text("")
+    (tmp_path / "mingpt" / "trainer.py").write_text(MINGPT_TRAINER["torch"])
+    (tmp_path / "mingpt" / "data.py").write_text(MINGPT_TRAINER["plain"])
+    script = str(tmp_path / "train.py")
+    assert needs_torch(script, MINGPT_TRAIN, [])
+    plain_text = MINGPT_TRAIN.replace("trainer", "data")
+    assert not needs_torch(script, plain_text, [])
+    assert needs_torch(script, plain_text, ["8:__import__('torch').get_num_threads()"])
+    assert not needs_torch(script, plain_text, ["8:losses[-1]"])
+    assert needs_torch(script, "import torch\n", [])
 
 
 # -- the planner --------------------------------------------------------------------------------
