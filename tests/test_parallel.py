@@ -22,8 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from flortrain.replay import sharing
-from flortrain.replay.segments import LoopCosts, divide, even
+from flortrain.replay import costs, sharing
+from flortrain.replay.costs import LoopCosts
+from flortrain.replay.preload import needs_torch
+from flortrain.replay.segments import divide, even
 from flortrain.store.blobs import BlobReader, object_rel
 from flortrain.store.db import open_store
 from tests.protocol import Result, flortrain, plain
@@ -218,7 +220,7 @@ def test_a_division_that_cannot_pay_starts_no_worker(tmp_path: Path) -> None:
     rep, workers = _replay_watching(tmp_path, ["--jobs", "2"], {"FLORTRAIN_TEST_MARK": mark}, mark)
     assert rep.code == 0 and rep.out == want, rep.err
     assert "replaying serially: dividing main loop" in rep.err and "cannot pay" in rep.err
-    assert workers == set()
+    assert workers == {}
     assert _processes_marked(mark) == []
 
 
@@ -244,10 +246,11 @@ def test_workers_sharing_the_cores_are_priced_as_queueing(tmp_path: Path) -> Non
 
 def _replay_watching(
     tmp_path: Path, args: list[str], env: dict[str, str], mark: str
-) -> tuple[Result, set[int]]:
-    """``flortrain replay train.py ARGS``, and the pids of the replay workers (processes marked
-    ``mark`` running ``flortrain.replay.worker``) seen while it ran, polled every 10 ms: a
-    worker lives for its import of torch at least, about a second."""
+) -> tuple[Result, dict[int, tuple[str, ...]]]:
+    """``flortrain replay train.py ARGS``, and the replay workers (processes marked ``mark``
+    running ``flortrain.replay.worker``) seen while it ran, polled every 10 ms, each pid with
+    its arguments after the module's name: a worker lives for its import of torch at least,
+    about a second."""
     cmd = [sys.executable, "-m", "flortrain", "replay", "train.py", *args]
     proc = subprocess.Popen(
         cmd,
@@ -257,14 +260,16 @@ def _replay_watching(
         stderr=subprocess.PIPE,
         text=True,
     )
-    workers: set[int] = set()
+    workers: dict[int, tuple[str, ...]] = {}
     while proc.poll() is None:
         for pid in _processes_marked(mark):
             try:
-                if b"flortrain.replay.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    workers.add(pid)
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
             except OSError:
                 continue
+            if "flortrain.replay.worker" in argv:
+                tail = argv[argv.index("flortrain.replay.worker") + 1 :]
+                workers[pid] = tuple(a for a in tail if a)
         time.sleep(0.01)
     out, err = proc.communicate()
     return Result(proc.returncode, out, err), workers
@@ -299,6 +304,110 @@ def test_workers_start_before_the_plan_and_run_their_segments(tmp_path: Path) ->
         assert _processes_marked(mark) == []
         outs.append(rep.out)
     assert outs[0] == outs[1]
+
+
+#: minGPT's layout: the script leaves its model and its training step to a project package
+#: (``mingpt/trainer.py``), or (``plain``) trains without torch at all, torch then being named only
+#: by a ``--probe``. Either way the replay uses torch, and its prestarted workers must preload it.
+MINGPT_TRAINER = {
+    "torch": textwrap.dedent(
+        """\
+        import torch
+
+
+        def make(seed):
+            torch.manual_seed(seed)
+            model = torch.nn.Linear(4, 1)
+            x = torch.randn(32, 4)
+            return model, torch.optim.SGD(model.parameters(), lr=0.05), x, x.sum(1, keepdim=True)
+
+
+        def step(model, opt, x, y):
+            loss = ((model(x) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.item()
+        """
+    ),
+    "plain": textwrap.dedent(
+        """\
+        import random
+
+
+        def make(seed):
+            rng = random.Random(seed)
+            return [rng.uniform(-1, 1) for _ in range(4)], None, None, None
+
+
+        def step(w, opt, x, y):
+            for i in range(len(w)):
+                w[i] -= 0.1 * (w[i] - 0.5)
+            return sum(v * v for v in w)
+        """
+    ),
+}
+MINGPT_TRAIN = textwrap.dedent(
+    """\
+    from mingpt import trainer
+
+    model, opt, x, y = trainer.make(0)
+    losses = []
+    for epoch in range(4):
+        for _ in range(3):
+            losses.append(trainer.step(model, opt, x, y))
+        last = losses[-1]
+        print(f"epoch {epoch} loss {last:.10f}")
+    """
+)
+
+
+@pytest.mark.parametrize("trainer", ["torch", "plain"])
+def test_prestarted_workers_preload_torch_when_the_replay_uses_it(
+    tmp_path: Path, trainer: str
+) -> None:
+    """The decision of what a prestarted worker imports is the replay's own: torch named in a
+    project module under a package directory, or in a ``--probe`` only, makes every worker
+    started ahead of the plan preload it (``flortrain.replay.worker --wait torch``)."""
+    (tmp_path / "mingpt").mkdir()
+    (tmp_path / "mingpt" / "__init__.py").write_text("")
+    (tmp_path / "mingpt" / "trainer.py").write_text(MINGPT_TRAINER[trainer])
+    script = tmp_path / "train.py"
+    script.write_text(MINGPT_TRAIN)
+    rec = flortrain(tmp_path, "record", "train.py", env=EVERY)
+    assert rec.code == 0 and rec.out == plain(script).out, rec.err
+    expr = "__import__('torch').tensor(losses).sum().item()"
+    probed = MINGPT_TRAIN.replace(
+        "    last = losses[-1]\n", f"    last = losses[-1]\n    print({expr!r} + ' =', ({expr}))\n"
+    )
+    script.write_text(probed)
+    want = plain(script).out
+    assert want.count(" = ") == 4
+    script.write_text(MINGPT_TRAIN)
+    mark = f"warm-{uuid.uuid4()}"
+    env = {**EVERY, "FLORTRAIN_PRESTART": "on", "FLORTRAIN_TEST_MARK": mark}
+    rep, workers = _replay_watching(tmp_path, ["--jobs", "2", "--probe", f"8:{expr}"], env, mark)
+    assert rep.code == 0 and rep.out == want, rep.err
+    assert "2 segments" in rep.err, rep.err
+    commands = set(workers.values())
+    assert commands == {("--wait", "torch")}, commands
+    assert _processes_marked(mark) == []
+
+
+def test_one_decision_of_whether_a_replay_needs_torch(tmp_path: Path) -> None:
+    """The script, a project module it imports from a package directory, or a ``--probe`` naming
+    torch: each makes the replay need it; none of them, not."""
+    (tmp_path / "mingpt").mkdir()
+    (tmp_path / "mingpt" / "__init__.py").write_text("")
+    (tmp_path / "mingpt" / "trainer.py").write_text(MINGPT_TRAINER["torch"])
+    (tmp_path / "mingpt" / "data.py").write_text(MINGPT_TRAINER["plain"])
+    script = str(tmp_path / "train.py")
+    assert needs_torch(script, MINGPT_TRAIN, [])
+    plain_text = MINGPT_TRAIN.replace("trainer", "data")
+    assert not needs_torch(script, plain_text, [])
+    assert needs_torch(script, plain_text, ["8:__import__('torch').get_num_threads()"])
+    assert not needs_torch(script, plain_text, ["8:losses[-1]"])
+    assert needs_torch(script, "import torch\n", [])
 
 
 # -- the planner --------------------------------------------------------------------------------
@@ -352,6 +461,45 @@ def test_divide_even_splits_by_iteration_counts() -> None:
     loop = LoopCosts("M1", 0, 0.0, [5.0, 1.0, 1.0, 1.0, 1.0, 1.0], [0.1] * 6, {})
     assert [w.segment.start for w in divide(loop, [], 2).workers] == [0, 1]
     assert [w.segment.start for w in divide(loop, [], 2, shape=even(loop)).workers] == [0, 3]
+
+
+def _row(block: str, state: str, it: int, compute: float, materialize: float) -> dict[str, object]:
+    return {
+        "block_id": block,
+        "state": state,
+        "key": f"{block}.{it}",
+        "main_id": "M1",
+        "main_inst": 0,
+        "iteration": it,
+        "compute_s": compute,
+        "materialize_s": materialize,
+    }
+
+
+def test_one_restore_price_serves_the_plan_estimate_and_the_division() -> None:
+    """A checkpoint restored costs c times its materialization, in the plan's block estimate
+    and in the iterations a worker pays before its segment alike."""
+    rows = [
+        _row("L5", "checkpointed", 0, 2.0, 0.5),
+        _row("L5", "checkpointed", 1, 2.0, 0.5),
+        _row("L5", "recorded", 2, 2.0, 0.0),
+        _row("M1", "boundary", 1, 0.0, 0.25),
+    ]
+    blocks = costs.block_costs(rows, ratio=2.0)
+    assert blocks == {"L5": costs.BlockCost(3, 2, 6.0, 2.0)}  # the boundary is no instance
+    assert blocks["L5"].replayed(executes=True) == 6.0
+    assert blocks["L5"].replayed(executes=False) == pytest.approx(
+        2.0 + 2.0
+    )  # one has no checkpoint
+    times = {("M1", 0): [(0, 1.0), (1, 4.0), (2, 7.0)]}
+    checkpoints = {"L5.0", "L5.1", "M1.1"}
+    (loop,) = costs.loop_costs(times, rows, checkpoints, set(), 2.0, end=10.0)
+    assert loop.pre == 1.0 and loop.restore == {1: 0.5}
+    assert loop.pseudo == pytest.approx([2.0, 2.0, 3.0])  # 3 s less 2 s compute plus 1 s restore
+    assert loop.run == loop.pseudo  # the block does not execute inside a segment either
+    (probed,) = costs.loop_costs(times, rows, checkpoints, {"L5"}, 2.0, end=10.0)
+    assert probed.run == [3.0, 3.0, 3.0] and probed.pseudo == loop.pseudo
+    assert costs.iteration_seconds([1.0, 4.0, 7.0], None) == [3.0, 3.0, 3.0]  # killed: the median
 
 
 # -- the blob store a remote worker reads ----------------------------------------------------------

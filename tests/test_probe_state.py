@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flortrain.replay.replayer import static_replay
+from flortrain.replay.preparation import static_replay
 from tests.protocol import copy_fixture, flortrain, plain, probe_lines
 
 PARALLEL = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_SEGMENTS": "even"}

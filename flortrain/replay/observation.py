@@ -28,6 +28,8 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from flortrain.static.expressions import target_exprs
+
 #: Methods that change their object: optimizers, modules, Python containers, generators.
 MUTATORS = frozenset(
     {
@@ -95,15 +97,17 @@ def imported_names(module: cst.Module) -> set[str]:
     return out
 
 
+def callee(call: cst.Call) -> str | None:
+    """The name a call calls: ``f`` of ``f(x)`` and of ``obj.f(x)``; None for ``fs[0](x)``."""
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return func.value if isinstance(func, cst.Name) else None
+
+
 def _call(call: cst.Call, used: set[str], objects: set[str]) -> str | None:
     func = call.func
-    name = (
-        func.attr.value
-        if isinstance(func, cst.Attribute)
-        else func.value
-        if isinstance(func, cst.Name)
-        else None
-    )
+    name = callee(call)
     if name is None:
         return None
     in_place = name.endswith("_") and not name.endswith("__")
@@ -130,13 +134,7 @@ def _outside_defs(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
 
 def _targets(t: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
     """The attribute and item targets of an assignment (inside tuple unpacking too)."""
-    if isinstance(t, cst.Tuple | cst.List):
-        for el in t.elements:
-            yield from _targets(el.value)
-    elif isinstance(t, cst.StarredElement):
-        yield from _targets(t.value)
-    elif isinstance(t, cst.Attribute | cst.Subscript):
-        yield t
+    return (e for e in target_exprs(t) if isinstance(e, cst.Attribute | cst.Subscript))
 
 
 def _base(e: cst.BaseExpression) -> str | None:
@@ -156,4 +154,4 @@ def _code(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node)
 
 
-__all__ = ["ARGUMENT_MUTATORS", "MUTATORS", "imported_names", "mutation"]
+__all__ = ["ARGUMENT_MUTATORS", "MUTATORS", "callee", "imported_names", "mutation"]

@@ -19,9 +19,7 @@ replay: output, RNG streams at every iteration boundary, state digests.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -29,12 +27,14 @@ from typing import Any
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError
-from flortrain.replay import backends
+from flortrain.replay import backends, costs
 from flortrain.replay.backends import Outcome
+from flortrain.replay.conclusion import conclude, open_run
+from flortrain.replay.costs import WORTHWHILE, LoopCosts
 from flortrain.replay.files import begin_files, end_files
-from flortrain.replay.replayer import Prepared, begin, conclude
-from flortrain.replay.segments import LoopCosts, SegmentPlan, divide, even
-from flortrain.replay.sharing import WORKER_STARTUP_S, WORTHWHILE, slowdown
+from flortrain.replay.preparation import Prepared
+from flortrain.replay.segments import SegmentPlan, divide, even
+from flortrain.replay.sharing import slowdown
 from flortrain.replay.worker import WorkerResult, WorkerTask
 from flortrain.runtime.spans import Segment
 from flortrain.store.db import LogEntry
@@ -46,53 +46,11 @@ def _say(msg: str) -> None:
 
 def loop_costs(p: Prepared) -> list[LoopCosts]:
     """Per main-loop entry the record ran for two iterations or more, what each iteration cost
-    it (:class:`LoopCosts`), from the iterations' start times and the block instances in them."""
-    store, record = p.store, p.record
-    times = store.iteration_times(record.id)
-    run_saving: dict[tuple[str, int, int], float] = {}
-    pseudo_saving: dict[tuple[str, int, int], float] = {}
-    restore: dict[tuple[str, int], dict[int, float]] = {}
-    for b in p.blocks:
-        if b["key"] not in p.checkpoints:
-            continue
-        where = (b["main_id"], b["main_inst"], b["iteration"])
-        restored = p.restore_ratio * (b["materialize_s"] or 0.0)
-        if b["state"] == "boundary":
-            restore.setdefault(where[:2], {})[where[2]] = restored
-            continue
-        saving = (b["compute_s"] or 0.0) - restored
-        pseudo_saving[where] = pseudo_saving.get(where, 0.0) + saving
-        if b["block_id"] not in p.rplan.execute:
-            run_saving[where] = run_saving.get(where, 0.0) + saving
+    it (:func:`flortrain.replay.costs.loop_costs`)."""
+    record = p.record
     end = record.duration if record.effective_status == "complete" else None
-    out = []
-    for (m, e), rows in times.items():
-        its = [it for it, _ in rows]
-        if len(rows) < 2 or its != list(range(len(rows))):
-            continue  # one iteration, or a gap (a killed record): nothing to divide
-        starts = [t for _, t in rows]
-        full = [b - a for a, b in itertools.pairwise(starts)]
-        full.append(
-            end - starts[-1] if end is not None and end > starts[-1] else statistics.median(full)
-        )
-        full = [max(f, 0.0) for f in full]
-
-        run = _less(full, run_saving, m, e)
-        pseudo = _less(full, pseudo_saving, m, e)
-        out.append(
-            LoopCosts(
-                m, e, starts[0], run, pseudo, restore.get((m, e), {}), startup=WORKER_STARTUP_S
-            )
-        )
-    return out
-
-
-def _less(
-    full: list[float], saving: dict[tuple[str, int, int], float], m: str, e: int
-) -> list[float]:
-    """Iteration costs less what restoring blocks saves, with a floor: nested blocks' savings
-    can count twice, and an iteration is never free."""
-    return [max(f - saving.get((m, e, i), 0.0), 0.05 * f) for i, f in enumerate(full)]
+    times = p.store.iteration_times(record.id)
+    return costs.loop_costs(times, p.blocks, p.checkpoints, p.rplan.execute, p.restore_ratio, end)
 
 
 def _resumable(p: Prepared, main_id: str) -> bool:
@@ -379,7 +337,7 @@ def replay_parallel(
         _say(
             f"  Ray workers read checkpoints from {location} (--blobs URL to use another location)"
         )
-    run = begin(
+    run = open_run(
         p, {"jobs": jobs, "backend": backend_name, "segments": [w.describe() for w in plan.workers]}
     )
     tasks = _tasks(p, plan, location)

@@ -136,7 +136,8 @@ _CONTROL = (
 )
 
 
-def _bound_names(node: cst.CSTNode) -> Iterator[str]:
+def bound_names(node: cst.CSTNode) -> Iterator[str]:
+    """The names a statement binds, nested statements included (``a.b = 1`` binds none)."""
     if isinstance(node, cst.AssignTarget | cst.AugAssign | cst.AnnAssign | cst.NamedExpr):
         t = node.target
         yield from (
@@ -149,7 +150,7 @@ def _bound_names(node: cst.CSTNode) -> Iterator[str]:
     elif isinstance(node, cst.FunctionDef | cst.ClassDef):
         yield node.name.value
     for c in node.children:
-        yield from _bound_names(c)
+        yield from bound_names(c)
 
 
 def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
@@ -168,10 +169,11 @@ def _names_used(text: str) -> set[str]:
     return {n.value for n in _walk(module) if isinstance(n, cst.Name)}
 
 
-def find_probes(recorded: str, current_text: str, path: str, run_id: int) -> ProbeSet:
-    # parse first: a script that does not compile is a syntax error (FT002), not a difference
-    current = parse(path, current_text)
-    a, b = _compared(recorded, current_text)
+def _line_map(
+    a: list[_Line], b: list[_Line], path: str, run_id: int
+) -> tuple[dict[int, int], set[int]]:
+    """Recorded line -> current line for the lines both scripts share, and the current lines
+    added; a line changed or removed is refused (FT020): only added statements replay."""
     sm = difflib.SequenceMatcher(a=[x.key for x in a], b=[x.key for x in b], autojunk=False)
     line_map: dict[int, int] = {}
     inserted: set[int] = set()
@@ -199,13 +201,20 @@ def find_probes(recorded: str, current_text: str, path: str, run_id: int) -> Pro
             Located(path, first_changed or 1, 1),
             "FT020",
         )
+    return line_map, inserted
+
+
+def _added_statements(
+    current: Source, significant: set[int], inserted: set[int], path: str, run_id: int
+) -> list[Probe]:
+    """The statements made only of added lines, in line order (numbered later); an added line
+    that is part of a recorded statement edits it, and is refused (FT021)."""
     pos = current.wrapper.resolve(PositionProvider)
     probes: list[Probe] = []
     covered: set[int] = set()
-    sig_lines = {x.number for x in b}
     for stmt in _statements(current.module):
         r = pos[stmt]
-        lines = {ln for ln in range(r.start.line, r.end.line + 1) if ln in sig_lines}
+        lines = {ln for ln in range(r.start.line, r.end.line + 1) if ln in significant}
         if not lines or not lines <= inserted or lines & covered:
             continue
         covered |= lines
@@ -218,34 +227,49 @@ def find_probes(recorded: str, current_text: str, path: str, run_id: int) -> Pro
             Located(path, stray[0], 1),
             "FT021",
         )
-    probes.sort(key=lambda p: p.line)
+    return sorted(probes, key=lambda p: p.line)
+
+
+def _check_observes(p: Probe, used: set[str], modules: set[str], path: str) -> None:
+    """Refuse a probe that would change what the script does: control flow (FT022), a name the
+    recorded script uses rebound (FT023), training state mutated (FT025)."""
+    for node in _walk(p.node):
+        if isinstance(node, _CONTROL) and not _inside_def(p.node, node):
+            kind = type(node).__name__.lower()
+            raise FlortrainError(
+                f"probe uses `{kind}`, which changes control flow",
+                Located(path, p.line, 1),
+                "FT022",
+            )
+    rebinds = sorted(set(bound_names(p.node)) & used)
+    if rebinds:
+        raise FlortrainError(
+            f"probe rebinds `{rebinds[0]}`, which the recorded script uses; give probe variables new names",
+            Located(path, p.line, 1),
+            "FT023",
+        )
+    changes = mutation(p.node, used, modules)
+    if changes:
+        raise FlortrainError(
+            f"probe {changes}, which changes training state: a plain run of this script would"
+            " train differently, and the replay cannot show that; probes may only observe",
+            Located(path, p.line, 1),
+            "FT025",
+        )
+
+
+def find_probes(recorded: str, current_text: str, path: str, run_id: int) -> ProbeSet:
+    """The probes: the statements added to the recorded script, each checked to only observe."""
+    # parse first: a script that does not compile is a syntax error (FT002), not a difference
+    current = parse(path, current_text)
+    a, b = _compared(recorded, current_text)
+    line_map, inserted = _line_map(a, b, path, run_id)
+    probes = _added_statements(current, {x.number for x in b}, inserted, path, run_id)
     used = _names_used(recorded)
     modules = imported_names(cst.parse_module(recorded))
     out: list[Probe] = []
     for n, p in enumerate(probes, 1):
-        for node in _walk(p.node):
-            if isinstance(node, _CONTROL) and not _inside_def(p.node, node):
-                kind = type(node).__name__.lower()
-                raise FlortrainError(
-                    f"probe uses `{kind}`, which changes control flow",
-                    Located(path, p.line, 1),
-                    "FT022",
-                )
-        rebinds = sorted(set(_bound_names(p.node)) & used)
-        if rebinds:
-            raise FlortrainError(
-                f"probe rebinds `{rebinds[0]}`, which the recorded script uses; give probe variables new names",
-                Located(path, p.line, 1),
-                "FT023",
-            )
-        changes = mutation(p.node, used, modules)
-        if changes:
-            raise FlortrainError(
-                f"probe {changes}, which changes training state: a plain run of this script would"
-                " train differently, and the replay cannot show that; probes may only observe",
-                Located(path, p.line, 1),
-                "FT025",
-            )
+        _check_observes(p, used, modules, path)
         out.append(Probe(n, p.line, p.end_line, p.code, p.node))
     return ProbeSet(line_map, tuple(out), current)
 

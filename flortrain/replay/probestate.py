@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import libcst as cst
 
 from flortrain.replay.observation import ARGUMENT_MUTATORS, imported_names
-from flortrain.replay.probes import ProbeSet, _bound_names
+from flortrain.replay.probes import ProbeSet, bound_names
+from flortrain.static.expressions import names_of
 from flortrain.static.plan import MainLoop
 from flortrain.static.spans import bindings, first_reads
 from flortrain.static.values import occurrences
@@ -86,47 +87,8 @@ PURE_METHODS = frozenset(
         "log",
     }
 )
-#: builtins that only read their arguments (an iterator they consume is changed: see ITERATING)
-PURE_BUILTINS = frozenset(
-    {
-        "print",
-        "len",
-        "str",
-        "repr",
-        "format",
-        "int",
-        "float",
-        "bool",
-        "complex",
-        "abs",
-        "round",
-        "min",
-        "max",
-        "sum",
-        "sorted",
-        "list",
-        "tuple",
-        "set",
-        "frozenset",
-        "dict",
-        "enumerate",
-        "zip",
-        "range",
-        "any",
-        "all",
-        "isinstance",
-        "type",
-        "id",
-        "hash",
-        "divmod",
-        "pow",
-        "reversed",
-        "map",
-        "filter",
-        "iter",
-    }
-)
-#: the builtins of PURE_BUILTINS that read an iterable to its end (or lazily advance it)
+#: the builtins that read an iterable to its end (or lazily advance it): pure on a list, a
+#: change of state on an iterator the probe consumes
 ITERATING = frozenset(
     {
         "min",
@@ -145,6 +107,30 @@ ITERATING = frozenset(
         "filter",
         "any",
         "all",
+    }
+)
+#: builtins that only read their arguments (an iterator they consume is changed: see ITERATING)
+PURE_BUILTINS = ITERATING | frozenset(
+    {
+        "print",
+        "len",
+        "str",
+        "repr",
+        "format",
+        "int",
+        "float",
+        "bool",
+        "complex",
+        "abs",
+        "round",
+        "range",
+        "isinstance",
+        "type",
+        "id",
+        "hash",
+        "divmod",
+        "pow",
+        "iter",
     }
 )
 #: functions of a module that change an argument: heaps, sorted inserts, numpy's in-place writes
@@ -181,23 +167,23 @@ class _Probed:
         for p in probes.probes:
             # the names probes may bind (the recorded script uses none of them); not a
             # comprehension's variables, which are its own
-            self.names |= set(_bound_names(p.node)) - modules
-            for node in _walk(p.node):
+            self.names |= set(bound_names(p.node)) - modules
+            for node in walk(p.node):
                 if isinstance(node, cst.FunctionDef):
                     self.functions[node.name.value] = node
                 elif isinstance(node, cst.ClassDef):
                     self.classes.add(node.name.value)
                 elif isinstance(node, cst.Assign):
                     for t in node.targets:
-                        for n in _names_in(t.target):
+                        for n in names_of(t.target):
                             if isinstance(node.value, cst.Lambda):
                                 self.functions[n] = node.value
                             (self.values if _is_value(node.value) else maybe_iterators).add(n)
                 elif isinstance(node, cst.AugAssign | cst.AnnAssign):
-                    maybe_iterators.update(_names_in(node.target))
+                    maybe_iterators.update(names_of(node.target))
                 elif isinstance(node, cst.For | cst.CompFor | cst.AsName):
                     maybe_iterators.update(
-                        _names_in(node.target if not isinstance(node, cst.AsName) else node.name)
+                        names_of(node.target if not isinstance(node, cst.AsName) else node.name)
                     )
         self.values -= maybe_iterators
         self.modules = modules
@@ -212,7 +198,7 @@ class _Probed:
             params = _params(node)
             declared = {
                 n.name.value
-                for s in _walk(body)
+                for s in walk(body)
                 if isinstance(s, cst.Global | cst.Nonlocal)
                 for n in s.names
             }
@@ -223,7 +209,7 @@ class _Probed:
                         out[f].add("*" if name in params else name)
             calls[f] = {
                 c.func.value
-                for c in _walk(body)
+                for c in walk(body)
                 if isinstance(c, cst.Call) and isinstance(c.func, cst.Name)
             } & set(self.functions)
         changed = True
@@ -415,8 +401,8 @@ def _read_outside(
     module: cst.Module, loop: Loop, name: str, line: Callable[[cst.CSTNode], int]
 ) -> int | None:
     """The first line outside ``loop`` that reads ``name``, if any."""
-    inside = {id(n) for n in _walk(loop)}
-    for node in _walk(module):
+    inside = {id(n) for n in walk(loop)}
+    for node in walk(module):
         if isinstance(node, cst.Name) and node.value == name and id(node) not in inside:
             return line(node)  # a binding outside counts too: conservative
     return None
@@ -440,7 +426,7 @@ def _ancestry(
 def _parents(root: cst.CSTNode) -> dict[cst.CSTNode, cst.CSTNode]:
     """Each node's parent under ``root`` (nested definitions included)."""
     out: dict[cst.CSTNode, cst.CSTNode] = {}
-    for node in _walk(root):
+    for node in walk(root):
         for c in node.children:
             out[c] = node
     return out
@@ -475,17 +461,8 @@ def _is_value(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, cst.Name) and expr.value in ("None", "True", "False")
 
 
-def _names_in(target: cst.CSTNode) -> set[str]:
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, cst.Tuple | cst.List):
-        return {n for e in target.elements for n in _names_in(e.value)}
-    if isinstance(target, cst.StarredElement):
-        return _names_in(target.value)
-    return set()
-
-
-def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Every node under ``node``, itself included (depth first, the last child first)."""
     stack = [node]
     while stack:
         n = stack.pop()
@@ -493,4 +470,4 @@ def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         stack.extend(n.children)
 
 
-__all__ = ["carried_by_probes"]
+__all__ = ["carried_by_probes", "walk"]

@@ -11,9 +11,7 @@ depends on how it resumes:
   its segment from the latest boundary checkpoint before it (or from the loop's start), with
   every memoized block restored from its checkpoint instead of executed, and its output unused.
 
-The costs come from the record: each iteration's wall time (its start times), the compute time
-and materialization time of each block instance in it, and of each boundary checkpoint. A block
-instance skipped costs ``c`` times its materialization (Flor's restore/materialize ratio). The
+The costs are the record's, priced by :mod:`flortrain.replay.costs` (:class:`LoopCosts`). The
 division minimizes the slowest worker's estimated time: a bisection on that time, each step
 asking which segment starts can be reached by ``k`` workers none of which takes longer.
 """
@@ -24,28 +22,8 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
 
+from flortrain.replay.costs import LoopCosts
 from flortrain.runtime.spans import Segment
-
-
-@dataclass(frozen=True)
-class LoopCosts:
-    """What the record says one main-loop entry costs, iteration by iteration (all lists are
-    indexed by iteration number, iterations 0..n-1)."""
-
-    main_id: str
-    entry: int
-    pre: float  # seconds from the start of the run to the loop's first iteration
-    run: list[float]  # an iteration's replay cost inside a segment (probed blocks execute)
-    pseudo: list[float]  # its cost before a segment (every checkpointed block restored)
-    restore: dict[int, float]  # iteration -> cost of restoring its boundary checkpoint
-    after: float = 0.0  # seconds after the loop (only the last worker runs them)
-    #: a worker process's own start-up (interpreter, flortrain, the task): a serial replay runs
-    #: in the process that planned it and does not pay it
-    startup: float = 0.0
-
-    @property
-    def n(self) -> int:
-        return len(self.run)
 
 
 @dataclass(frozen=True)
@@ -191,4 +169,4 @@ def even(loop: LoopCosts) -> LoopCosts:
     )
 
 
-__all__ = ["LoopCosts", "Planned", "SegmentPlan", "divide", "even"]
+__all__ = ["Planned", "SegmentPlan", "divide", "even"]

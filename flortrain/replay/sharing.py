@@ -17,16 +17,9 @@ torch's import as ``--jobs 1`` does, instead of paying for workers it would then
 from __future__ import annotations
 
 import os
-import statistics
-from itertools import pairwise
 
+from flortrain.replay.costs import WORKER_STARTUP_S, WORTHWHILE, iteration_seconds
 from flortrain.store.db import Run, Store
-
-#: a parallel plan must beat the serial estimate by this much to be worth the extra processes
-WORTHWHILE = 0.9
-#: seconds a worker process takes to start before the script runs (interpreter, flortrain's
-#: imports, reading the task) and to hand its result back
-WORKER_STARTUP_S = 0.5
 
 
 def machine_cores() -> int:
@@ -67,9 +60,8 @@ def cannot_pay(store: Store, record: Run, jobs: int, cores: int | None = None) -
         if len(rows) < 2:
             continue
         starts = [t for _, t in rows]
-        gaps = [b - a for a, b in pairwise(starts)]
-        stop = end if end is not None and end > starts[-1] else starts[-1] + statistics.median(gaps)
-        total = stop - starts[0]  # the loop and what follows it: an upper bound on its replay
+        # the loop and what follows it: an upper bound on its replay
+        total = sum(iteration_seconds(starts, end))
         q = concurrency(record, main_id, jobs, cores)
         # parallel >= startup + setup + total / q; worth it only below WORTHWHILE * serial
         if total * (WORTHWHILE - 1.0 / q) >= WORKER_STARTUP_S + (1.0 - WORTHWHILE) * starts[0]:
@@ -86,8 +78,6 @@ def cannot_pay(store: Store, record: Run, jobs: int, cores: int | None = None) -
 
 
 __all__ = [
-    "WORKER_STARTUP_S",
-    "WORTHWHILE",
     "cannot_pay",
     "concurrency",
     "loop_load",

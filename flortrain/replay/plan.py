@@ -1,6 +1,6 @@
 """The replay plan as data: what a replay executes, skips and jumps over, and how it says so.
 
-Made by :func:`flortrain.replay.planner.plan_replay` (which needs libcst); defined apart from it
+Made by :func:`flortrain.replay.planning.plan_replay` (which needs libcst); defined apart from it
 so that a plan made in a forked child (:mod:`flortrain.process.static_child`) unpickles in a process
 that never imports libcst.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flortrain.replay.costs import NO_COST, BlockCost
 from flortrain.static.plan import Guard, Instrumentation, Plan
 
 
@@ -34,7 +35,7 @@ class ReplayPlan:
     def describe(
         self,
         plan: Plan,
-        costs: dict[str, tuple[int, int, float, float]],
+        costs: dict[str, BlockCost],
         why_not: dict[str, str] | None = None,
     ) -> list[str]:
         """Lines for stderr: what runs, what is skipped (and why instances have no checkpoint),
@@ -43,14 +44,14 @@ class ReplayPlan:
         out = [f"replay plan: {self.probes} probe(s)"]
         est = 0.0
         for b in plan.blocks:
-            n, k, compute, restore = costs.get(b.id, (0, 0, 0.0, 0.0))
+            cost = costs.get(b.id, NO_COST)
+            n, k = cost.instances, cost.checkpoints
+            est += cost.replayed(b.id in self.execute)
             if b.id in self.execute:
-                est += compute
                 out.append(
                     f"  {b.id} ({b.function}): execute {n} instance(s) - {self.execute[b.id]}"
                 )
             else:
-                est += restore + compute * (n - k) / max(n, 1)
                 out.append(
                     f"  {b.id} ({b.function}): skip {k} of {n} instance(s), restoring checkpoints"
                 )
@@ -78,6 +79,6 @@ class ReplayPlan:
             elif m.id in self.no_spans:
                 out.append(f"  main loop {m.id}: every iteration runs: {self.no_spans[m.id]}")
         out.append(
-            f"estimated block time {est:.2f}s (record spent {sum(c[2] for c in costs.values()):.2f}s in blocks)"
+            f"estimated block time {est:.2f}s (record spent {sum(c.compute for c in costs.values()):.2f}s in blocks)"
         )
         return out

@@ -17,9 +17,10 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
+from flortrain.replay.observation import callee
+from flortrain.replay.plan import ReplayPlan
 from flortrain.replay.probes import Probe, ProbeSet
-from flortrain.replay.probestate import carried_by_probes
-from flortrain.replay.replayplan import ReplayPlan
+from flortrain.replay.probestate import carried_by_probes, walk
 from flortrain.static.plan import Block, Guard, Instrumentation, MainLoop, Plan
 from flortrain.static.program import MODULE
 from flortrain.static.spans import probe_guard, read_before_bound
@@ -67,12 +68,8 @@ def _names_called(node: cst.CSTNode) -> set[str]:
     out: set[str] = set()
 
     def walk(n: cst.CSTNode) -> None:
-        if isinstance(n, cst.Call):
-            f = n.func
-            if isinstance(f, cst.Name):
-                out.add(f.value)
-            elif isinstance(f, cst.Attribute):
-                out.add(f.attr.value)
+        if isinstance(n, cst.Call) and (name := callee(n)) is not None:
+            out.add(name)
         for c in n.children:
             walk(c)
 
@@ -80,7 +77,36 @@ def _names_called(node: cst.CSTNode) -> set[str]:
     return out
 
 
+def _why_execute(p: Probe, function: str, reads: set[str], b: Block) -> str | None:
+    """Why probe ``p`` (in ``function``, reading ``reads``) makes block ``b`` execute, or None:
+    it is in a function the block calls, or it reads what only the block binds, or a tensor
+    its checkpoints hold without its autograd graph."""
+    if function != MODULE and function in b.reaches:
+        return f"probe at line {p.line} is in {function}(), which it calls"
+    held = {c.expr.split(".")[0] for c in b.changeset}
+    if function != MODULE and b.function == MODULE:
+        # a function may read the module's names as globals, whenever it is called
+        read = sorted((reads & set(b.bound)) - held)
+        if read:
+            return f"probe at line {p.line} in {function}() may read `{read[0]}`, which only this loop binds"
+        return None
+    if b.function != function:
+        return None
+    tensors = sorted(v for v in b.values if v in reads and not reads_only_values(p.node, v))
+    if tensors:
+        return (
+            f"probe at line {p.line} reads `{tensors[0]}` as a tensor; its checkpoints hold it"
+            " without its autograd graph"
+        )
+    only_inside = sorted((reads & set(b.bound)) - held)
+    if only_inside:
+        return f"probe at line {p.line} reads `{only_inside[0]}`, which only this loop binds"
+    return None
+
+
 def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
+    """Which blocks the probes make execute, which run inside a probe, and per main loop the
+    guards that let iterations be jumped over (or why they cannot be)."""
     current = probes.current
     parents = current.wrapper.resolve(ParentNodeProvider)
     pos = current.wrapper.resolve(PositionProvider)
@@ -107,36 +133,8 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
                     in_probes.setdefault(b.id, f"at line {p.line} (it calls {name}())")
         reads = _names_read(p.node)
         for b in plan.blocks:
-            if b.id in execute:
-                continue
-            if function != MODULE and function in b.reaches:
-                execute[b.id] = f"probe at line {p.line} is in {function}(), which it calls"
-                continue
-            if function != MODULE and b.function == MODULE:
-                # a function may read the module's names as globals, whenever it is called
-                held = {c.expr.split(".")[0] for c in b.changeset}
-                read = sorted((reads & set(b.bound)) - held)
-                if read:
-                    execute[b.id] = (
-                        f"probe at line {p.line} in {function}() may read `{read[0]}`, which only this loop binds"
-                    )
-                continue
-            if b.function == function:
-                tensors = sorted(
-                    v for v in b.values if v in reads and not reads_only_values(p.node, v)
-                )
-                if tensors:
-                    execute[b.id] = (
-                        f"probe at line {p.line} reads `{tensors[0]}` as a tensor; its checkpoints hold it"
-                        " without its autograd graph"
-                    )
-                    continue
-                held = {c.expr.split(".")[0] for c in b.changeset}
-                only_inside = sorted((reads & set(b.bound)) - held)
-                if only_inside:
-                    execute[b.id] = (
-                        f"probe at line {p.line} reads `{only_inside[0]}`, which only this loop binds"
-                    )
+            if b.id not in execute and (why := _why_execute(p, function, reads, b)):
+                execute[b.id] = why
     inst = Instrumentation(
         blocks=blocks_at,
         mains=mains_at,
@@ -145,7 +143,7 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
     spans, no_spans, unresumable = _span_guards(probes, mains_at, parents, pos)
     main_nodes = [
         (n, mains_at[pos[n].start.line])
-        for n in _walk(current.module)
+        for n in walk(current.module)
         if isinstance(n, cst.For | cst.While) and pos[n].start.line in mains_at
     ]
     carried = carried_by_probes(probes, main_nodes, parents, lambda n: int(pos[n].start.line))
@@ -176,7 +174,7 @@ def _span_guards(
     rebindable = (
         {
             n.name.value
-            for node in _walk(module)
+            for node in walk(module)
             if isinstance(node, cst.Global | cst.Nonlocal)
             for n in node.names
         }
@@ -189,7 +187,7 @@ def _span_guards(
 
     main_nodes = [
         (n, mains_at[line(n)])
-        for n in _walk(module)
+        for n in walk(module)
         if isinstance(n, cst.For | cst.While) and line(n) in mains_at
     ]
 
@@ -252,14 +250,6 @@ def _unheld_read(
         if not reads_only_values(p.node, name):
             return f"reads `{name}` as a tensor; boundary checkpoints hold it without its autograd graph"
     return None
-
-
-def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        stack.extend(n.children)
 
 
 def _qualname(fn: cst.FunctionDef, parents: Any) -> str:
