@@ -36,7 +36,7 @@ from flortrain.replay.replayer import Prepared, begin, conclude
 from flortrain.replay.segments import LoopCosts, SegmentPlan, divide, even
 from flortrain.replay.sharing import WORKER_STARTUP_S, WORTHWHILE, slowdown
 from flortrain.replay.worker import WorkerResult, WorkerTask
-from flortrain.runtime.spans import Segment
+from flortrain.runtime.jumps import Segment
 from flortrain.store.db import LogEntry
 
 

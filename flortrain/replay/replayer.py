@@ -19,9 +19,10 @@ from flortrain.replay.replayplan import ReplayPlan
 from flortrain.replay.sharing import cannot_pay
 from flortrain.runtime import allocator, runner
 from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
+from flortrain.runtime.jumps import SpanReplay, compile_guard
 from flortrain.runtime.launch import execute, import_torch, pin_threads, set_aside_static_objects
-from flortrain.runtime.session import ReplaySource, Session
-from flortrain.runtime.spans import SpanReplay, compile_guard
+from flortrain.runtime.replaying import ReplaySession
+from flortrain.runtime.session import ReplaySource
 from flortrain.static.linemap import compile_for
 from flortrain.static.overlap import Overlapped, module_passes, worth_overlapping
 from flortrain.static.plan import ModulePasses, Plan
@@ -459,7 +460,7 @@ def replay(
         span_replay(p),
         p.files.states if p.files else {},
     )
-    session = Session("replay", p.store, run, replay=source)
+    session = ReplaySession(p.store, run, replay=source)
     code = compile_for(os.path.abspath(script), p.code_text, p.disk_text)
     t0 = time.perf_counter()
     hook = ProjectHook(

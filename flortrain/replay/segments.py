@@ -24,7 +24,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
 
-from flortrain.runtime.spans import Segment
+from flortrain.runtime.jumps import Segment
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ class WorkerTask:
     guards: dict[str, list[GuardSpec]]
     scalars: dict[tuple[str, int, int], dict[str, Any] | None]
     boundaries: dict[tuple[str, int], list[int]]
-    segment: Any  # flortrain.runtime.spans.Segment
+    segment: Any  # flortrain.runtime.jumps.Segment
     blobs: str  # the blob store: a directory or an fsspec URL
 
 
@@ -67,9 +67,10 @@ def run_task(task: WorkerTask) -> WorkerResult:
     """Replay the task's segment in this process (which must be fresh)."""
     from flortrain.runtime import allocator
     from flortrain.runtime.importhook import ProjectFiles, ProjectHook, project_roots
+    from flortrain.runtime.jumps import SpanReplay, compile_guard
     from flortrain.runtime.launch import execute, pin_threads
-    from flortrain.runtime.session import ReplaySource, Session
-    from flortrain.runtime.spans import SpanReplay, compile_guard
+    from flortrain.runtime.replaying import ReplaySession
+    from flortrain.runtime.session import ReplaySource
     from flortrain.static.linemap import compile_for
     from flortrain.store.blobs import BlobReader
     from flortrain.store.rows import WorkerRows
@@ -81,7 +82,7 @@ def run_task(task: WorkerTask) -> WorkerResult:
     guards = {m: [compile_guard(*g) for g in gs] for m, gs in task.guards.items()}
     spans = SpanReplay(guards, task.scalars, task.boundaries, segment=task.segment)
     source = ReplaySource(task.record_id, task.execute, task.checkpoints, spans)
-    session = Session("replay", rows, 0, replay=source)
+    session = ReplaySession(rows, 0, replay=source)
     code = compile_for(os.path.abspath(task.script), task.code_text, task.disk_text)
     hook = ProjectHook(ProjectFiles(project_roots(task.script), task.script), recorded=task.modules)
     t0 = time.perf_counter()
@@ -106,9 +107,10 @@ def warm_up(uses_torch: bool) -> None:
     either way), so a warmed process is as fresh as a cold one when its task arrives."""
     import flortrain.instrument
     import flortrain.runtime.importhook
+    import flortrain.runtime.jumps
     import flortrain.runtime.launch
+    import flortrain.runtime.replaying
     import flortrain.runtime.session
-    import flortrain.runtime.spans
     import flortrain.static.text
     import flortrain.store.blobs
 
