@@ -113,12 +113,7 @@ class BlockHost(CheckpointHost, Protocol):
     def audit_image(self, loop_id: str, frame: FrameType) -> Image | None: ...
 
     def audit_loop(
-        self,
-        loop_id: str,
-        before: Image,
-        frame: FrameType | None,
-        objects: Getters,
-        names: Getters,
+        self, loop_id: str, before: Image, frame: FrameType | None, objects: Getters, names: Getters
     ) -> None: ...
 
     def unnamed_effect(self, loop_id: str, why: str) -> None: ...

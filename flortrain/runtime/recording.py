@@ -18,11 +18,12 @@ from typing import Any
 from flortrain import knobs
 from flortrain.runtime import audit, identity
 from flortrain.runtime import materializer as _materializer
+from flortrain.runtime.audit import Image
 from flortrain.runtime.boundaries import MainBoundary, scalars_json
 from flortrain.runtime.checkpointable import Getters, bound, resolve
 from flortrain.runtime.host import Instance, Outcome, State
 from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
-from flortrain.runtime.session import Session, Step
+from flortrain.runtime.session import IterationStart, Session, Step
 from flortrain.store.db import Store
 
 
@@ -77,17 +78,10 @@ class RecordSession(Session):
         if self.materializer is not None:
             self.materializer.loop_entered(self.module_tensors())
 
-    def _iteration(
-        self,
-        main_id: str,
-        i: int,
-        objects: Getters | None,
-        names: Getters | None,
-        values: tuple[str, ...],
-        frame: FrameType | None,
-    ) -> Step:
+    def _iteration(self, at: IterationStart) -> Step:
         """Time the iteration that ended; with a boundary state, audit the one before, and
         checkpoint this boundary when Eq. 4 allows (or, resuming, restore the killed run's)."""
+        main_id, i, objects, names = at.main_id, at.i, at.objects, at.names
         assert self.main is not None
         if self.materializer is not None:
             self.materializer.poll()
@@ -98,7 +92,7 @@ class RecordSession(Session):
         self._time_iteration(main_id)
         if objects is None or names is None:
             return None, None, True
-        self._audit_iteration(main_id, i, objects, names, frame)
+        self._audit_iteration(main_id, i, objects, names, at.frame)
         boundary = (
             self._resume_jump(main_id, i, objects, names) if self.resume is not None else None
         )
@@ -106,7 +100,7 @@ class RecordSession(Session):
             return boundary, None, False
         scalars = scalars_json(names)
         if boundary is None:
-            boundary = self._record_boundary(main_id, i, objects, names, values)
+            boundary = self._record_boundary(main_id, i, objects, names, at.values)
         return boundary, scalars, True
 
     def _exited(self, main_id: str) -> None:
@@ -151,12 +145,7 @@ class RecordSession(Session):
             return None
 
     def audit_loop(
-        self,
-        loop_id: str,
-        before: audit.Image,
-        frame: FrameType | None,
-        objects: Getters,
-        names: Getters,
+        self, loop_id: str, before: Image, frame: FrameType | None, objects: Getters, names: Getters
     ) -> None:
         """Compare a loop instance's before-image with the state now (``audit``). State changed in
         place that the changeset (``objects``, ``names``) does not reach stops the loop's

@@ -14,7 +14,7 @@ from flortrain.runtime.blobformat import object_refs
 from flortrain.runtime.boundaries import MainBoundary
 from flortrain.runtime.checkpointable import Getters
 from flortrain.runtime.jumps import Segment, SegmentEnd
-from flortrain.runtime.session import Session, Step
+from flortrain.runtime.session import IterationStart, Session, Step
 
 
 @dataclass
@@ -47,18 +47,10 @@ class ReplaySession(Session):
     def _before_iteration(self, main_id: str, entry: int, i: int) -> None:
         self._end_segment(main_id, entry, i)
 
-    def _iteration(
-        self,
-        main_id: str,
-        i: int,
-        objects: Getters | None,
-        names: Getters | None,
-        values: tuple[str, ...],
-        frame: FrameType | None,
-    ) -> Step:
-        if objects is None or names is None:
+    def _iteration(self, at: IterationStart) -> Step:
+        if at.objects is None or at.names is None:
             return None, None, True
-        return self._jump(main_id, i, objects, names, values, frame), None, True
+        return self._jump(at.main_id, at.i, at.objects, at.names, at.values, at.frame), None, True
 
     def _exited(self, main_id: str) -> None:
         if self._segment_here() is not None:

@@ -25,6 +25,7 @@ from typing import Any
 from flortrain import knobs
 from flortrain.runtime import audit, rng, signals
 from flortrain.runtime.adaptive import AdaptivePeriod
+from flortrain.runtime.audit import Image
 from flortrain.runtime.augmentation import Augmented, augmentation
 from flortrain.runtime.boundaries import MainBoundary
 from flortrain.runtime.capture import Tee
@@ -36,6 +37,20 @@ from flortrain.runtime.live_tensors import LiveTensors
 from flortrain.runtime.registry import Registry
 from flortrain.store.db import BlockRow, FileState, IterationRow, Store
 from flortrain.store.rows import RunSink
+
+
+@dataclass(frozen=True, slots=True)
+class IterationStart:
+    """What the main-loop hook hands the record or the replay as iteration ``i`` starts: the
+    boundary state's getters (None: the loop has none), its detachable names, the loop's frame."""
+
+    main_id: str
+    i: int
+    objects: Getters | None
+    names: Getters | None
+    values: tuple[str, ...]
+    frame: FrameType | None
+
 
 #: What a main-loop iteration's start decided: the boundary the generated code gets, the
 #: iteration's recorded scalars, and whether the iteration has a row (a resumed record keeps the
@@ -134,7 +149,8 @@ class Session:
         self._before_iteration(main_id, self.main[1], i)
         self.main[2] = i
         self.occurrences.clear()
-        boundary, scalars, row = self._iteration(main_id, i, objects, names, values, frame)
+        at = IterationStart(main_id, i, objects, names, values, frame)
+        boundary, scalars, row = self._iteration(at)
         if not row:
             return boundary
         state = rng.capture()
@@ -167,16 +183,8 @@ class Session:
     def _before_iteration(self, main_id: str, entry: int, i: int) -> None:
         """Iteration ``i`` of the main loop is about to start."""
 
-    def _iteration(
-        self,
-        main_id: str,
-        i: int,
-        objects: Getters | None,
-        names: Getters | None,
-        values: tuple[str, ...],
-        frame: FrameType | None,
-    ) -> Step:
-        """Iteration ``i`` starts: what the record or the replay does with its boundary."""
+    def _iteration(self, at: IterationStart) -> Step:
+        """An iteration starts: what the record or the replay does with its boundary."""
         raise NotImplementedError
 
     def _exited(self, main_id: str) -> None:
@@ -217,12 +225,7 @@ class Session:
         raise NotImplementedError("only a record audits")
 
     def audit_loop(
-        self,
-        loop_id: str,
-        before: audit.Image,
-        frame: FrameType | None,
-        objects: Getters,
-        names: Getters,
+        self, loop_id: str, before: Image, frame: FrameType | None, objects: Getters, names: Getters
     ) -> None:
         raise NotImplementedError("only a record audits")
 
