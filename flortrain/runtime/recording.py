@@ -22,13 +22,14 @@ from flortrain.runtime.audit import Image
 from flortrain.runtime.boundaries import MainBoundary, scalars_json
 from flortrain.runtime.checkpointable import Getters, bound, resolve
 from flortrain.runtime.host import Instance, Outcome, State
+from flortrain.runtime.jumping import JumpingSession
 from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
-from flortrain.runtime.session import IterationStart, Session, Step
+from flortrain.runtime.session import IterationStart, Step
 from flortrain.store.db import Store
 
 
 @dataclass
-class RecordSession(Session):
+class RecordSession(JumpingSession):
     store: Store
     materializer: Materializer | None = None
     #: when the current iteration of each main loop began: wall, CPU, and :attr:`held` then
@@ -77,6 +78,7 @@ class RecordSession(Session):
     def _entered(self, main_id: str, entry: int) -> None:
         if self.materializer is not None:
             self.materializer.loop_entered(self.module_tensors())
+        super()._entered(main_id, entry)
 
     def _iteration(self, at: IterationStart) -> Step:
         """Time the iteration that ended; with a boundary state, audit the one before, and
@@ -104,6 +106,7 @@ class RecordSession(Session):
         return boundary, scalars, True
 
     def _exited(self, main_id: str) -> None:
+        super()._exited(main_id)
         self._time_iteration(main_id, last_one=True)
         self.adaptive.loop_ended(main_id)
 
