@@ -350,7 +350,7 @@ def test_background_writing_counts_in_m_only_under_contention() -> None:
 
 def _boundaries(period: AdaptivePeriod, n: int, capture: float, priced: float) -> tuple[int, int]:
     """``n`` one-second iterations whose boundary costs ``capture`` to capture and is priced at
-    ``priced`` (as ``Session._record_boundary`` drives it); returns (captures, checkpoints)."""
+    ``priced`` (as ``RecordSession._record_boundary`` drives it); returns (captures, checkpoints)."""
     captures = taken = 0
     for _ in range(n):
         period.executed("M1", 1.0)

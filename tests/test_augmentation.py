@@ -12,13 +12,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from flortrain.runtime.probe import isolated  # noqa: E402
-from flortrain.runtime.session import Session  # noqa: E402
+from flortrain.runtime.recording import RecordSession  # noqa: E402
 from flortrain.store.db import Store  # noqa: E402
 
 
 @pytest.fixture
-def session(tmp_path: Path) -> Iterator[Session]:
-    s = Session("record", Store(tmp_path / "store"), 1)
+def session(tmp_path: Path) -> Iterator[RecordSession]:
+    s = RecordSession(Store(tmp_path / "store"), 1)
     s.registry.install()
     try:
         yield s
@@ -30,7 +30,7 @@ def kinds(aug: list[tuple[str, int, object]]) -> list[tuple[str, object]]:
     return [(k, o) for k, _, o in aug]
 
 
-def test_optimizer_brings_its_root_module_not_others(session: Session) -> None:
+def test_optimizer_brings_its_root_module_not_others(session: RecordSession) -> None:
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
     other = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -39,7 +39,7 @@ def test_optimizer_brings_its_root_module_not_others(session: Session) -> None:
     assert ("module", other) not in aug
 
 
-def test_scheduler_brings_optimizer_and_its_modules(session: Session) -> None:
+def test_scheduler_brings_optimizer_and_its_modules(session: RecordSession) -> None:
     a, b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
     opt = torch.optim.Adam([*a.parameters(), *b.parameters()])
     sched = torch.optim.lr_scheduler.StepLR(opt, 1)
@@ -48,7 +48,7 @@ def test_scheduler_brings_optimizer_and_its_modules(session: Session) -> None:
     assert {id(o) for _, o in aug[1:]} == {id(a), id(b)}
 
 
-def test_stepped_optimizer_joins_unnamed(session: Session) -> None:
+def test_stepped_optimizer_joins_unnamed(session: RecordSession) -> None:
     net = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     session.registry.reset_block()
@@ -58,7 +58,7 @@ def test_stepped_optimizer_joins_unnamed(session: Session) -> None:
     assert ("optimizer", opt) in aug and ("module", net) in aug
 
 
-def test_every_optimizer_that_steps_is_noted_again_after_each_reset(session: Session) -> None:
+def test_every_optimizer_that_steps_is_noted_again_after_each_reset(session: RecordSession) -> None:
     """The step hook tells the optimizer that stepped last by identity alone; a block's reset
     must make it note that optimizer again."""
     reg = session.registry
@@ -76,13 +76,13 @@ def test_every_optimizer_that_steps_is_noted_again_after_each_reset(session: Ses
         assert reg.stepped == {reg.id_of(a)}
 
 
-def test_named_objects_are_not_duplicated(session: Session) -> None:
+def test_named_objects_are_not_duplicated(session: RecordSession) -> None:
     net = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     assert session.augmentation("L1", [net, opt]) == []
 
 
-def test_probe_built_modules_are_not_registered(session: Session) -> None:
+def test_probe_built_modules_are_not_registered(session: RecordSession) -> None:
     before = len(list(session.registry.live()))
     keep = []
     with isolated(session):
@@ -92,7 +92,7 @@ def test_probe_built_modules_are_not_registered(session: Session) -> None:
     assert session.registry.id_of(after) == before  # ids stay aligned with the record
 
 
-def test_probe_restores_rng_mode_and_grad(session: Session) -> None:
+def test_probe_restores_rng_mode_and_grad(session: RecordSession) -> None:
     net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
     torch.manual_seed(5)
     expected = torch.rand(3)

@@ -649,11 +649,11 @@ def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
     first boundary of a fine-tuning run holds a frozen table no block writes); once training
     has earned the budget, the same boundary is taken."""
     from flortrain.runtime.adaptive import AdaptivePeriod
-    from flortrain.runtime.session import Session
+    from flortrain.runtime.recording import RecordSession
 
     store = Store(tmp_path / "s")
     run = store.begin_run("record", "x.py", [], "", None, None, {})
-    s = Session("record", store, run)
+    s = RecordSession(store, run)
     s.adaptive = AdaptivePeriod(epsilon=1 / 15, every=False)
     # 32 MB: tens of milliseconds to stage and write, so that only a stall of the test process
     # of about half a second between two statements could earn the budget for it
@@ -695,10 +695,10 @@ def test_flortrains_hooks_defer_garbage_collection_and_are_timed(tmp_path: Path)
     it is deferred to the script's next allocation, and the hook's own time is counted."""
     import gc
 
-    from flortrain.runtime.session import Session
+    from flortrain.runtime.recording import RecordSession
 
     store = Store(tmp_path / "s")
-    s = Session("record", store, store.begin_run("record", "x.py", [], "", None, None, {}))
+    s = RecordSession(store, store.begin_run("record", "x.py", [], "", None, None, {}))
     assert gc.isenabled()
     with s.holding():
         assert not gc.isenabled()
@@ -720,10 +720,10 @@ def test_an_iterations_training_time_is_net_of_what_flortrain_held_in_it(tmp_pat
     """Time a hook held the training thread is reported (``held``) and is not the script's
     compute: counted as compute, it would inflate Eq. 4's C for the boundary and the training
     time the budget is a fraction of."""
-    from flortrain.runtime.session import Session
+    from flortrain.runtime.recording import RecordSession
 
     store = Store(tmp_path / "s")
-    s = Session("record", store, store.begin_run("record", "x.py", [], "", None, None, {}))
+    s = RecordSession(store, store.begin_run("record", "x.py", [], "", None, None, {}))
     try:
         with s.holding():
             s.main_iteration("M1")

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -370,18 +372,18 @@ def test_a_futile_instance_is_neither_walked_nor_watched_nor_checkpointed(
 
     from flortrain.runtime import identity
     from flortrain.runtime.adaptive import BlockCosts
-    from flortrain.runtime.session import Session
+    from flortrain.runtime.recording import RecordSession
     from flortrain.runtime.skipblock import SkipBlock
     from flortrain.store.db import Store
 
-    s = Session("record", Store(tmp_path / "store"), 1)
+    store = Store(tmp_path / "store")
+    s = RecordSession(store, store.begin_run("record", "x.py", [], "", None, None, {}))
     s.registry.install()
     try:
         net = torch.nn.Linear(3, 1)
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
         s.adaptive.every = False
-        s.main_enter("M0")
-        s.main[2] = 0  # type: ignore[index]  # inside the loop's first iteration
+        s.main_iteration("M0")  # inside the loop's first iteration, as the hook opens it
         objects = {"opt.param_groups": lambda: opt.param_groups}
         # both blocks checkpointed once (held 1 ms) and past the alias watch's instances
         s.adaptive.costs["cheap"] = BlockCosts(
@@ -399,9 +401,7 @@ def test_a_futile_instance_is_neither_walked_nor_watched_nor_checkpointed(
         )
 
         def opened(block_id: str) -> SkipBlock:
-            return (
-                lambda: SkipBlock(s, block_id, (0, 0), (), objects, {})
-            )()  # the frames a hook has
+            return SkipBlock(s, block_id, (0, 0), (), objects, {}, (), sys._getframe())
 
         cheap = opened("cheap")
         assert cheap.futile and cheap.entry is None and cheap.light is None and cheap.watch is None
@@ -419,6 +419,66 @@ def test_a_futile_instance_is_neither_walked_nor_watched_nor_checkpointed(
         assert asked == ["dear"] and s.counts == {"recorded": 2}
     finally:
         s.registry.uninstall()
+
+
+def _recording(tmp_path: Path) -> Any:
+    """A record's session in this process, inside its main loop's first iteration."""
+    from flortrain.runtime.recording import RecordSession
+    from flortrain.store.db import Store
+
+    store = Store(tmp_path / "store")
+    s = RecordSession(store, store.begin_run("record", "x.py", [], "", None, None, {}))
+    s.main_iteration("M0")
+    return s
+
+
+def test_an_instance_is_closed_once_the_frame_of_its_loop_runs_a_line_past_it(
+    tmp_path: Path,
+) -> None:
+    """The block is given the frame running its loop and the loop's lines; while that frame
+    runs a line inside them the instance stays open, once it runs a line after them (an
+    ``except`` after the loop) the instance is closed as left by an exception, uncheckpointed."""
+    from flortrain.runtime.host import State
+    from flortrain.runtime.skipblock import SkipBlock
+
+    s = _recording(tmp_path)
+    frame = sys._getframe()
+    first = frame.f_lineno + 1
+    block = SkipBlock(s, "L1", (first, first + 1), (), {}, {}, (), frame)
+    s.close_left_frames()
+    assert block.state is State.RECORD and not block.aborted and s.frames == [block]
+    s.close_left_frames()
+    assert block.aborted and s.frames == [] and s.counts == {"recorded": 1}
+    assert not block.end({}, {})  # the instrumented `end()` that never ran: nothing more
+    assert s.counts == {"recorded": 1}
+    s.flush()
+
+
+def test_a_loop_a_probe_runs_is_plain_code_and_takes_no_key(tmp_path: Path) -> None:
+    """A block opened inside a probe, nested in another block, or outside the main loop runs as
+    plain code; the script's own instance after a probe's still gets the iteration's first key."""
+    from flortrain.runtime.host import State
+    from flortrain.runtime.probe import isolated
+    from flortrain.runtime.skipblock import SkipBlock
+
+    s = _recording(tmp_path)
+    frame = None  # no side-effect audit: the test's own locals hold the blocks and the session
+    with isolated(s):
+        probed = SkipBlock(s, "L1", (0, 0), (), {}, {}, (), frame)
+    assert probed.state is State.PASSTHROUGH and probed.key == ""
+    probed.end({}, {})
+    own = SkipBlock(s, "L1", (0, 0), (), {}, {}, (), frame)
+    nested = SkipBlock(s, "L2", (0, 0), (), {}, {}, (), frame)
+    assert (own.state, own.key) == (State.RECORD, "L1@M0.0.0#0")
+    assert (nested.state, nested.key) == (State.PASSTHROUGH, "")
+    nested.end({}, {})
+    own.end({}, {})
+    s.main_exit("M0")
+    outside = SkipBlock(s, "L1", (0, 0), (), {}, {}, (), frame)
+    assert outside.state is State.PASSTHROUGH
+    s.flush()  # the script's own instance, a block's first, is checkpointed (Eq. 4)
+    assert {k: n for k, n in s.counts.items() if n} == {"checkpointed": 1}
+    assert list(s.store.checkpoints(s.run_id)) == ["L1@M0.0.0#0"]
 
 
 def test_intra_op_threads_are_pinned_on_replay(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from flortrain.runtime import state
-from flortrain.runtime.skipblock import Logger, _rebound_channel
+from flortrain.runtime.checkpointable import Logger, _rebound_channel
 from flortrain.static.plan import Restore
 from tests.protocol import block_states, flortrain, latest_run, plain, record_and_replay_match_plain
 from tests.test_changeset import check

@@ -24,8 +24,9 @@ from flortrain.process.training import (
 from flortrain.runtime import stopping
 from flortrain.runtime.files import Watch, skip_roots, watching
 from flortrain.runtime.importhook import ProjectHook
-from flortrain.runtime.session import ReplaySource, Session
-from flortrain.runtime.spans import Segment, SpanReplay
+from flortrain.runtime.jumps import Segment, SpanReplay
+from flortrain.runtime.recording import RecordSession
+from flortrain.runtime.session import ReplaySource
 from flortrain.static.linemap import compile_for
 from flortrain.static.plan import UNTRACKED, ModulePasses, Plan, not_memoized
 from flortrain.static.project_files import ProjectFiles, project_roots
@@ -46,7 +47,7 @@ def _module_recorder(
     store: Store,
     run_id: int,
     meta: dict[str, Any],
-    session: Session,
+    session: RecordSession,
     prepared: ModulePasses,
 ) -> ProjectHook:
     """The import hook for a record: every project module it instruments has its text stored and
@@ -75,7 +76,7 @@ def _module_recorder(
     return ProjectHook(ProjectFiles(project_roots(script), script), on_module, prepared=prepared)
 
 
-def _untracked(shown: str, plan: Plan, session: Session) -> None:
+def _untracked(shown: str, plan: Plan, session: RecordSession) -> None:
     """Turn off the version-counter shortcuts for a run whose code writes behind their back."""
     if plan.untracked:
         session.untracked_writes()
@@ -83,7 +84,7 @@ def _untracked(shown: str, plan: Plan, session: Session) -> None:
         print(f"flortrain: {shown}:{u.line}:{u.col}: {UNTRACKED}", file=sys.stderr)
 
 
-def _note_load(store: Store, run_id: int, session: Session) -> None:
+def _note_load(store: Store, run_id: int, session: RecordSession) -> None:
     """Keep, per main loop, the cores its iterations kept busy (CPU over wall seconds): a
     parallel replay's workers each need that many, so on a small machine they may only queue
     (:func:`flortrain.replay.parallel.cores_per_worker`)."""
@@ -212,7 +213,7 @@ def record(
         )
     store.guarded = True  # from here on the store failing must not break training
     store.hold_claims()  # written once per commit interval, not three transactions a checkpoint
-    session = Session("record", store, run_id)
+    session = RecordSession(store, run_id)
     if resume is not None:
         m, entry, k = point
         session.resume, session.resume_seq, session.resume_until = point, kept, until
@@ -254,7 +255,7 @@ def record(
 def _finish(
     script: str,
     store: Store,
-    session: Session,
+    session: RecordSession,
     run_id: int,
     status: int,
     elapsed: float,

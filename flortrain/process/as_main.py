@@ -20,7 +20,7 @@ from types import CodeType, TracebackType
 
 from flortrain.errors import FlortrainError
 from flortrain.process.distributed import Refused
-from flortrain.runtime.spans import SegmentEnd
+from flortrain.runtime.jumps import SegmentEnd
 
 _PKG = str(Path(__file__).resolve().parent.parent)
 

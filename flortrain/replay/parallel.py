@@ -36,7 +36,7 @@ from flortrain.replay.preparation import Prepared
 from flortrain.replay.segments import SegmentPlan, divide, even
 from flortrain.replay.sharing import slowdown
 from flortrain.replay.worker import WorkerResult, WorkerTask
-from flortrain.runtime.spans import Segment
+from flortrain.runtime.jumps import Segment
 from flortrain.store.db import LogEntry
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from flortrain.replay.costs import LoopCosts
-from flortrain.runtime.spans import Segment
+from flortrain.runtime.jumps import Segment
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from flortrain.replay.files import begin_files, end_files
 from flortrain.replay.preparation import Prepared
 from flortrain.runtime import allocator
 from flortrain.runtime.importhook import ProjectHook
-from flortrain.runtime.session import ReplaySource, Session
-from flortrain.runtime.spans import SpanReplay, compile_guard
+from flortrain.runtime.jumps import SpanReplay, compile_guard
+from flortrain.runtime.replaying import ReplaySession
+from flortrain.runtime.session import ReplaySource
 from flortrain.static.linemap import compile_for
 from flortrain.static.project_files import ProjectFiles, project_roots
 
@@ -45,7 +46,7 @@ def replay_serial(p: Prepared) -> int:
         span_replay(p),
         p.files.states if p.files else {},
     )
-    session = Session("replay", p.store, run, replay=source)
+    session = ReplaySession(p.store, run, replay=source)
     code = compile_for(os.path.abspath(p.script), p.code_text, p.disk_text)
     t0 = time.perf_counter()
     hook = ProjectHook(

@@ -46,7 +46,7 @@ class WorkerTask:
     guards: dict[str, list[GuardSpec]]
     scalars: dict[tuple[str, int, int], dict[str, Any] | None]
     boundaries: dict[tuple[str, int], list[int]]
-    segment: Any  # flortrain.runtime.spans.Segment
+    segment: Any  # flortrain.runtime.jumps.Segment
     blobs: str  # the blob store: a directory or an fsspec URL
 
 
@@ -68,8 +68,9 @@ def run_task(task: WorkerTask) -> WorkerResult:
     from flortrain.process.training import execute, pin_threads
     from flortrain.runtime import allocator
     from flortrain.runtime.importhook import ProjectHook
-    from flortrain.runtime.session import ReplaySource, Session
-    from flortrain.runtime.spans import SpanReplay, compile_guard
+    from flortrain.runtime.jumps import SpanReplay, compile_guard
+    from flortrain.runtime.replaying import ReplaySession
+    from flortrain.runtime.session import ReplaySource
     from flortrain.static.linemap import compile_for
     from flortrain.static.project_files import ProjectFiles, project_roots
     from flortrain.store.blobs import BlobReader
@@ -82,7 +83,7 @@ def run_task(task: WorkerTask) -> WorkerResult:
     guards = {m: [compile_guard(*g) for g in gs] for m, gs in task.guards.items()}
     spans = SpanReplay(guards, task.scalars, task.boundaries, segment=task.segment)
     source = ReplaySource(task.record_id, task.execute, task.checkpoints, spans)
-    session = Session("replay", rows, 0, replay=source)
+    session = ReplaySession(rows, 0, replay=source)
     code = compile_for(os.path.abspath(task.script), task.code_text, task.disk_text)
     hook = ProjectHook(ProjectFiles(project_roots(task.script), task.script), recorded=task.modules)
     t0 = time.perf_counter()
@@ -108,8 +109,9 @@ def warm_up(uses_torch: bool) -> None:
     import flortrain.instrument
     import flortrain.process.training
     import flortrain.runtime.importhook
+    import flortrain.runtime.jumps
+    import flortrain.runtime.replaying
     import flortrain.runtime.session
-    import flortrain.runtime.spans
     import flortrain.static.text
     import flortrain.store.blobs
 

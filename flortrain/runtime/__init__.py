@@ -1,7 +1,8 @@
 """What instrumented scripts call. Six names, no torch import at load time.
 
 With no active session (instrumented code run by plain ``python``) every hook is a no-op and the
-script behaves exactly as written.
+script behaves exactly as written. A hook that needs the user's frame (the one running the loop)
+takes its caller's, once, at its entry, and passes it down: nothing below counts frames.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from contextlib import AbstractContextManager
 from typing import TypeVar
 
 from flortrain.runtime import session as _session
+from flortrain.runtime.boundaries import NO_BOUNDARY, MainBoundary, NoBoundary
+from flortrain.runtime.checkpointable import Getters
 from flortrain.runtime.probe import isolated
-from flortrain.runtime.skipblock import Getters, SkipBlock
-from flortrain.runtime.spans import NO_BOUNDARY, Boundary, NoBoundary
+from flortrain.runtime.skipblock import SkipBlock
 
 T = TypeVar("T")
 
@@ -39,6 +41,7 @@ def block(
     s = _session.current
     if s is None:
         return SkipBlock(None, block_id, (first_line, last_line), values)
+    frame = sys._getframe(1)  # the instrumented code's, which runs the loop
     with s.holding():
         return SkipBlock(
             s,
@@ -48,6 +51,7 @@ def block(
             objects if objects is not None else {},
             names,
             unchecked,
+            frame,
         )
 
 
@@ -61,14 +65,15 @@ def main_iteration(
     objects: Getters | None = None,
     names: Getters | None = None,
     values: tuple[str, ...] = (),
-) -> Boundary | NoBoundary:
+) -> MainBoundary | NoBoundary:
     """The start of a main-loop iteration; with the loop's boundary state (getters of what an
     iteration changes), what a replay restored when it jumped here (see ``jumped()``)."""
     s = _session.current
     if s is None:
         return NO_BOUNDARY
+    frame = sys._getframe(1)  # the instrumented code's, which runs the main loop
     with s.holding():
-        b = s.main_iteration(main_id, objects, names, values, sys._getframe(1))
+        b = s.main_iteration(main_id, objects, names, values, frame)
     return NO_BOUNDARY if b is None else b
 
 
@@ -76,9 +81,9 @@ def main_iter(main_id: str, iterable: Iterable[T]) -> Iterable[T]:
     """A main ``for`` loop's iterable; on a replay that can jump iterations, a generator that
     skips the items of the iterations jumped over."""
     s = _session.current
-    if s is None or s.replay is None or s.replay.spans is None:
+    if s is None:
         return iterable
-    return s.iterate_main(main_id, iterable)
+    return s.main_items(main_id, iterable, sys._getframe(1))
 
 
 def main_exit(main_id: str) -> None:

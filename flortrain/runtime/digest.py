@@ -56,7 +56,7 @@ _numpy_dtypes: frozenset[Any] | None = None
 
 
 def state_digests(payload: dict[str, Any]) -> dict[str, str]:
-    """One digest per part of a checkpoint payload (see :mod:`flortrain.runtime.skipblock`)."""
+    """One digest per part of a checkpoint payload (see :mod:`flortrain.runtime.checkpointable`)."""
     out: dict[str, str] = {}
     for section in ("objects", "extra", "names"):
         for key, value in payload.get(section, {}).items():

@@ -48,6 +48,15 @@ def _default_setstate(obj: Any, state: Any) -> None:
         setattr(obj, k, v)
 
 
+def kind(obj: Any, torch: Any) -> str:
+    """The registry's kind of a live object, as an augmentation key names it (``module#3``)."""
+    if isinstance(obj, torch.nn.Module):
+        return "module"
+    if isinstance(obj, torch.optim.Optimizer):
+        return "optimizer"
+    return "loader"
+
+
 class Registry:
     def __init__(self) -> None:
         self._objects: list[weakref.ref[Any]] = []
@@ -75,57 +84,62 @@ class Registry:
         import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        reg = self
-
-        def wrap(cls: Any, also: Callable[[Any], None] | None = None) -> None:
-            original = cls.__init__
-
-            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-                original(self, *args, **kwargs)
-                reg.add(self)
-                if also is not None:
-                    also(self)
-
-            cls.__init__ = __init__
-            self._undo.append(lambda: setattr(cls, "__init__", original))
-            made_without_init(cls, also)
-
-        def made_without_init(cls: Any, also: Callable[[Any], None] | None) -> None:
-            # copy.deepcopy, copy.copy, pickle and torch.load build the object with __new__ and
-            # give it its state through __setstate__ (the default one where the class has none)
-            original = cls.__dict__.get("__setstate__")
-
-            def __setstate__(self: Any, state: Any) -> None:
-                if original is not None:
-                    original(self, state)
-                else:
-                    _default_setstate(self, state)
-                reg.add(self)
-                if also is not None:
-                    also(self)
-
-            cls.__setstate__ = __setstate__
-            if original is None:
-                self._undo.append(lambda: delattr(cls, "__setstate__"))
-            else:
-                self._undo.append(lambda: setattr(cls, "__setstate__", original))
-
         def module_made(m: Any) -> None:
             if versions.has_running_stats(m, torch):  # its kernel writes behind the counters
                 versions.watch_running_stats(m, torch)
 
-        wrap(torch.nn.Module, module_made)
-        wrap(torch.optim.Optimizer)
-        wrap(torch.utils.data.DataLoader)
+        self._patch_construction(torch.nn.Module, module_made)
+        self._patch_construction(torch.optim.Optimizer)
+        self._patch_construction(torch.utils.data.DataLoader)
+        self._patch_getstate(torch)
+        self._patch_iteration(torch)
+        self._undo.append(register_optimizer_step_post_hook(self._step_hook(torch)).remove)
 
+    def _patch_construction(self, cls: Any, also: Callable[[Any], None] | None = None) -> None:
+        """Register every object of ``cls`` as it is made: by ``__init__``, and by
+        ``__setstate__`` for one built with ``__new__`` (``copy.deepcopy``, ``copy.copy``,
+        ``pickle``, ``torch.load``; the default ``__setstate__`` where the class has none)."""
+        reg = self
+        original = cls.__init__
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            reg.add(self)
+            if also is not None:
+                also(self)
+
+        cls.__init__ = __init__
+        self._undo.append(lambda: setattr(cls, "__init__", original))
+        setstate = cls.__dict__.get("__setstate__")
+
+        def __setstate__(self: Any, state: Any) -> None:
+            if setstate is not None:
+                setstate(self, state)
+            else:
+                _default_setstate(self, state)
+            reg.add(self)
+            if also is not None:
+                also(self)
+
+        cls.__setstate__ = __setstate__
+        if setstate is None:
+            self._undo.append(lambda: delattr(cls, "__setstate__"))
+        else:
+            self._undo.append(lambda: setattr(cls, "__setstate__", setstate))
+
+    def _patch_getstate(self, torch: Any) -> None:
+        """A pickled module leaves out the running-statistics watch (``versions``)."""
         module_getstate: Callable[[Any], Any] = torch.nn.Module.__getstate__
 
         def __getstate__(self: Any) -> Any:
             return versions.without_watch(module_getstate(self))
 
-        torch.nn.Module.__getstate__ = __getstate__  # type: ignore[method-assign]
+        torch.nn.Module.__getstate__ = __getstate__
         self._undo.append(lambda: setattr(torch.nn.Module, "__getstate__", module_getstate))
 
+    def _patch_iteration(self, torch: Any) -> None:
+        """Note every registered data loader iterated (its generators advance)."""
+        reg = self
         loader_iter = torch.utils.data.DataLoader.__iter__
 
         def __iter__(self: Any) -> Any:
@@ -136,23 +150,24 @@ class Registry:
                 reg.iterated.add(i)
             return loader_iter(self)
 
-        torch.utils.data.DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+        torch.utils.data.DataLoader.__iter__ = __iter__
         self._undo.append(lambda: setattr(torch.utils.data.DataLoader, "__iter__", loader_iter))
 
+    def _step_hook(self, torch: Any) -> Callable[[Any, Any, Any], None]:
+        """Runs after every optimizer step (9,600 in the fine-tuning benchmark's run), outside
+        what record counts as held: the optimizer that stepped last, already noted since the
+        block began, is told by identity alone."""
+
         def on_step(opt: Any, args: Any, kwargs: Any) -> None:
-            # runs after every optimizer step (9,600 in the fine-tuning benchmark's run), outside
-            # what record counts as held: the optimizer that stepped last, already noted since the
-            # block began, is told by identity alone
-            if opt is not reg._last_stepped:
-                i = reg.id_of(opt)
+            if opt is not self._last_stepped:
+                i = self.id_of(opt)
                 if i is not None:
-                    reg.stepped.add(i)
-                reg._last_stepped, reg._last_fused = opt, versions.fused(opt)
-            if reg._last_fused:  # its kernel wrote behind the version counters
+                    self.stepped.add(i)
+                self._last_stepped, self._last_fused = opt, versions.fused(opt)
+            if self._last_fused:  # its kernel wrote behind the version counters
                 versions.after_fused_step(opt, torch)
 
-        handle = register_optimizer_step_post_hook(on_step)
-        self._undo.append(handle.remove)
+        return on_step
 
     def uninstall(self) -> None:
         while self._undo:

@@ -2,7 +2,11 @@
 
 Instrumented code calls the functions in :mod:`flortrain.runtime`; they act on the one active
 session (none when instrumented code runs under plain ``python``: then every hook is a no-op and
-every loop runs as written).
+every loop runs as written). :class:`Session` holds what both kinds of run share: the main
+loop's position, block keys, the open blocks, the registry, the rows, the hooks' timing. What a
+record does is :class:`~flortrain.runtime.recording.RecordSession`'s, what a replay does
+:class:`~flortrain.runtime.replaying.ReplaySession`'s; the blocks see either through
+:class:`~flortrain.runtime.host.BlockHost`.
 """
 
 from __future__ import annotations
@@ -13,24 +17,45 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
 from flortrain import knobs
-from flortrain.runtime import audit, identity, rng, signals, versions
-from flortrain.runtime import materializer as _materializer
+from flortrain.runtime import audit, rng, signals
 from flortrain.runtime.adaptive import AdaptivePeriod
-from flortrain.runtime.blobformat import object_refs, tensor_bytes, tensor_name
+from flortrain.runtime.audit import Image
+from flortrain.runtime.augmentation import Augmented, augmentation
+from flortrain.runtime.boundaries import MainBoundary
 from flortrain.runtime.capture import Tee
+from flortrain.runtime.checkpointable import Getters
 from flortrain.runtime.files import Watch, put_back
-from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
+from flortrain.runtime.host import Instance, Outcome, State
+from flortrain.runtime.jumps import SpanReplay
+from flortrain.runtime.live_tensors import LiveTensors
 from flortrain.runtime.registry import Registry
-from flortrain.runtime.skipblock import Getters, SkipBlock, State, bound, resolve
-from flortrain.runtime.spans import Boundary, Segment, SegmentEnd, SpanReplay, scalars_json
 from flortrain.store.db import BlockRow, FileState, IterationRow, Store
 from flortrain.store.rows import RunSink
+
+
+@dataclass(frozen=True, slots=True)
+class IterationStart:
+    """What the main-loop hook hands the record or the replay as iteration ``i`` starts: the
+    boundary state's getters (None: the loop has none), its detachable names, the loop's frame."""
+
+    main_id: str
+    i: int
+    objects: Getters | None
+    names: Getters | None
+    values: tuple[str, ...]
+    frame: FrameType | None
+
+
+#: What a main-loop iteration's start decided: the boundary the generated code gets, the
+#: iteration's recorded scalars, and whether the iteration has a row (a resumed record keeps the
+#: killed run's)
+Step = tuple[MainBoundary | None, str | None, bool]
 
 
 @dataclass
@@ -47,17 +72,17 @@ class ReplaySource:
 
 @dataclass
 class Session:
-    mode: str  # "record" | "replay"
+    """What a record and a replay process share; never run as it is (``_iteration``)."""
+
     store: RunSink  # the SQLite store, or a parallel-replay worker's rows (flortrain.store.rows)
     run_id: int
     replay: ReplaySource | None = None
     registry: Registry = field(default_factory=Registry)
     adaptive: AdaptivePeriod = field(default_factory=AdaptivePeriod)
-    materializer: Materializer | None = None
     main: list[Any] | None = None  # [main id, entry, iteration]
     main_entries: dict[str, int] = field(default_factory=dict)
     occurrences: dict[str, int] = field(default_factory=dict)
-    frames: list[SkipBlock] = field(default_factory=list)
+    frames: list[Instance] = field(default_factory=list)
     probe_depth: int = 0
     learned: dict[str, set[int]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
@@ -65,92 +90,34 @@ class Session:
     _warned: set[str] = field(default_factory=set)
     _iterations: list[IterationRow] = field(default_factory=list)
     _blocks: list[BlockRow] = field(default_factory=list)  # block instances without a checkpoint
-    _jump_pending: tuple[str, int, Boundary] | None = (
-        None  # a jump the main loop's generator decided
-    )
+    #: a jump the main loop's generator decided (main id, iteration, boundary)
+    _jump_pending: tuple[str, int, MainBoundary] | None = None
     _driven: set[str] = field(default_factory=set)  # main loops whose iterator the runtime wraps
-    #: when the current iteration of each main loop began: wall, CPU, and :attr:`held` then
-    _boundary_t: dict[str, tuple[float, float, float]] = field(default_factory=dict)
-    #: main loop id -> [wall, CPU] seconds of its iterations in this process: how many cores the
-    #: loop keeps busy, which a parallel replay's planner weighs against the machine's
-    loop_load: dict[str, list[float]] = field(default_factory=dict)
     _hold_t0: float | None = None  # when the hook in progress began (:meth:`holding`)
     background: float = 0.0  # the writer's estimated seconds for the latest checkpoint
-    #: seconds of :attr:`held` spent at the end waiting for the writer to finish what training
-    #: left it (:meth:`flush`): a writer that training starved of CPU does its work then
-    exit_wait: float = 0.0
-    _no_boundary: set[str] = field(default_factory=set)
-    #: main loop id -> the objects below its state at the last boundary captured: path -> (the
-    #: object, iteration since which it has been there) (``identity.BoundaryMarks``)
-    identity_tables: dict[str, dict[str, tuple[Any, int]]] = field(default_factory=dict)
-    #: which files are the project's own modules (record sets it): their globals are state a
-    #: loop can change through a function of theirs (``audit.project_roots``)
-    project: Any = None
     #: loop id -> why it is not checkpointed: the side-effect audit saw it change state in place
     #: that its changeset does not name (``audit``)
     unnamed_effects: dict[str, str] = field(default_factory=dict)
-    _main_audit: tuple[str, audit.Image, FrameType] | None = None
     _initial_digests: dict[str, str] = field(default_factory=dict)
     _digest_memo: dict[str, tuple[bytes, str]] = field(default_factory=dict)  # ``rng.digest_map``'s
-    #: id -> (tensor, version, name): live module tensors hashed by :meth:`live_object`
-    _live_names: dict[int, tuple[Any, int, str]] = field(default_factory=dict)
+    _live: LiveTensors = field(default_factory=LiveTensors)  # hashed by :meth:`live_object`
     _last_commit: float = 0.0
     commit_interval: float = field(default_factory=knobs.commit_interval)
-    boundary_every: int = field(default_factory=knobs.boundary_every)
     track_versions: bool = True  # False when the script writes tensors through `.data`
-    _submitting: str | None = None
-    _outcome: tuple[str, Any] | None = None
-    _pending: dict[str, str] = field(default_factory=dict)  # checkpoints staged, not yet committed
     started: float = field(default_factory=time.perf_counter)
-    #: a parallel-replay worker's output positions (captured-line numbers) where its segment's
-    #: main loop was entered ("enter") and where it left it or stopped ("exit")
-    marks: dict[str, int] = field(default_factory=dict)
     #: ``record --resume``: the (main id, entry, iteration) to continue a killed run at
     resume: tuple[str, int, int] | None = None
     resume_seq: int = 0  # the killed run's captured lines kept: the resumed log continues there
-    #: ``record --resume``: the iteration it records from; those from the boundary restored up
-    #: to it run as in a replay (:attr:`replaying`)
-    resume_until: int = 0
-    #: (main id, entry, iteration): a resumed record runs its main loop's iterations before
-    #: that one as a replay would, its blocks restored and nothing recorded or printed
-    replaying: tuple[str, int, int] | None = None
-    _signal_injected: int | None = None  # ``FLORTRAIN_INJECT=checkpoint-signal=N``, once read
     _pid: int = field(default_factory=os.getpid)  # the training process's (``signals.defer``)
-    #: the writer's pid and the keys it still held when the script ended, handed to the launcher
-    handed: tuple[int, list[str]] | None = None
     #: record: the files the script reads and writes (``runtime/files.py``)
     files: Watch | None = None
 
     def __post_init__(self) -> None:
         if self.replay is not None and self.replay.spans is not None:
             self.replay.spans.warn = lambda msg: self.warn_once(msg, msg)
-        if self.mode == "replay" and self.replay is not None:
-            # the checkpoints of blocks it does not re-execute, read ahead of their restores
-            # (a boundary's key begins with its main loop's id, never among them)
-            execute = self.replay.execute
-            self.store.read_ahead(
-                [
-                    ck
-                    for key, ck in self.replay.checkpoints.items()
-                    if key.partition("@")[0] not in execute
-                ],
-                object_refs,
-            )
-
-    def start_materializer(self) -> Materializer:
-        """The materializer, started now: ``record`` starts it before the script runs, so the
-        writer is forked while the process is small and shares none of the model's pages."""
-        if self.materializer is None:
-            assert isinstance(self.store, Store)  # record mode: the SQLite store itself
-            self.materializer = _materializer.make(
-                self.store,
-                self.run_id,
-                Callbacks(self._committed, self._lost, self.warn),
-                self.track_versions,
-            )
-        return self.materializer
 
     # -- main loop ---------------------------------------------------------------------------------
+
     def main_enter(self, main_id: str) -> None:
         if self.probe_depth:
             return  # a probe that runs the main loop's function is the probe's business
@@ -158,55 +125,7 @@ class Session:
         entry = self.main_entries.get(main_id, 0)
         self.main_entries[main_id] = entry + 1
         self.main = [main_id, entry, -1]
-        if self.materializer is not None and self.mode == "record":
-            self.materializer.loop_entered(self.module_tensors())
-        seg = self._segment()
-        if seg is not None and seg.owns(main_id, entry):
-            self._mark("enter")
-
-    def _segment(self) -> Segment | None:
-        """The iterations this process owns, in a parallel-replay worker."""
-        spans = self.replay.spans if self.replay is not None else None
-        return spans.segment if spans is not None else None
-
-    def _segment_here(self) -> Segment | None:
-        """A worker's segment, when the current main-loop iteration is of the loop it divides."""
-        seg = self._segment()
-        return (
-            seg
-            if seg is not None and self.main is not None and seg.owns(self.main[0], self.main[1])
-            else None
-        )
-
-    def _mark(self, name: str) -> None:
-        if name not in self.marks:
-            self.marks[name] = self.tee.seq if self.tee is not None else 0
-
-    def _end_segment(self, main_id: str, entry: int, i: int, target: int | None = None) -> None:
-        """Stop this worker at iteration ``i`` of its segment's loop when ``i`` (or the
-        iteration the replay would continue at) is past the segment; iterations from ``i`` to
-        the segment's end are then jumped over: no probe fires in them."""
-        seg = self._segment()
-        reached = i if target is None else target
-        if (
-            seg is None
-            or seg.end is None
-            or not seg.owns(main_id, entry)
-            or i < seg.start
-            or reached < seg.end
-        ):
-            return
-        if i < seg.end:
-            self.store.put_jump(self.run_id, main_id, entry, i, seg.end)
-            self.counts["jumped"] = self.counts.get("jumped", 0) + seg.end - i
-        self._mark("exit")
-        raise SegmentEnd
-
-    def before_segment(self) -> bool:
-        """In a worker, whether the current iteration precedes its segment (its output is not
-        wanted, and the blocks probes need execute only in the segment)."""
-        seg = self._segment_here()
-        return seg is not None and self.main is not None and self.main[2] < seg.start
+        self._entered(main_id, entry)
 
     def main_iteration(
         self,
@@ -215,10 +134,10 @@ class Session:
         names: Getters | None = None,
         values: tuple[str, ...] = (),
         frame: FrameType | None = None,
-    ) -> Boundary | None:
+    ) -> MainBoundary | None:
         """The start of a main-loop iteration. With a boundary state (``objects`` given: the
-        static pass found the loop's changeset), record its scalars and maybe checkpoint it, or
-        on replay jump over the iterations no probe needs (:mod:`flortrain.runtime.spans`)."""
+        static pass found the loop's changeset), a record writes its scalars and maybe checkpoints
+        it, a replay jumps over the iterations no probe needs (:mod:`flortrain.runtime.jumps`)."""
         if self.probe_depth:
             return None
         if self.main is None or self.main[0] != main_id:
@@ -227,34 +146,13 @@ class Session:
             self.abort_frames()
         assert self.main is not None
         i = self.main[2] + 1
-        self._end_segment(main_id, self.main[1], i)
+        self._before_iteration(main_id, self.main[1], i)
         self.main[2] = i
         self.occurrences.clear()
-        if self.materializer is not None:
-            self.materializer.poll()
-        boundary: Boundary | None = None
-        scalars: str | None = None
-        if self.mode == "record":
-            if self.resume is not None and self.resume == (main_id, self.main[1], 0):
-                self._replay_from_start(main_id)
-            if self.replaying is not None and self._replayed_until(main_id, i):
-                return None  # the killed run's row, output and checkpoints of it are kept
-            self._time_iteration(main_id)
-        if objects is not None and names is not None:
-            if self.mode == "record":
-                self._audit_iteration(main_id, i, objects, names, frame)
-                boundary = (
-                    self._resume_jump(main_id, i, objects, names)
-                    if self.resume is not None
-                    else None
-                )
-                if self.replaying is not None:
-                    return boundary
-                scalars = scalars_json(names)
-                if boundary is None:
-                    boundary = self._record_boundary(main_id, i, objects, names, values)
-            else:
-                boundary = self._jump(main_id, i, objects, names, values, frame)
+        at = IterationStart(main_id, i, objects, names, values, frame)
+        boundary, scalars, row = self._iteration(at)
+        if not row:
+            return boundary
         state = rng.capture()
         key = (main_id, self.main[1], self.main[2])
         t = time.perf_counter() - self.started
@@ -271,91 +169,68 @@ class Session:
             self._put_rows()
         return boundary
 
-    def _audit_iteration(
-        self, main_id: str, i: int, objects: Getters, names: Getters, frame: FrameType | None
-    ) -> None:
-        """The side-effect audit of the main loop's first iterations (``audit``): an iteration
-        that changed state in place that the loop's changeset does not name makes its boundaries
-        unusable (a jump over iterations would skip that change), so none is checkpointed."""
-        last, self._main_audit = self._main_audit, None
-        if last is not None and last[0] == main_id:
-            self.audit_loop(main_id, last[1], last[2], objects, names)
-        if (
-            frame is not None
-            and i < knobs.ALIAS_WATCH_INSTANCES
-            and main_id not in self.unnamed_effects
-        ):
-            before = self.audit_image(main_id, frame)
-            if before is not None:
-                self._main_audit = (main_id, before, frame)
+    def main_exit(self, main_id: str) -> None:
+        if self.probe_depth:
+            return
+        self.abort_frames()
+        self._exited(main_id)
+        self.main = None
 
-    def _watched(self, obj: Any) -> bool:
-        """Whether the alias watch has this module, optimizer or data loader (the audit images
-        one the registry does not know)."""
-        return self.registry.id_of(obj) is not None
+    # -- what a record and a replay do differently ------------------------------------------------
+    def _entered(self, main_id: str, entry: int) -> None:
+        """The main loop was entered (``entry`` times before)."""
+
+    def _before_iteration(self, main_id: str, entry: int, i: int) -> None:
+        """Iteration ``i`` of the main loop is about to start."""
+
+    def _iteration(self, at: IterationStart) -> Step:
+        """An iteration starts: what the record or the replay does with its boundary."""
+        raise NotImplementedError
+
+    def _exited(self, main_id: str) -> None:
+        """The main loop was left."""
+
+    def before_segment(self) -> bool:
+        """In a parallel-replay worker, whether the current iteration precedes its segment."""
+        return False
+
+    def main_items(self, main_id: str, iterable: Iterable[Any], frame: FrameType) -> Iterable[Any]:
+        """A main ``for`` loop's iterable, run in ``frame`` (a replay may skip items)."""
+        return iterable
+
+    def replaying_here(self) -> bool:
+        """Whether the current iteration is one a resumed record runs as a replay (its rows kept)."""
+        return False
+
+    def iteration_elapsed(self) -> float:
+        """Seconds of training since the current main-loop iteration began (a record times them)."""
+        return 0.0
+
+    def _persistent_loader(self, block_id: str, registry_id: int, loader: Any) -> None:
+        """A block iterated a data loader (a record warns about persistent workers)."""
+
+    def _drain_writer(self) -> None:
+        """The script ended: what the record's writer still holds is handed off or waited for."""
+
+    # -- what only a record does; a replay's blocks never record ---------------------------------
+    def checkpoint(self, key: str, block_id: str, payload: Callable[[], dict[str, Any]]) -> Outcome:
+        raise NotImplementedError("only a record checkpoints")
+
+    def put_checkpointed(
+        self, key: str, block_id: str, state: str, outcome: Outcome, **costs: Any
+    ) -> None:
+        raise NotImplementedError("only a record checkpoints")
 
     def audit_image(self, loop_id: str, frame: FrameType) -> audit.Image | None:
-        """The side-effect audit's before-image of what a loop's frame can reach (``audit``);
-        None, with a warning, where taking it fails: the loop then goes unaudited."""
-        try:
-            return audit.Image(audit.roots(frame, self.project), watched=self._watched)
-        except Exception as e:
-            self.warn_once(
-                f"{loop_id}.audit", f"loop {loop_id}: side-effect audit unavailable: {e}"
-            )
-            return None
+        raise NotImplementedError("only a record audits")
 
     def audit_loop(
-        self,
-        loop_id: str,
-        before: audit.Image,
-        frame: FrameType | None,
-        objects: Getters,
-        names: Getters,
+        self, loop_id: str, before: Image, frame: FrameType | None, objects: Getters, names: Getters
     ) -> None:
-        """Compare a loop instance's before-image with the state now (``audit``). State changed in
-        place that the changeset (``objects``, ``names``) does not reach stops the loop's
-        checkpoints, and its main loop's boundaries, for the rest of the run."""
-        torch = sys.modules.get("torch")
-        state = {**resolve(objects), **resolve(names)}
-        try:
-            after = audit.Image(audit.roots(frame, self.project), watched=self._watched)
-            optimizers = [o for _, o in self.registry.optimizers()]
-            # an optimizer's groups are the alias watch's, however the script reaches them
-            # (nanoGPT's `for param_group in optimizer.param_groups` leaves a name on the last)
-            covered = audit.reachable([*state.values(), *(o.param_groups for o in optimizers)])
-            trained = (
-                audit.trained_addresses(
-                    [m for _, m in self.registry.root_modules()], optimizers, torch
-                )
-                if torch is not None
-                else set()
-            )
-            named = audit.named_slots(state.keys(), frame)
-            changed = audit.changed(before, after, covered, trained, named)
-        except Exception as e:
-            self.warn_once(
-                f"{loop_id}.audit", f"loop {loop_id}: side-effect audit unavailable: {e}"
-            )
-            return
-        if not changed or loop_id in self.unnamed_effects:
-            return
-        listed = ", ".join(f"`{n}`" for n in changed[:3]) + (", ..." if len(changed) > 3 else "")
-        self.unnamed_effect(
-            loop_id, f"changes {listed} in place through code its changeset does not see into"
-        )
+        raise NotImplementedError("only a record audits")
 
     def unnamed_effect(self, loop_id: str, why: str) -> None:
-        """A loop changes state its checkpoints would not hold (the audit, or an iterator it
-        advances: ``audit.outside_iterator``): its instances and its main loop's iterations are
-        not checkpointed from now on, and record says why."""
-        self.unnamed_effects[loop_id] = why
-        if self.main is not None:
-            self._no_boundary.add(self.main[0])
-        self.warn(
-            f"loop {loop_id} {why}: it is not checkpointed from now on (its instances run again on"
-            " replay), nor are its main loop's iterations"
-        )
+        raise NotImplementedError("only a record audits")
 
     def _put_rows(self) -> None:
         """Write the iteration and block rows held since the last commit."""
@@ -369,334 +244,6 @@ class Session:
                 self.store.put_file_states(self.run_id, self.files.take_states())
             self.store.write_held()  # the checkpoints' rows and claims (`Store.hold_claims`)
 
-    def _resume_jump(
-        self, main_id: str, i: int, objects: Getters, names: Getters
-    ) -> Boundary | None:
-        """``record --resume``: at the resumed main loop's first iteration, restore the killed
-        run's boundary checkpoint and continue recording from there; its output from then on is
-        printed and captured again (the Tee was muted until here)."""
-        assert self.resume is not None and self.main is not None
-        target_main, entry, k = self.resume
-        if main_id != target_main or self.main[1] != entry:
-            return None
-        pending, self._jump_pending = self._jump_pending, None
-        b = pending[2] if pending is not None and pending[0] == main_id else None
-        if b is None and main_id not in self._driven and i < k:
-            b = self._load_boundary(main_id, entry, k, i)
-        if b is None:
-            raise RuntimeError(
-                f"flortrain: cannot resume at {main_id} iteration {k}: its boundary checkpoint did not load"
-            )
-        b.restore(self, objects, names)
-        b.jumped_to = k
-        self.main[2] = k
-        self.resume = None
-        if self.resume_until > k:
-            self.replaying = (main_id, entry, self.resume_until)
-            self._main_audit = None  # the audit's image is of the state before the restore
-        else:
-            self._record_on()
-        return b
-
-    def _replay_from_start(self, main_id: str) -> None:
-        """``record --resume`` of a run that committed no boundary: its main loop runs from its
-        start as a replay would, up to the iteration it records from."""
-        assert self.main is not None
-        self.resume = None
-        self.replaying = (main_id, self.main[1], self.resume_until)
-
-    def _replayed_until(self, main_id: str, i: int) -> bool:
-        """In a resumed record, whether iteration ``i`` is one it runs as a replay; at the
-        iteration it records from, the record goes on from there."""
-        assert self.replaying is not None and self.main is not None
-        target, entry, until = self.replaying
-        if main_id != target or self.main[1] != entry:
-            return False
-        if i < until:
-            return True
-        self.replaying = None
-        self._main_audit = None
-        self._boundary_t.pop(main_id, None)  # the iterations replayed are not training time
-        self._record_on()
-        return False
-
-    def _record_on(self) -> None:
-        """A resumed record has reached the iteration it records from: an ordinary record from
-        here on, printing and capturing its output again (the Tee was muted until here)."""
-        self.replay = None
-        if self.tee is not None:
-            self.tee.muted = False
-
-    def replaying_here(self) -> bool:
-        """Whether the current main-loop iteration is one a resumed record runs as a replay."""
-        r = self.replaying
-        return (
-            r is not None
-            and self.main is not None
-            and (self.main[0], self.main[1]) == r[:2]
-            and self.main[2] < r[2]
-        )
-
-    @property
-    def held(self) -> float:
-        """Seconds flortrain's own code held the training thread: block entries and exits (staging
-        checkpoints included), iteration boundaries, the wait for the writer at the end."""
-        return self.adaptive.held
-
-    def iteration_elapsed(self) -> float:
-        """Seconds of training since the current main-loop iteration began, net of what flortrain
-        held (0 outside one)."""
-        t = self._boundary_t.get(self.main[0]) if self.main is not None else None
-        if t is None:
-            return 0.0
-        now = time.perf_counter()
-        return now - t[0] - (self._held_at(now) - t[2])
-
-    def _held_at(self, now: float) -> float:
-        """:attr:`held` at ``now``, the hook in progress included."""
-        return self.adaptive.held + (now - self._hold_t0 if self._hold_t0 is not None else 0.0)
-
-    def _iteration_begins(self, main_id: str) -> None:
-        now = time.perf_counter()
-        self._boundary_t[main_id] = (now, time.process_time(), self._held_at(now))
-
-    def _time_iteration(self, main_id: str, last_one: bool = False) -> None:
-        """Account the main-loop iteration that just ended with the adaptive period: it is the
-        unit of the boundary's Eq. 4 and the run's training time (``adaptive``'s budget), net of
-        what flortrain held during it."""
-        now, cpu = time.perf_counter(), time.process_time()
-        last = self._boundary_t.pop(main_id, None) if last_one else self._boundary_t.get(main_id)
-        held = self._held_at(now)
-        if last is not None:
-            self.adaptive.executed(main_id, now - last[0] - (held - last[2]), cpu - last[1])
-            load = self.loop_load.setdefault(main_id, [0.0, 0.0])
-            load[0] += now - last[0]
-            load[1] += cpu - last[1]
-        if not last_one:
-            self._boundary_t[main_id] = (now, cpu, held)
-
-    def _record_boundary(
-        self, main_id: str, i: int, objects: Getters, names: Getters, values: tuple[str, ...]
-    ) -> Boundary | None:
-        """Checkpoint the boundary when Eq. 4 allows, the iteration being the unit of compute.
-        The first boundary (the loop's entry state) is never needed: a replay is there anyway."""
-        now = time.perf_counter()
-        if i == 0 and main_id not in self._no_boundary:
-            self._entry_identities(main_id, objects, names, values)
-        if (
-            i == 0
-            or main_id in self._no_boundary
-            or (self.boundary_every and i % self.boundary_every)
-            or not self.adaptive.should_materialize(main_id)
-        ):
-            return None
-        assert self.main is not None
-        b = Boundary(self, main_id, values, i)
-        b.key = f"{main_id}@{main_id}.{self.main[1]}.{i}#0"
-
-        def afford(blocked: float, writer: float) -> bool:
-            return self.adaptive.affords(main_id, blocked, writer)
-
-        try:
-            outcome = self.checkpoint(
-                b.key, main_id, lambda: b._payload(self, objects, names), afford
-            )
-        except Declined:
-            self.adaptive.declined(main_id, time.perf_counter() - now)
-            self._iteration_begins(main_id)  # the capture is not the next iteration's
-            return None
-        except Exception as e:  # the iterations still run and record; only jumping is lost
-            self._no_boundary.add(main_id)
-            self.warn(
-                f"main loop {main_id}: iteration boundaries not checkpointed: {b.failure(e, objects, names)}"
-            )
-            return None
-        if self.files is not None:  # every file the run has written, as the iteration finds it
-            self.files.checkpoint(b.key, 0)
-        if b.observed is not None:
-            self.identity_tables[main_id] = b.observed.now
-        m = self.adaptive.materialized(main_id, time.perf_counter() - now, self.background)
-        self.put_checkpointed(b.key, main_id, i, 0, "boundary", outcome, materialize_s=m)
-        self._iteration_begins(main_id)  # the checkpoint is not the next iteration's
-        return b
-
-    def _entry_identities(
-        self, main_id: str, objects: Getters, names: Getters, values: tuple[str, ...]
-    ) -> None:
-        """The objects below the main loop's state, and its names' objects, as it starts: what
-        its first boundary tells replaced objects by (``identity``)."""
-        try:
-            b = Boundary(self, main_id, values)
-            self.identity_tables[main_id] = identity.entry_table(
-                b.roots(self, bound(objects)), bound(names)
-            )
-        except Exception as e:  # boundaries then judge every object new: right, only slower
-            self.warn_once(
-                f"{main_id}.identity", f"main loop {main_id}: cannot walk its state: {e}"
-            )
-
-    # -- checkpoints -------------------------------------------------------------------------------
-    def checkpoint(
-        self,
-        key: str,
-        block_id: str,
-        payload: Callable[[], dict[str, Any]],
-        afford: Afford | None = None,
-    ) -> tuple[str, Any] | None:
-        """Capture and stage a checkpoint. Returns ``("committed", digests)`` or ``("lost",
-        reason)`` when the materializer finished it at once, None while it is pending (its row is
-        updated when the writer reports). Raises when the state cannot be captured, and
-        :class:`Declined` when ``afford`` turned down its estimated cost."""
-        materializer = self.start_materializer()
-        self._submitting, self._outcome = key, None
-        self.background = 0.0
-        if self._signal_injected is None:  # fault injection: a signal arrives mid-checkpoint, once
-            self._signal_injected = int(knobs.injected("checkpoint-signal"))
-            if self._signal_injected:
-                os.kill(os.getpid(), self._signal_injected)
-        try:
-            self.background = materializer.submit(key, block_id, payload(), afford)
-        finally:
-            self._submitting = None
-        return self._outcome
-
-    def put_checkpointed(
-        self,
-        key: str,
-        block_id: str,
-        iteration: int,
-        occurrence: int,
-        state: str,
-        outcome: tuple[str, Any] | None,
-        **costs: Any,
-    ) -> None:
-        """The row of a block instance (or boundary) just staged; ``state`` is what it becomes
-        once committed (``checkpointed`` or ``boundary``)."""
-        assert self.main is not None
-        digests, note = None, None
-        if outcome is None:
-            self._pending[key] = state
-            note = "checkpoint pending"
-        elif outcome[0] == "committed":
-            digests = outcome[1]
-        else:
-            note = f"checkpoint lost: {outcome[1]}"
-        row_state = (
-            state
-            if state == "boundary" or (outcome is not None and outcome[0] == "committed")
-            else "recorded"
-        )
-        if state != "boundary":
-            self.counts[row_state] = self.counts.get(row_state, 0) + 1
-        self.store.put_block(
-            self.run_id,
-            key,
-            block_id,
-            self.main[0],
-            self.main[1],
-            iteration,
-            occurrence,
-            row_state,
-            note=note,
-            state_sha=digests,
-            **costs,
-        )
-
-    def untracked_writes(self) -> None:
-        """The script writes tensors behind their version counters (``.data``): no shortcut may
-        trust those counters (:mod:`flortrain.static.untracked`)."""
-        self.track_versions = False
-        tracker = getattr(self.materializer, "tracker", None)
-        if tracker is not None:
-            tracker.enabled = False
-            tracker.clear()
-
-    def _committed(self, key: str, digests: dict[str, str]) -> None:
-        if key == self._submitting:
-            self._outcome = ("committed", digests)
-            return
-        state = self._pending.pop(key, None)
-        if state is None:
-            return
-        assert isinstance(self.store, Store)
-        self.store.mark_checkpointed(self.run_id, key, digests)
-        if state != "boundary":
-            self.counts["recorded"] = self.counts.get("recorded", 0) - 1
-            self.counts["checkpointed"] = self.counts.get("checkpointed", 0) + 1
-
-    def _lost(self, key: str, reason: str) -> None:
-        if key == self._submitting:
-            self._outcome = ("lost", reason)
-            return
-        if self._pending.pop(key, None) is not None:
-            assert isinstance(self.store, Store)
-            self.store.note_block(self.run_id, key, f"checkpoint lost: {reason}")
-
-    def iterate_main(self, main_id: str, iterable: Any) -> Iterator[Any]:
-        """A replay's main ``for`` loop: the jump is decided before an item is taken, so the
-        iterator skips the items of the iterations jumped over (``main_iteration`` restores)."""
-        self._driven.add(main_id)
-        it = iter(iterable)
-        while True:
-            skip = 0
-            spans = self.replay.spans if self.replay is not None else None
-            if (
-                spans is not None
-                and not self.probe_depth
-                and self.main is not None
-                and self.main[0] == main_id
-            ):
-                _, entry, last = self.main
-                i = last + 1
-                self._end_segment(main_id, entry, i)
-                j = spans.target(main_id, entry, i, sys._getframe(1))
-                self._end_segment(main_id, entry, i, j)
-                b = self._load_boundary(main_id, entry, j, i) if j > i else None
-                if b is not None:
-                    self._jump_pending, skip = (main_id, j, b), j - i
-            try:
-                for _ in range(skip):
-                    next(it)
-                item = next(it)
-            except StopIteration:
-                self._jump_pending = None
-                return
-            yield item
-
-    def _jump(
-        self,
-        main_id: str,
-        i: int,
-        objects: Getters,
-        names: Getters,
-        values: tuple[str, ...],
-        frame: FrameType | None,
-    ) -> Boundary | None:
-        assert self.main is not None and self.replay is not None
-        spans = self.replay.spans
-        if spans is None:
-            return None
-        entry = self.main[1]
-        pending, self._jump_pending = self._jump_pending, None
-        if pending is not None and pending[0] == main_id:
-            j, b = pending[1], pending[2]
-        elif main_id in self._driven:
-            return None  # the generator decided not to jump
-        else:
-            j = spans.target(main_id, entry, i, frame)
-            self._end_segment(main_id, entry, i, j)
-            found = self._load_boundary(main_id, entry, j, i) if j > i else None
-            if found is None:
-                return None
-            b = found
-        b.restore(self, objects, names)
-        self.restore_files(f"{main_id}@{main_id}.{entry}.{j}#0")
-        b.jumped_to = j
-        self.main[2] = j
-        self.store.put_jump(self.run_id, main_id, entry, i, j)
-        self.counts["jumped"] = self.counts.get("jumped", 0) + j - i
-        return b
-
     def restore_files(self, key: str) -> None:
         """A replay restored checkpoint ``key``: the files the record had written are put back as
         that checkpoint found them (``runtime/files.py``)."""
@@ -708,7 +255,7 @@ class Session:
                     f"files:{key}", f"files not put back as checkpoint {key} found them: {e}"
                 )
 
-    def _load_boundary(self, main_id: str, entry: int, j: int, i: int) -> Boundary | None:
+    def _load_boundary(self, main_id: str, entry: int, j: int, i: int) -> MainBoundary | None:
         """Boundary ``j`` of the main loop, loaded for a jump from iteration ``i``."""
         assert self.replay is not None
         key = f"{main_id}@{main_id}.{entry}.{j}#0"
@@ -719,7 +266,7 @@ class Session:
                 f"corrupt:{key}", f"boundary checkpoint {key} is missing or corrupt; running on"
             )
             return None
-        b = Boundary(self, main_id, ())
+        b = MainBoundary(self, main_id, ())
         b.at = i
         problem = b.load(self, data)
         if problem is not None:
@@ -745,18 +292,8 @@ class Session:
             out[stream] = rng.UNTOUCHED if digest == initial else digest
         return rng.dumps_digests(out)
 
-    def main_exit(self, main_id: str) -> None:
-        if self.probe_depth:
-            return
-        self.abort_frames()
-        if self._segment_here() is not None:
-            self._mark("exit")
-        if self.mode == "record":
-            self._time_iteration(main_id, last_one=True)
-            self.adaptive.loop_ended(main_id)
-        self.main = None
-
     # -- blocks an exception left ----------------------------------------------------------------
+
     def close_left_frames(self) -> None:
         """Close the open blocks whose loop control has left without ``end()`` (an exception
         caught outside the loop), so what is printed next is not charged to them. Checked when a
@@ -764,7 +301,7 @@ class Session:
         if not self.frames or self.frames[0].thread != threading.get_ident():
             return
         on_stack: set[int] = set()
-        f: FrameType | None = sys._getframe(1)
+        f: FrameType | None = sys._getframe()
         while f is not None:
             on_stack.add(id(f))
             f = f.f_back
@@ -789,9 +326,32 @@ class Session:
         return f"{block_id}@{m}.{entry}.{it}#{occ}"
 
     # -- blocks ------------------------------------------------------------------------------------
-    def initial_state(self, block: SkipBlock) -> State:
-        if self.mode == "record" and not self.replaying_here():
-            return State.RECORD
+
+    def open_block(self, block: Instance) -> State:
+        """A loop instance opens: nested in another, outside the main loop or run by a probe it
+        is plain code; otherwise it takes the next key of its block in this iteration, and its
+        state (``initial_state``)."""
+        self.close_left_frames()
+        passthrough = self.main is None or self.frames or self.probe_depth
+        if not passthrough:
+            block.key = self.next_key(block.id)
+            block.state = self.initial_state(block)
+        self.frames.append(block)
+        return State.PASSTHROUGH if passthrough else block.state
+
+    def close_block(self, block: Instance) -> None:
+        if self.frames and self.frames[-1] is block:
+            self.frames.pop()
+
+    def recorded(self, key: str) -> bool:
+        return self.replay is not None and key in self.replay.checkpoints
+
+    def read_object(self, sha: str) -> bytes | None:
+        return self.store.read_object(sha)
+
+    def initial_state(self, block: Instance) -> State:
+        """A replayed instance's state: restored from its checkpoint (SKIP) unless it is probed
+        or its checkpoint cannot be used (EXECUTE)."""
         assert self.replay is not None
         if block.id in self.replay.execute and not self.before_segment():
             return State.EXECUTE
@@ -814,7 +374,7 @@ class Session:
         return State.SKIP
 
     def block_done(
-        self, block: SkipBlock, state: str, digests: dict[str, str] | None = None, **costs: Any
+        self, block: Instance, state: str, digests: dict[str, str] | None = None, **costs: Any
     ) -> None:
         self.counts[state] = self.counts.get(state, 0) + 1
         if self.replaying_here():
@@ -841,89 +401,27 @@ class Session:
         return self.main[0], self.main[1], self.main[2], self.region(), self.probe_depth > 0
 
     # -- library augmentation and the registry -----------------------------------------------------
+
     def module_tensors(self) -> list[Any]:
         """The parameters and buffers of every live module."""
         return [t for _, m in self.registry.root_modules() for t in (*m.parameters(), *m.buffers())]
 
     def live_object(self, sha: str, nbytes: int) -> memoryview | None:
-        """A checkpoint's tensor that was unchanged since the main loop's entry when it was
-        taken is not in the store, only named by the hash of its bytes (``ChangeTracker.enter``):
-        the replay's prologue made it again. Its bytes are those of the live module tensor of that
-        size that hashes to that name, or None (the checkpoint then cannot be used, and what it
-        would have restored runs again). A tensor is hashed once per version. The view is of the
-        live tensor: the loader copies it at once."""
-        torch = sys.modules.get("torch")
-        if torch is None:
-            return None
-        for t in self.module_tensors():
-            if t.nbytes != nbytes:
-                continue
-            try:
-                version = t._version
-            except RuntimeError:
-                continue
-            known = self._live_names.get(id(t))
-            if known is None or known[0] is not t or known[1] != version or versions.untrusted(t):
-                known = self._live_names[id(t)] = (t, version, tensor_name(t, torch))
-            if known[2] == sha:
-                return tensor_bytes(t, torch)
-        return None
+        """A checkpoint's tensor the store names only by its hash: a live module's (``live_tensors``)."""
+        return self._live.find(self.module_tensors(), sha, nbytes)
 
     def watchable(self) -> Iterator[tuple[int, Any]]:
         yield from self.registry.root_modules()
         yield from self.registry.optimizers()
 
-    def augmentation(self, block_id: str, objs: list[Any]) -> list[tuple[str, int, Any]]:
-        """Objects a block changes beyond its named changeset: the modules an optimizer updates,
-        the optimizer a scheduler drives, optimizers that stepped, data loaders iterated (for
-        their generators), and learned aliases."""
-        torch = sys.modules.get("torch")
-        if torch is None:
-            return []
-        covered = {id(o) for o in objs}
-        out: list[tuple[str, int, Any]] = []
-
-        def add(obj: Any) -> None:
-            if id(obj) in covered:
-                return
-            i = self.registry.id_of(obj)
-            if i is None:
-                return
-            covered.add(id(obj))
-            kind = (
-                "module"
-                if isinstance(obj, torch.nn.Module)
-                else "optimizer"
-                if isinstance(obj, torch.optim.Optimizer)
-                else "loader"
-            )
-            out.append((kind, i, obj))
-            if isinstance(obj, torch.optim.Optimizer):
-                for _, m in self.registry.modules_of(obj):
-                    add(m)
-            elif (
-                kind == "loader"
-                and self.mode == "record"
-                and getattr(obj, "persistent_workers", False)
-            ):
-                self.warn_once(f"persistent#{i}", _persistent_workers(block_id, i))
-
-        def expand(obj: Any) -> None:
-            if isinstance(obj, torch.optim.Optimizer):
-                for _, m in self.registry.modules_of(obj):
-                    add(m)
-            elif hasattr(obj, "optimizer") and isinstance(obj.optimizer, torch.optim.Optimizer):
-                add(obj.optimizer)
-
-        for o in objs:
-            expand(o)
-        for i in sorted(self.registry.stepped | self.registry.iterated):
-            add(self.registry.get(i))
-        for i in sorted(self.learned.get(block_id, ())):
-            obj = self.registry.get(i)
-            if obj is not None:
-                add(obj)
-        return out
+    def augmentation(self, block_id: str, objs: list[Any]) -> Augmented:
+        """Objects a block changes beyond its named changeset (``augmentation``)."""
+        return augmentation(
+            self.registry,
+            objs,
+            self.learned.get(block_id, ()),
+            lambda i, loader: self._persistent_loader(block_id, i, loader),
+        )
 
     def learn(self, block_id: str, registry_id: int, type_name: str) -> None:
         if registry_id not in self.learned.setdefault(block_id, set()):
@@ -934,6 +432,7 @@ class Session:
             )
 
     # -- messages and shutdown ---------------------------------------------------------------------
+
     def warn(self, msg: str) -> None:
         print(f"flortrain: {msg}", file=sys.__stderr__, flush=True)
 
@@ -941,6 +440,16 @@ class Session:
         if tag not in self._warned:
             self._warned.add(tag)
             self.warn(msg)
+
+    @property
+    def held(self) -> float:
+        """Seconds flortrain's own code held the training thread: block entries and exits (staging
+        checkpoints included), iteration boundaries, the wait for the writer at the end."""
+        return self.adaptive.held
+
+    def _held_at(self, now: float) -> float:
+        """:attr:`held` at ``now``, the hook in progress included."""
+        return self.adaptive.held + (now - self._hold_t0 if self._hold_t0 is not None else 0.0)
 
     @contextlib.contextmanager
     def holding(self, defer_signals: bool = True) -> Iterator[None]:
@@ -973,46 +482,12 @@ class Session:
         wait then overlaps this process's exit, ``flortrain/process/launcher.py``), else wait for it.
         Signals are not deferred here: a Ctrl-C during a long wait for the writer stops it."""
         with self.holding(defer_signals=False):
-            if self.materializer is not None:
-                t0 = time.perf_counter()
-                self.handed = self.materializer.hand_off()
-                if self.handed is None:
-                    self.materializer.flush()
-                self.exit_wait += time.perf_counter() - t0
+            self._drain_writer()
         if self.tee is not None:
             self.tee.close_capture()
         self._put_rows()
 
-    def handoff(self) -> dict[str, Any] | None:
-        """What the launcher needs to commit the checkpoints handed over (None: nothing was, or
-        the store failed and nothing more is claimed): their keys in order, and what each
-        block row becomes once its checkpoint is committed (:meth:`_committed`)."""
-        if self.handed is None or not isinstance(self.store, Store) or self.store.failed:
-            return None
-        writer, keys = self.handed
-        return {
-            "root": str(self.store.root),
-            "run_id": self.run_id,
-            "writer": writer,
-            "inflight": keys,
-            "pending": {k: self._pending[k] for k in keys if k in self._pending},
-        }
-
 
 #: The active session of this process, set by the runner.
+
 current: Session | None = None
-
-
-def _persistent_workers(block_id: str, registry_id: int) -> str:
-    """Why a data loader whose workers outlive an epoch can make a replay differ. Its workers'
-    random streams (seeded once, when they start) advance from epoch to epoch in processes no
-    checkpoint reaches. A replay that restores an epoch's state and then runs the next one starts
-    fresh workers, whose streams are where the record's were at the first epoch: augmentations
-    drawn there differ. ``diff`` reports it; with ``persistent_workers=False`` every epoch's
-    workers are seeded from the main process's stream, which checkpoints hold."""
-    return (
-        f"block {block_id} iterates a DataLoader (registry #{registry_id}) with persistent_workers=True:"
-        " its workers' random streams carry over between epochs, and no checkpoint holds them. A"
-        " replay that runs an epoch after restoring an earlier one may draw different data there"
-        " (`flortrain diff` reports it); persistent_workers=False replays exactly"
-    )

@@ -145,18 +145,28 @@ def _put_back(note: Note) -> None:
             _setsignal(s, h)
 
 
+#: True while :func:`_deliver` runs the script's handlers from flortrain's code (a handler that
+#: must know where the signal found the main thread: ``stopping.Terminate``)
+delivering = False
+
+
 def _deliver(arrived: list[int]) -> None:
+    global delivering
     if not arrived:
         return
     frame = _script_frame()
     raised: list[BaseException] = []
-    for s in arrived:
-        h = _getsignal(s)  # the script's, or a closed note that hands the signal to it
-        if callable(h):
-            try:
-                h(s, frame)
-            except BaseException as e:
-                raised.append(e)
+    delivering = True
+    try:
+        for s in arrived:
+            h = _getsignal(s)  # the script's, or a closed note that hands the signal to it
+            if callable(h):
+                try:
+                    h(s, frame)
+                except BaseException as e:
+                    raised.append(e)
+    finally:
+        delivering = False
     if raised:
         for other in raised[
             1:
@@ -170,7 +180,7 @@ def _deliver(arrived: list[int]) -> None:
 def _script_frame() -> FrameType | None:
     """The innermost frame outside flortrain (and ``contextlib``): where the handler would have
     interrupted the script."""
-    f: FrameType | None = sys._getframe(1)
+    f: FrameType | None = sys._getframe()
     while f is not None:
         name = f.f_globals.get("__name__", "")
         if not (name == "contextlib" or name == "flortrain" or name.startswith("flortrain.")):

@@ -41,10 +41,13 @@ _RUNNER = run_as_main.__code__
 RETRY = 0.01
 
 
-def _in_script() -> bool:
-    """Whether the main thread is in the script's code (or the libraries it calls), with no
-    frame of flortrain's between it and the runner."""
-    f: FrameType | None = sys._getframe(2)
+def _in_script(frame: FrameType | None) -> bool:
+    """Whether the main thread, interrupted at ``frame``, is in the script's code (or the
+    libraries it calls), with no frame of flortrain's between it and the runner. A signal a hook
+    deferred is delivered from flortrain's code (``signals.delivering``), never the script's."""
+    if signals.delivering:
+        return False
+    f = frame
     while f is not None:
         if f.f_code is _RUNNER:
             return True
@@ -75,7 +78,7 @@ class Terminate:
         if self.over:
             self.noted = signum
             return
-        if not _in_script():
+        if not _in_script(frame):
             retry = threading.Timer(RETRY, _send, (self.owner, signum))
             retry.daemon = True
             retry.start()

@@ -1,19 +1,12 @@
-"""Iteration spans at run time: boundary state at main-loop iteration starts, and jumps.
+"""Jumps over main-loop iterations on replay: which iteration to continue at, and segments.
 
-Record, at the start of every main-loop iteration (:class:`Boundary`):
-- the carried plain scalars (``iter_num``, ``epoch``, ``best_val_loss`` while a float) go into
-  the iteration's row: a few microseconds, so every iteration has them;
-- at an adaptive period (the same Eq. 4 as blocks, with the iteration as the unit of compute), a
-  *boundary checkpoint* of everything the iteration changes: the main loop's changeset, every
-  live root module, optimizer and data loader, and the RNG streams.
-
-Replay (:class:`SpanReplay`): at the start of iteration ``i``, if no probe can fire in it (each
-probe's guard, evaluated on the recorded scalars of ``i`` and the live loop invariants, is false),
-the replay restores the latest boundary checkpoint ``j`` with ``i < j <= f``, ``f`` the next
-iteration where a probe fires (or the last recorded iteration), and continues at ``j``: iterations
-``i..j-1`` are jumped over. A guard that cannot be evaluated (a value missing, an error) counts
-as firing: the iteration runs. ``diff`` leaves jumped iterations out and checks the RNG streams at
-``j`` against the record.
+At the start of iteration ``i``, if no probe can fire in it (each probe's guard, evaluated on
+the recorded scalars of ``i`` and the live loop invariants, is false), the replay restores the
+latest boundary checkpoint ``j`` with ``i < j <= f``, ``f`` the next iteration where a probe
+fires (or the last recorded iteration), and continues at ``j``: iterations ``i..j-1`` are jumped
+over (:class:`SpanReplay` decides; the replay session restores). A guard that cannot be
+evaluated (a value missing, an error) counts as firing: the iteration runs. ``diff`` leaves
+jumped iterations out and checks the RNG streams at ``j`` against the record.
 
 A parallel replay's worker (:mod:`flortrain.replay.parallel`) owns one :class:`Segment` of the
 main loop. Before its segment the same jump takes it to the latest boundary checkpoint at or
@@ -27,112 +20,13 @@ from __future__ import annotations
 
 import argparse
 import builtins
-import json
-import sys
 from bisect import bisect_right
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
-from typing import TYPE_CHECKING, Any
-
-from flortrain.runtime import identity
-from flortrain.runtime.skipblock import Checkpointable
-
-if TYPE_CHECKING:
-    from flortrain.runtime.session import Session
-
-Getters = Mapping[str, Callable[[], Any]]
+from typing import Any
 
 _SCALARS = (int, float, bool, str, type(None))
-
-
-def scalars_json(getters: Getters) -> str | None:
-    """The plain scalar values among ``getters`` as JSON (exact types only: a numpy scalar or a
-    0-dim tensor is left out, and a guard reading it then counts as firing). Floats round-trip
-    exactly through ``repr``; NaN and infinities are written as JSON's usual extensions."""
-    out: dict[str, Any] = {}
-    for name, get in getters.items():
-        try:
-            v = get()
-        except (NameError, AttributeError):
-            continue
-        if type(v) in _SCALARS:
-            out[name] = v
-    return json.dumps(out, allow_nan=True) if out else None
-
-
-class Boundary(Checkpointable):
-    """The state at the start of one main-loop iteration."""
-
-    def __init__(
-        self, session: Session, main_id: str, detach_ok: tuple[str, ...], index: int = 0
-    ) -> None:
-        super().__init__(main_id, detach_ok, session.registry.count())
-        self.jumped_to: int | None = None
-        self.index = index  # the iteration whose start this is
-        self.observed: identity.BoundaryMarks | None = None
-
-    def marks(self, s: Session) -> identity.InstanceMarks | identity.BoundaryMarks | None:
-        """Against the previous boundary this record captured (the loop's entry first)."""
-        self.observed = identity.BoundaryMarks(s.identity_tables.get(self.id, {}), self.index)
-        return self.observed
-
-    def augment(self, s: Session, objs: list[Any]) -> list[tuple[str, int, Any]]:
-        """Every live root module, optimizer and data loader, on top of the loop's own: an
-        iteration is all of training, and a resumed replay needs all of it."""
-        out = super().augment(s, objs)
-        torch = sys.modules.get("torch")
-        if torch is None:
-            return out
-        have = {i for _, i, _ in out} | {i for o in objs if (i := s.registry.id_of(o)) is not None}
-        loaders = [
-            (i, o) for i, o in s.registry.live() if isinstance(o, torch.utils.data.DataLoader)
-        ]
-        for i, obj in [*s.watchable(), *loaders]:
-            if i not in have:
-                have.add(i)
-                kind = (
-                    "module"
-                    if isinstance(obj, torch.nn.Module)
-                    else "optimizer"
-                    if isinstance(obj, torch.optim.Optimizer)
-                    else "loader"
-                )
-                out.append((kind, i, obj))
-        return out
-
-    def _registry_fits(self, recorded_start: int) -> bool:
-        """The jumped iterations may have created modules, optimizers or loaders (a
-        ``DataLoader`` built every epoch): their ids are reserved on restore."""
-        return recorded_start >= self.registry_start
-
-    def _may_drop(self, ref: str, obj: Any) -> bool:
-        """A data loader the replay does not have, because a jumped iteration created it, is
-        left out: nothing carried refers to it (a carried name would hold it), so it is never
-        iterated again. A missing module or optimizer is training state: the jump is refused."""
-        return ref.startswith("loader#") and (
-            obj is None or int(ref.split("#", 1)[1]) >= self.registry_start
-        )
-
-    def restore(self, s: Session, objects: Getters, names: Getters | None = None) -> None:
-        assert self.payload is not None
-        s.registry.pad(self.payload["registry"]["start"] - s.registry.count())
-        super().restore(s, objects, names)
-
-    def jumped(self) -> bool:
-        """Whether the replay restored a later iteration's boundary (the generated code then
-        reassigns the rebound names)."""
-        return self.jumped_to is not None
-
-
-class NoBoundary:
-    """What ``main_iteration`` returns with no session: nothing is ever restored."""
-
-    def jumped(self) -> bool:
-        return False
-
-
-NO_BOUNDARY = NoBoundary()
 
 
 @dataclass(frozen=True)
@@ -272,13 +166,4 @@ def compile_guard(
     return CompiledGuard(source, compile(source, "<probe guard>", "eval"), recorded, live, through)
 
 
-__all__ = [
-    "NO_BOUNDARY",
-    "Boundary",
-    "CompiledGuard",
-    "Segment",
-    "SegmentEnd",
-    "SpanReplay",
-    "compile_guard",
-    "scalars_json",
-]
+__all__ = ["CompiledGuard", "Segment", "SegmentEnd", "SpanReplay", "compile_guard"]
