@@ -28,7 +28,8 @@ from flortrain.static.linemap import compile_for
 from flortrain.static.overlap import StaticPass, begin
 from flortrain.static.plan import UNTRACKED, ModulePasses, Plan, not_memoized
 from flortrain.static.text import project_uses_torch
-from flortrain.store.db import Run, Store, open_store
+from flortrain.store.db import Store, open_store
+from flortrain.store.records import Run
 
 
 def _versions() -> dict[str, str]:

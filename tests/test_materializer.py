@@ -45,8 +45,7 @@ def _objects(store: Path) -> list[Path]:
 
 
 def _load(store: Store, key: str) -> dict[str, object]:
-    rel, sha, _ = store.checkpoints(1)[key]
-    data = store.read_blob(rel, sha)
+    data = store.read_blob(store.checkpoints(1)[key])
     assert data is not None
     return deserialize(data, store.read_object)
 
@@ -97,10 +96,10 @@ def test_objects_go_around_the_page_cache_whether_training_runs_or_the_run_waits
     log = tmp_path / "direct.log"
     real = direct.write_object
 
-    def logged(path: Path, data: memoryview, go_direct: bool) -> None:
+    def logged(root: Path, rel: str, data: memoryview, go_direct: bool) -> None:
         with open(log, "a") as f:
             f.write(f"{os.getpid()} {int(go_direct)}\n")
-        real(path, data, go_direct)
+        real(root, rel, data, go_direct)
 
     monkeypatch.setattr(direct, "write_object", logged)
     store = Store(tmp_path / "s")
@@ -387,8 +386,8 @@ def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_comple
     assert lost, "the killed writer held staged checkpoints"
     assert not lost & set(ck), "a lost checkpoint has a commit row"
     assert len(ck) > 0, "a new writer took over after the kill"
-    for rel, sha, _ in ck.values():  # every claimed checkpoint is on disk and verifies
-        data = store.read_blob(rel, sha)
+    for c in ck.values():  # every claimed checkpoint is on disk and verifies
+        data = store.read_blob(c)
         assert data is not None
         deserialize(data, store.read_object)
     # and the record replays exactly, re-executing what was lost
@@ -1038,11 +1037,11 @@ def test_an_item_whose_object_fails_ends_only_after_its_other_objects_are_done(
     real = direct.write_object
     finished: list[int] = []
 
-    def write(path: Path, data: memoryview, aligned: bool) -> None:
+    def write(root: Path, rel: str, data: memoryview, aligned: bool) -> None:
         if len(data) == 1 << 20:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            raise OSError(errno.ENOSPC, "No space left on device", rel)
         time.sleep(0.5)
-        real(path, data, aligned)
+        real(root, rel, data, aligned)
         finished.append(len(data))
 
     monkeypatch.setattr(direct, "write_object", write)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 
 from flortrain.errors import FlortrainError
 from flortrain.runtime import rng
-from flortrain.store.db import LogEntry, Run, Store
+from flortrain.store.db import LogEntry, Store
+from flortrain.store.records import Run
 
 
 @dataclass

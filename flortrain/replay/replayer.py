@@ -26,7 +26,8 @@ from flortrain.static.linemap import compile_for
 from flortrain.static.overlap import Overlapped, module_passes, worth_overlapping
 from flortrain.static.plan import ModulePasses, Plan
 from flortrain.static.text import project_uses_torch, read_text, torch_available, uses_torch
-from flortrain.store.db import Run, Store, open_store
+from flortrain.store.db import Store, open_store
+from flortrain.store.records import Checkpoint, Run
 
 
 def find_record(store: Store, script: str, run_id: int | None) -> Run:
@@ -80,7 +81,7 @@ def _why_not(blocks: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def _boundaries(
-    blocks: list[dict[str, Any]], checkpoints: dict[str, tuple[str, str, int]]
+    blocks: list[dict[str, Any]], checkpoints: dict[str, Checkpoint]
 ) -> dict[tuple[str, int], list[int]]:
     """Per main-loop entry, the iterations with a committed boundary checkpoint."""
     out: dict[tuple[str, int], list[int]] = {}
@@ -148,7 +149,7 @@ class Prepared:
     code_text: str  # instrumented for this replay
     modules: dict[str, str]
     rplan: ReplayPlan
-    checkpoints: dict[str, tuple[str, str, int]]
+    checkpoints: dict[str, Checkpoint]
     uses_torch: bool
     probes: list[str]
     compares: bool  # the record's own arguments: diff can check the replay
@@ -296,6 +297,7 @@ def prepare(
         print(f"flortrain: {static.fell_back}", file=sys.stderr)
     modules = recorded_modules(store, record)  # after the probes, whose errors come first
     blocks = store.blocks(record.id)
+    checkpoints = store.checkpoints(record.id)  # a damaged row refused before the plan is shown
     measured = store.restore_ratio(os.path.abspath(script))
     restore_ratio = knobs.DEFAULT_RESTORE_RATIO if measured is None else measured[0]
     costs = _costs(blocks, restore_ratio)
@@ -309,7 +311,6 @@ def prepare(
     lines[1:1] = _executed_source(script, record, s.probes)
     for line in lines:
         print(f"flortrain: {line}", file=sys.stderr)
-    checkpoints = store.checkpoints(record.id)
     return Prepared(
         store,
         record,

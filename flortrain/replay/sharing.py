@@ -20,7 +20,8 @@ import os
 import statistics
 from itertools import pairwise
 
-from flortrain.store.db import Run, Store
+from flortrain.store.db import Store
+from flortrain.store.records import Run
 
 #: a parallel plan must beat the serial estimate by this much to be worth the extra processes
 WORTHWHILE = 0.9

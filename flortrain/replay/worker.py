@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flortrain.store.db import IterationRow, LogEntry
+from flortrain.store.records import Checkpoint
 from flortrain.store.rows import BlockRow, JumpRow
 
 #: (source, names read from the record, live names, names read through an attribute)
@@ -42,7 +43,7 @@ class WorkerTask:
     modules: dict[str, str]  # project module file -> the text the record instrumented
     record_id: int
     execute: frozenset[str]
-    checkpoints: dict[str, tuple[str, str, int]]
+    checkpoints: dict[str, Checkpoint]
     guards: dict[str, list[GuardSpec]]
     scalars: dict[tuple[str, int, int], dict[str, Any] | None]
     boundaries: dict[tuple[str, int], list[int]]

@@ -122,7 +122,7 @@ def writer_speed(blobs: Path) -> WriterSpeed:
     objects = Objects(scratch)
     try:
         t0 = time.perf_counter()
-        write_durably(scratch / "blob", [bytes(4096)])
+        write_durably(scratch, "blob", "calibration", [bytes(4096)])
         t1 = time.perf_counter()
         objects._one((memoryview(os.urandom(64)), False))  # its work, not a lane's thread start
         t2 = time.perf_counter()

@@ -30,6 +30,7 @@ from flortrain.runtime.registry import Registry
 from flortrain.runtime.skipblock import Getters, SkipBlock, State, bound, resolve
 from flortrain.runtime.spans import Boundary, Segment, SegmentEnd, SpanReplay, scalars_json
 from flortrain.store.db import BlockRow, FileState, IterationRow, Store
+from flortrain.store.records import Checkpoint
 from flortrain.store.rows import RunSink
 
 
@@ -39,7 +40,7 @@ class ReplaySource:
 
     run_id: int
     execute: frozenset[str]  # block ids that must run (probed)
-    checkpoints: dict[str, tuple[str, str, int]]
+    checkpoints: dict[str, Checkpoint]
     spans: SpanReplay | None = None  # jumping over main-loop iterations no probe needs
     #: per checkpoint key, the files the record had written as it found them (``file_states``)
     files: dict[str, list[FileState]] = field(default_factory=dict)
@@ -713,7 +714,7 @@ class Session:
         assert self.replay is not None
         key = f"{main_id}@{main_id}.{entry}.{j}#0"
         ck = self.replay.checkpoints.get(key)
-        data = self.store.read_blob(ck[0], ck[1]) if ck is not None else None
+        data = self.store.read_blob(ck) if ck is not None else None
         if data is None:
             self.warn_once(
                 f"corrupt:{key}", f"boundary checkpoint {key} is missing or corrupt; running on"
@@ -798,7 +799,7 @@ class Session:
         ck = self.replay.checkpoints.get(block.key)
         if ck is None:
             return State.EXECUTE
-        data = self.store.read_blob(ck[0], ck[1])
+        data = self.store.read_blob(ck)
         if data is None:
             self.warn_once(
                 f"corrupt:{block.key}",

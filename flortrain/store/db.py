@@ -4,6 +4,8 @@ workers, materializers) never touch the parent's connection."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import functools
 import hashlib
 import json
@@ -20,26 +22,20 @@ from typing import Any, TypeVar
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
-from flortrain.store.blobs import BlobReader, Checkpoint, object_rel
-from flortrain.store.trust import (
-    DIR_MODE,
-    MANIFEST,
-    RunLock,
-    held,
-    open_private,
-    private_dir,
-    replacing,
-    verify,
-    write_manifest,
-)
+from flortrain.store import confine
+from flortrain.store.blobs import BlobReader, hasher, object_rel
+from flortrain.store.confine import DIR_MODE, private_dir
+from flortrain.store.records import Checkpoint, Damaged, Run, refuse
+from flortrain.store.trust import MANIFEST, RunLock, held, verify, write_manifest
 
 #: Bumped whenever a table changes, or what its rows name does. ``CREATE TABLE IF NOT EXISTS``
 #: never migrates, so a store written by another version must be refused when it is opened, not
 #: fail in the middle of a run. 8: tensor objects and the part digests are named by XXH3-128
 #: instead of sha256 (``store/content.py``). 9: the ``files`` a record's script read and wrote
-#: and their states at each checkpoint (a store of 8 gains the tables when it is opened:
-#: :data:`MIGRATIONS`).
-SCHEMA_VERSION = 9
+#: and their states at each checkpoint. 10: a checkpoint's ``sha256`` covers its key as well
+#: as its blob's bytes (``store/blobs.py``: :func:`~flortrain.store.blobs.digest`), so a store of
+#: 9 or earlier, whose rows hold the bytes' digest alone, is refused.
+SCHEMA_VERSION = 10
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (sha TEXT PRIMARY KEY, text TEXT NOT NULL);
@@ -146,50 +142,14 @@ CREATE TABLE IF NOT EXISTS logs (
 
 #: Additive changes a store of an older version takes when it is opened: version -> the statements
 #: that bring it to the next one. Runs recorded before a migration simply have no rows there.
-MIGRATIONS: dict[int, str] = {
-    8: SCHEMA[
-        SCHEMA.index("CREATE TABLE IF NOT EXISTS files") : SCHEMA.index(
-            "CREATE TABLE IF NOT EXISTS logs"
-        )
-    ],
-}
+#: None since 10: no older store can be brought to it (its checkpoint digests would have to be
+#: trusted to compute the new ones).
+MIGRATIONS: dict[int, str] = {}
 
 
 def store_path(explicit: str | None = None) -> Path:
     raw = explicit or os.environ.get(knobs.STORE_ENV) or knobs.STORE_DIRNAME
     return Path(raw).resolve()
-
-
-@dataclass(frozen=True)
-class Run:
-    id: int
-    kind: str
-    script: str
-    cwd: str
-    argv: list[str]
-    source_sha: str
-    parent: int | None
-    started: float
-    finished: float | None
-    status: str
-    exit_code: int | None
-    threads: int | None
-    pid: int
-    host: str
-    meta: dict[str, Any]
-    #: a process holds the run's lock (see :class:`~flortrain.store.trust.RunLock`)
-    live: bool = False
-
-    @property
-    def duration(self) -> float | None:
-        return None if self.finished is None else self.finished - self.started
-
-    @property
-    def effective_status(self) -> str:
-        """``running`` only while its process lives; a killed run reads as ``incomplete``."""
-        if self.status != "running":
-            return self.status
-        return "running" if self.live else "incomplete"
 
 
 #: One main-loop iteration's row: main id, entry, iteration, RNG digests, encoded RNG state (None:
@@ -260,6 +220,15 @@ def _writer(method: W) -> W:
     return wrapper  # type: ignore[return-value]
 
 
+def _migrates(version: int) -> bool:
+    """Whether :data:`MIGRATIONS` bring a store of ``version`` to :data:`SCHEMA_VERSION`."""
+    if version not in MIGRATIONS:
+        return False
+    while version in MIGRATIONS:
+        version += 1
+    return version == SCHEMA_VERSION
+
+
 class Store:
     """One store: SQLite metadata and the blob directory beside it. Opening an existing store
     verifies it is the user's own (:func:`~flortrain.store.trust.verify`) unless ``trust``; a new
@@ -286,12 +255,13 @@ class Store:
                 with contextlib.suppress(OSError):  # an existing empty directory made a store
                     os.chmod(root, DIR_MODE)
                 write_manifest(root)
-            if not self.blobs.exists():
-                private_dir(self.blobs)
-            if not db_path.exists():
-                os.close(
-                    open_private(db_path, os.O_RDWR | os.O_CREAT)
-                )  # 0600 before SQLite makes it
+            # a link planted at ``blobs``, at the database or at its journal is refused: the
+            # store writes nothing outside itself (``store/confine.py``)
+            confine.directory(root, "blobs")
+            os.close(confine.open_file(root, "flortrain.db", os.O_RDWR | os.O_CREAT))  # 0600
+            for journal in ("flortrain.db-wal", "flortrain.db-shm"):
+                if (root / journal).is_symlink():
+                    raise OSError(errno.ELOOP, "a symbolic link in the store", journal)
             self.db = self._connect(db_path)
         except (OSError, sqlite3.Error) as e:
             raise FlortrainError(f"cannot open store: {e}", Located(str(root)), "FT010") from None
@@ -341,7 +311,7 @@ class Store:
         (tables,) = self.db.execute(
             "SELECT count(*) FROM sqlite_master WHERE type='table'"
         ).fetchone()
-        if tables and version in MIGRATIONS:
+        if tables and _migrates(version):
             self._migrate()
             return True
         if tables and version != SCHEMA_VERSION:
@@ -421,28 +391,51 @@ class Store:
         meta: dict[str, Any],
     ) -> int:
         sha = self.put_source(source)
-        cur = self.db.execute(
-            "INSERT INTO runs (kind, script, cwd, argv, source_sha, parent, started, status, threads,"
-            " pid, host, meta) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                kind,
-                script,
-                os.getcwd(),
-                json.dumps(argv),
-                sha,
-                parent,
-                time.time(),
-                "running",
-                threads,
-                os.getpid(),
-                socket.gethostname(),
-                json.dumps(meta),
-            ),
-        )
-        assert cur.lastrowid is not None
-        # the run is alive while this process (or a child it forked) holds its lock
-        self.lock = RunLock(self.root, cur.lastrowid)
+        self.db.execute("BEGIN IMMEDIATE")  # no row is left of a run refused here
+        try:
+            cur = self.db.execute(
+                "INSERT INTO runs (kind, script, cwd, argv, source_sha, parent, started, status,"
+                " threads, pid, host, meta) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    kind,
+                    script,
+                    os.getcwd(),
+                    json.dumps(argv),
+                    sha,
+                    parent,
+                    time.time(),
+                    "running",
+                    threads,
+                    os.getpid(),
+                    socket.gethostname(),
+                    json.dumps(meta),
+                ),
+            )
+            assert cur.lastrowid is not None
+            self._take(cur.lastrowid, kind == "record")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
         return cur.lastrowid
+
+    def _take(self, run_id: int, records: bool) -> None:
+        """Hold run ``run_id``'s lock (it is alive while this process, or a child it forked, holds
+        it) and, for a record, make the directory its checkpoints are written to. A symbolic link
+        planted at either is refused in one line, before the script runs: what the store writes
+        would land outside it."""
+        where = f"blobs/{run_id}"
+        try:
+            if records:
+                confine.directory(self.blobs, str(run_id))
+            where = f"locks/run-{run_id}.lock"
+            self.lock = RunLock(self.root, run_id)
+        except OSError as e:
+            raise FlortrainError(
+                f"cannot start run {run_id}: {e.strerror or e} at {where}",
+                Located(str(self.root)),
+                "FT010",
+            ) from None
 
     @_writer
     def set_meta(self, run_id: int, meta: dict[str, Any]) -> None:
@@ -464,42 +457,14 @@ class Store:
             self.lock = None
 
     def _run(self, row: tuple[Any, ...]) -> Run:
-        (
-            rid,
-            kind,
-            script,
-            cwd,
-            argv,
-            sha,
-            parent,
-            started,
-            finished,
-            status,
-            code,
-            threads,
-            pid,
-            host,
-            meta,
-        ) = row
-        live = status == "running" and host == socket.gethostname() and held(self.root, rid)
-        return Run(
-            rid,
-            kind,
-            script,
-            cwd,
-            json.loads(argv),
-            sha,
-            parent,
-            started,
-            finished,
-            status,
-            code,
-            threads,
-            pid,
-            host,
-            json.loads(meta),
-            live,
-        )
+        """A ``runs`` row, validated (:meth:`Run.from_row`), and whether its process lives."""
+        try:
+            run = Run.from_row(row, live=False)
+        except Damaged as e:
+            raise refuse(str(self.root / "flortrain.db"), f"run {row[0]!r}", e) from None
+        if run.status == "running" and run.host == socket.gethostname() and held(self.root, run.id):
+            return dataclasses.replace(run, live=True)
+        return run
 
     def run(self, run_id: int) -> Run:
         row = self.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
@@ -641,7 +606,7 @@ class Store:
     def write_blob(self, run_id: int, key: str, data: bytes) -> tuple[str, str]:
         """Write a checkpoint blob durably under a temporary name, then rename it into place."""
         rel = self.blob_rel(run_id, key)
-        sha = write_durably(self.blobs / rel, [data])
+        sha = write_durably(self.blobs, rel, key, [data])
         return rel, sha
 
     @_writer
@@ -667,19 +632,25 @@ class Store:
         self._claim("UPDATE blocks SET note=? WHERE run_id=? AND key=?", [(note, run_id, key)])
 
     def checkpoints(self, run_id: int) -> dict[str, Checkpoint]:
-        """key -> (blob path, sha256, bytes), in the order the record committed them: the order a
-        replay restores them in, which its read-ahead follows."""
-        return {
-            k: (p, s, n)
-            for k, p, s, n in self.db.execute(
-                "SELECT key, path, sha256, nbytes FROM checkpoints WHERE run_id=? ORDER BY rowid",
-                (run_id,),
-            )
-        }
+        """key -> checkpoint, in the order the record committed them: the order a replay restores
+        them in, which its read-ahead follows. A row whose path leaves the store, or that is
+        otherwise not one flortrain writes, is refused (``FT018``)."""
+        out: dict[str, Checkpoint] = {}
+        for k, p, s, n in self.db.execute(
+            "SELECT key, path, sha256, nbytes FROM checkpoints WHERE run_id=? ORDER BY rowid",
+            (run_id,),
+        ):
+            try:
+                out[k] = Checkpoint.from_row(k, p, s, n)
+            except Damaged as e:
+                raise refuse(
+                    str(self.root / "flortrain.db"), f"checkpoint {k!r} of run {run_id}", e
+                ) from None
+        return out
 
-    def read_blob(self, rel: str, sha: str) -> bytes | None:
-        """The blob, or None when it is missing or does not match its recorded hash."""
-        return self.reader.read_blob(rel, sha)
+    def read_blob(self, ck: Checkpoint) -> bytes | None:
+        """The blob, or None when it is missing or does not match its recorded digest."""
+        return self.reader.read_blob(ck)
 
     def read_object(self, sha: str) -> bytes | None:
         """A content-addressed tensor (see :mod:`flortrain.runtime.materializer`), verified."""
@@ -860,11 +831,11 @@ class Store:
 
     def reopen_run(self, run_id: int, meta: dict[str, Any]) -> None:
         """A killed record continues: running again, in this process, under its lock."""
+        self._take(run_id, records=True)
         self.db.execute(
             "UPDATE runs SET status='running', finished=NULL, exit_code=NULL, pid=?, host=?, meta=? WHERE id=?",
             (os.getpid(), socket.gethostname(), json.dumps(meta), run_id),
         )
-        self.lock = RunLock(self.root, run_id)
 
     def iteration_scalars(self, run_id: int) -> dict[tuple[str, int, int], dict[str, Any] | None]:
         """Per main-loop iteration of a run, the carried scalars recorded at its start (None where
@@ -938,25 +909,29 @@ def object_path(blobs: Path, sha: str) -> Path:
     return blobs / object_rel(sha)
 
 
-def write_durably(path: Path, chunks: Iterable[Any], fsync: bool = False) -> str:
-    """Write ``chunks`` to ``path`` through a temporary file, hashing as they go (no copy of the
-    data is made), rename into place; return the sha256. On any failure the temporary file is
-    removed and nothing is left at ``path``.
+def write_durably(
+    root: Path, rel: str, key: str, chunks: Iterable[Any], fsync: bool = False
+) -> str:
+    """Write checkpoint ``key``'s blob ``chunks`` to ``root/rel`` through a temporary file,
+    hashing as they go (no copy of the data is made), rename into place; return the digest of
+    the key and the bytes (:func:`~flortrain.store.blobs.digest`). On any failure the temporary
+    file is removed and nothing is left at ``rel``; a symbolic link below ``root`` is refused
+    (``store/confine.py``).
 
     A blob in the page cache survives the recording process being killed; only a power loss or
     kernel crash can drop it, and SQLite (WAL, ``synchronous=NORMAL``) may then lose its latest
     commits too. So by default there is no fsync: every read verifies the sha256, and a blob a
     power loss truncated is a missing checkpoint (its instance re-executes), never a wrong one.
     ``fsync`` is for callers that need more."""
-    h = hashlib.sha256()
-    with replacing(path) as fd, os.fdopen(fd, "wb", closefd=False) as f:
+    h = hasher(key)
+    with confine.replacing(root, rel) as fd, os.fdopen(fd, "wb", closefd=False) as f:
         for c in chunks:
             h.update(c)
             f.write(c)
         if fsync:
             f.flush()
             os.fsync(f.fileno())
-    return h.hexdigest()
+    return str(h.hexdigest())
 
 
 def _safe(key: str) -> str:

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from flortrain.store.blobs import BlobReader, Checkpoint
+from flortrain.store.blobs import BlobReader
 from flortrain.store.db import BlockRow, IterationRow, LogEntry
+from flortrain.store.records import Checkpoint
 
 #: a jump: main id, entry, first iteration skipped, iteration resumed at
 JumpRow = tuple[str, int, int, int]
@@ -51,7 +52,7 @@ class RunSink(Protocol):
 
     def put_logs(self, run_id: int, entries: Iterable[LogEntry]) -> None: ...
 
-    def read_blob(self, rel: str, sha: str) -> bytes | None: ...
+    def read_blob(self, ck: Checkpoint) -> bytes | None: ...
 
     def read_object(self, sha: str) -> bytes | None: ...
 
@@ -105,8 +106,8 @@ class WorkerRows:
     def put_logs(self, run_id: int, entries: Iterable[LogEntry]) -> None:
         self.logs.extend(entries)
 
-    def read_blob(self, rel: str, sha: str) -> bytes | None:
-        return self.reader.read_blob(rel, sha)
+    def read_blob(self, ck: Checkpoint) -> bytes | None:
+        return self.reader.read_blob(ck)
 
     def read_object(self, sha: str) -> bytes | None:
         return self.reader.read_object(sha)
