@@ -29,7 +29,7 @@ from flortrain.static.overlap import StaticPass, begin
 from flortrain.static.plan import UNTRACKED, ModulePasses, Plan, not_memoized
 from flortrain.static.text import project_uses_torch
 from flortrain.store.db import Store, open_store
-from flortrain.store.records import Run
+from flortrain.store.records import INCOMPLETE, BlockState, Run, RunStatus
 
 
 def _versions() -> dict[str, str]:
@@ -100,7 +100,7 @@ def _resumable(
     run = store.run(run_id)
     if run.kind != "record" or run.script != os.path.abspath(script):
         raise FlortrainError(f"run {run_id} is not a record of this script", where, "FT040")
-    if run.effective_status not in ("incomplete", "interrupted"):
+    if run.effective_status not in (INCOMPLETE, RunStatus.INTERRUPTED):
         raise FlortrainError(
             f"run {run_id} is {run.effective_status}; only a killed or interrupted record can be resumed",
             where,
@@ -265,7 +265,11 @@ def _finish(
     _note_load(store, run_id, session)
     store.finish_run(
         run_id,
-        "complete" if status == 0 else "failed" if stopped_by is None else "interrupted",
+        RunStatus.COMPLETE
+        if status == 0
+        else RunStatus.FAILED
+        if stopped_by is None
+        else RunStatus.INTERRUPTED,
         status,
     )
     c = session.counts
@@ -283,8 +287,8 @@ def _finish(
         run_id,
         outcome,
         elapsed,
-        c.get("checkpointed", 0),
-        c.get("checkpointed", 0) + c.get("recorded", 0),
+        c.get(BlockState.CHECKPOINTED, 0),
+        c.get(BlockState.CHECKPOINTED, 0) + c.get(BlockState.RECORDED, 0),
         session.held,
         session.exit_wait,
         runner.refusal.one_line() if runner.refusal is not None else None,

@@ -26,6 +26,7 @@ from flortrain.runtime.materializer import (
     digests,
 )
 from flortrain.store.db import Store
+from flortrain.store.records import BlockRow, BlockState, RunStatus
 from tests.outcomes import Outcomes
 from tests.protocol import (
     Result,
@@ -161,7 +162,10 @@ def test_held_claims_are_written_in_order_at_the_commit_and_before_the_run_compl
     other = sqlite3.connect(tmp_path / "s" / "flortrain.db")
     try:
         store.put_block(
-            run, "L1@M.0.1#0", "L1", "M", 0, 1, 0, "recorded", note="checkpoint pending"
+            run,
+            BlockRow(
+                "L1@M.0.1#0", "L1", "M", 0, 1, 0, BlockState.RECORDED, note="checkpoint pending"
+            ),
         )
         store.commit_checkpoint(run, "L1@M.0.1#0", "blobs/x", "ab" * 32, 10)
         store.mark_checkpointed(run, "L1@M.0.1#0", {"objects:m": "f1"})
@@ -173,10 +177,13 @@ def test_held_claims_are_written_in_order_at_the_commit_and_before_the_run_compl
         ]
         assert other.execute("SELECT key FROM checkpoints").fetchall() == [("L1@M.0.1#0",)]
         store.put_block(
-            run, "L1@M.0.2#0", "L1", "M", 0, 2, 0, "recorded", note="checkpoint pending"
+            run,
+            BlockRow(
+                "L1@M.0.2#0", "L1", "M", 0, 2, 0, BlockState.RECORDED, note="checkpoint pending"
+            ),
         )
         store.commit_checkpoint(run, "L1@M.0.2#0", "blobs/y", "cd" * 32, 10)
-        store.finish_run(run, "complete", 0)
+        store.finish_run(run, RunStatus.COMPLETE, 0)
         assert other.execute("SELECT COUNT(*) FROM checkpoints").fetchone() == (2,)
         assert other.execute("SELECT status FROM runs").fetchone() == ("complete",)
     finally:
@@ -194,7 +201,7 @@ def test_a_run_whose_held_claims_fail_to_write_is_not_marked_complete(tmp_path: 
     store.hold_claims()
     store.commit_checkpoint(run, "k", "blobs/x", "ab" * 32, 10)
     store._held.append(("INSERT INTO no_such_table VALUES (?)", [(1,)]))  # type: ignore[union-attr]
-    store.finish_run(run, "complete", 0)
+    store.finish_run(run, RunStatus.COMPLETE, 0)
     assert store.failed is not None and "no_such_table" in store.failed
     store.close()
     db = sqlite3.connect(tmp_path / "s" / "flortrain.db")

@@ -17,7 +17,16 @@ from flortrain.errors import FlortrainError
 from flortrain.store import confine, db
 from flortrain.store.blobs import BlobReader, digest
 from flortrain.store.db import SCHEMA_VERSION, Store, write_durably
-from flortrain.store.records import DAMAGED, MAX_THREADS, Checkpoint, Damaged, Run
+from flortrain.store.records import (
+    DAMAGED,
+    MAX_THREADS,
+    BlockRow,
+    BlockState,
+    Checkpoint,
+    Damaged,
+    Run,
+    RunStatus,
+)
 
 
 @pytest.mark.parametrize(
@@ -217,3 +226,47 @@ def test_a_link_planted_at_the_database_or_the_lock_directory_is_refused(tmp_pat
         Store(tmp_path / "s")
     assert e.value.code == "FT010"
     assert list(elsewhere.iterdir()) == [elsewhere / "flortrain.db"]
+
+
+def test_a_block_row_round_trips_and_a_damaged_one_is_refused(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s")
+    run = store.begin_run("record", "/x/train.py", [], "text", None, 1, {})
+    row = BlockRow(
+        "L1@M.0.1#0",
+        "L1",
+        "M",
+        0,
+        1,
+        0,
+        BlockState.CHECKPOINTED,
+        0.5,
+        0.1,
+        None,
+        None,
+        {"objects:m": "f1"},
+    )
+    store.put_block(run, row)
+    assert store.blocks(run) == [row]
+    assert store.blocks(run)[0].state is BlockState.CHECKPOINTED
+    for column, value, why in [
+        ("state", "exploded", "state 'exploded' is not a block state"),
+        ("iteration", -3, "iteration -3"),
+        ("state_sha", "[1]", "state_sha is not a JSON dict"),
+        ("compute_s", "fast", "compute_s 'fast' is not a number"),
+    ]:
+        raw = sqlite3.connect(tmp_path / "s" / "flortrain.db")
+        raw.execute(f"UPDATE blocks SET {column}=?", (value,))
+        raw.commit()
+        raw.close()
+        with pytest.raises(FlortrainError) as e:
+            store.blocks(run)
+        assert e.value.code == DAMAGED and why in e.value.one_line(), e.value.one_line()
+        store.put_block(run, row)
+    store.close()
+
+
+def test_a_run_status_not_one_flortrain_writes_is_refused() -> None:
+    with pytest.raises(Damaged, match="status 'pwned' is not a run status"):
+        Run.from_row(_run_row(status="pwned"), False)
+    assert Run.from_row(_run_row(status="running"), False).effective_status == "incomplete"
+    assert Run.from_row(_run_row(status="running"), True).effective_status == RunStatus.RUNNING

@@ -38,6 +38,7 @@ from flortrain.replay.sharing import WORKER_STARTUP_S, WORTHWHILE, slowdown
 from flortrain.replay.worker import WorkerResult, WorkerTask
 from flortrain.runtime.spans import Segment
 from flortrain.store.db import LogEntry
+from flortrain.store.records import BlockState, RunStatus
 
 
 def _say(msg: str) -> None:
@@ -53,18 +54,18 @@ def loop_costs(p: Prepared) -> list[LoopCosts]:
     pseudo_saving: dict[tuple[str, int, int], float] = {}
     restore: dict[tuple[str, int], dict[int, float]] = {}
     for b in p.blocks:
-        if b["key"] not in p.checkpoints:
+        if b.key not in p.checkpoints:
             continue
-        where = (b["main_id"], b["main_inst"], b["iteration"])
-        restored = p.restore_ratio * (b["materialize_s"] or 0.0)
-        if b["state"] == "boundary":
+        where = (b.main_id, b.main_inst, b.iteration)
+        restored = p.restore_ratio * (b.materialize_s or 0.0)
+        if b.state == BlockState.BOUNDARY:
             restore.setdefault(where[:2], {})[where[2]] = restored
             continue
-        saving = (b["compute_s"] or 0.0) - restored
+        saving = (b.compute_s or 0.0) - restored
         pseudo_saving[where] = pseudo_saving.get(where, 0.0) + saving
-        if b["block_id"] not in p.rplan.execute:
+        if b.block_id not in p.rplan.execute:
             run_saving[where] = run_saving.get(where, 0.0) + saving
-    end = record.duration if record.effective_status == "complete" else None
+    end = record.duration if record.effective_status == RunStatus.COMPLETE else None
     out = []
     for (m, e), rows in times.items():
         its = [it for it, _ in rows]
@@ -334,8 +335,10 @@ def _merge(
             run, _rows(seg, r.iterations, lambda row: (row[0], row[1], row[2]), outer)
         )
         blocks.update(
-            (row[0], row)
-            for row in _rows(seg, r.blocks, lambda row: (row[2], row[3], row[4]), outer)
+            (row.key, row)
+            for row in _rows(
+                seg, r.blocks, lambda row: (row.main_id, row.main_inst, row.iteration), outer
+            )
         )
         jumps.update(
             ((m, e, first), resumed)
@@ -345,7 +348,7 @@ def _merge(
         )
     store.put_blocks(run, blocks.values())
     for row in blocks.values():
-        counts[row[6]] = counts.get(row[6], 0) + 1
+        counts[row.state] = counts.get(row.state, 0) + 1
     for (m, e, first), resumed in jumps.items():
         store.put_jump(run, m, e, first, resumed)
         counts["jumped"] = counts.get("jumped", 0) + resumed - first
@@ -389,7 +392,7 @@ def replay_parallel(
     try:
         outcomes, failed, printer = _run_workers(plan, tasks, backend_name, warm)
     except FlortrainError:
-        p.store.finish_run(run, "failed", 2)
+        p.store.finish_run(run, RunStatus.FAILED, 2)
         raise
     finally:
         if p.files is not None:

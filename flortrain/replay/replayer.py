@@ -27,7 +27,7 @@ from flortrain.static.overlap import Overlapped, module_passes, worth_overlappin
 from flortrain.static.plan import ModulePasses, Plan
 from flortrain.static.text import project_uses_torch, read_text, torch_available, uses_torch
 from flortrain.store.db import Store, open_store
-from flortrain.store.records import Checkpoint, Run
+from flortrain.store.records import BlockRow, BlockState, Checkpoint, Run, RunStatus
 
 
 def find_record(store: Store, script: str, run_id: int | None) -> Run:
@@ -50,44 +50,44 @@ def find_record(store: Store, script: str, run_id: int | None) -> Run:
 
 
 def _costs(
-    blocks: list[dict[str, Any]], restore_ratio: float
+    blocks: list[BlockRow], restore_ratio: float
 ) -> dict[str, tuple[int, int, float, float]]:
     """Per block: instances, checkpoints, compute, and the estimated time to restore them (``c``
     times what each checkpoint held the record, Eq. 3)."""
     out: dict[str, tuple[int, int, float, float]] = {}
     for b in blocks:
-        if b["state"] == "boundary":
+        if b.state == BlockState.BOUNDARY:
             continue  # a main-loop boundary checkpoint, not a block instance
-        n, k, c, r = out.get(b["block_id"], (0, 0, 0.0, 0.0))
-        ck = b["state"] == "checkpointed"
-        m = b["materialize_s"] or 0.0
-        out[b["block_id"]] = (
+        n, k, c, r = out.get(b.block_id, (0, 0, 0.0, 0.0))
+        ck = b.state == BlockState.CHECKPOINTED
+        m = b.materialize_s or 0.0
+        out[b.block_id] = (
             n + 1,
             k + int(ck),
-            c + (b["compute_s"] or 0.0),
+            c + (b.compute_s or 0.0),
             r + (restore_ratio * m if ck else 0.0),
         )
     return out
 
 
-def _why_not(blocks: list[dict[str, Any]]) -> dict[str, str]:
+def _why_not(blocks: list[BlockRow]) -> dict[str, str]:
     """Per block, the reason its first instance that could not be checkpointed gives (a tensor
     carrying an autograd graph, an object that cannot be captured), for the replay plan."""
     out: dict[str, str] = {}
     for b in blocks:
-        if b["state"] == "recorded" and b["note"] and b["block_id"] not in out:
-            out[b["block_id"]] = b["note"]
+        if b.state == BlockState.RECORDED and b.note and b.block_id not in out:
+            out[b.block_id] = b.note
     return out
 
 
 def _boundaries(
-    blocks: list[dict[str, Any]], checkpoints: dict[str, Checkpoint]
+    blocks: list[BlockRow], checkpoints: dict[str, Checkpoint]
 ) -> dict[tuple[str, int], list[int]]:
     """Per main-loop entry, the iterations with a committed boundary checkpoint."""
     out: dict[tuple[str, int], list[int]] = {}
     for b in blocks:
-        if b["state"] == "boundary" and b["key"] in checkpoints:
-            out.setdefault((b["main_id"], b["main_inst"]), []).append(b["iteration"])
+        if b.state == BlockState.BOUNDARY and b.key in checkpoints:
+            out.setdefault((b.main_id, b.main_inst), []).append(b.iteration)
     return {k: sorted(v) for k, v in out.items()}
 
 
@@ -153,7 +153,7 @@ class Prepared:
     uses_torch: bool
     probes: list[str]
     compares: bool  # the record's own arguments: diff can check the replay
-    blocks: list[dict[str, Any]]  # the record's block and boundary rows, read once
+    blocks: list[BlockRow]  # the record's block and boundary rows, read once
     boundaries: dict[tuple[str, int], list[int]]  # per main-loop entry: committed boundaries
     module_passes: ModulePasses = field(
         default_factory=dict
@@ -266,7 +266,7 @@ def prepare(
     store, record = located or locate(script, run_id, store_dir, trust)
     check_inputs(store, record, allow_changed_inputs)
     files = plan_files(store, record)
-    if record.effective_status != "complete":
+    if record.effective_status != RunStatus.COMPLETE:
         print(
             f"flortrain: record run {record.id} is {record.effective_status}; {_stopped(store, record)}",
             file=sys.stderr,
@@ -355,7 +355,7 @@ def conclude(
     faithful must not pass for a faithful one in a script or CI. Its output is printed all the
     same, and the run row keeps the script's own status (the run did complete)."""
     store = p.store
-    store.finish_run(run, "complete" if status == 0 else "failed", status)
+    store.finish_run(run, RunStatus.COMPLETE if status == 0 else RunStatus.FAILED, status)
     if runner.refusal is not None:  # the script went on where flortrain cannot follow
         store.close()
         raise runner.refusal
@@ -369,7 +369,7 @@ def conclude(
         )
     print(
         f"flortrain: replay run {run} of record {p.record.id} {'complete' if status == 0 else f'failed (exit {status})'}"
-        f" in {elapsed:.2f}s{how}: {counts.get('skipped', 0)} block instances skipped, {counts.get('executed', 0)} executed"
+        f" in {elapsed:.2f}s{how}: {counts.get(BlockState.SKIPPED, 0)} block instances skipped, {counts.get(BlockState.EXECUTED, 0)} executed"
         + (
             f", {counts['jumped']} main-loop iterations jumped over" if counts.get("jumped") else ""
         ),

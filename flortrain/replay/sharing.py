@@ -21,7 +21,7 @@ import statistics
 from itertools import pairwise
 
 from flortrain.store.db import Store
-from flortrain.store.records import Run
+from flortrain.store.records import Run, RunStatus
 
 #: a parallel plan must beat the serial estimate by this much to be worth the extra processes
 WORTHWHILE = 0.9
@@ -61,7 +61,7 @@ def slowdown(record: Run, main_id: str, jobs: int, cores: int | None = None) -> 
 def cannot_pay(store: Store, record: Run, jobs: int, cores: int | None = None) -> str | None:
     """Why dividing the record's main loops among ``jobs`` local workers cannot pay, from the
     record alone; None when it might (the planner decides then)."""
-    end = record.duration if record.effective_status == "complete" else None
+    end = record.duration if record.effective_status == RunStatus.COMPLETE else None
     cores = cores or machine_cores()
     longest: tuple[float, str, float] | None = None
     for (main_id, _), rows in store.iteration_times(record.id).items():

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flortrain.store.db import IterationRow, LogEntry
-from flortrain.store.records import Checkpoint
-from flortrain.store.rows import BlockRow, JumpRow
+from flortrain.store.records import BlockRow, Checkpoint
+from flortrain.store.rows import JumpRow
 
 #: (source, names read from the record, live names, names read through an attribute)
 GuardSpec = tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]

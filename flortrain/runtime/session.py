@@ -29,8 +29,8 @@ from flortrain.runtime.materializer import Afford, Callbacks, Declined, Material
 from flortrain.runtime.registry import Registry
 from flortrain.runtime.skipblock import Getters, SkipBlock, State, bound, resolve
 from flortrain.runtime.spans import Boundary, Segment, SegmentEnd, SpanReplay, scalars_json
-from flortrain.store.db import BlockRow, FileState, IterationRow, Store
-from flortrain.store.records import Checkpoint
+from flortrain.store.db import FileState, IterationRow, Store
+from flortrain.store.records import BlockRow, BlockState, Checkpoint
 from flortrain.store.rows import RunSink
 
 
@@ -101,7 +101,9 @@ class Session:
     track_versions: bool = True  # False when the script writes tensors through `.data`
     _submitting: str | None = None
     _outcome: tuple[str, Any] | None = None
-    _pending: dict[str, str] = field(default_factory=dict)  # checkpoints staged, not yet committed
+    _pending: dict[str, BlockState] = field(
+        default_factory=dict
+    )  # checkpoints staged, not yet committed
     started: float = field(default_factory=time.perf_counter)
     #: a parallel-replay worker's output positions (captured-line numbers) where its segment's
     #: main loop was entered ("enter") and where it left it or stopped ("exit")
@@ -517,7 +519,7 @@ class Session:
         if b.observed is not None:
             self.identity_tables[main_id] = b.observed.now
         m = self.adaptive.materialized(main_id, time.perf_counter() - now, self.background)
-        self.put_checkpointed(b.key, main_id, i, 0, "boundary", outcome, materialize_s=m)
+        self.put_checkpointed(b.key, main_id, i, 0, BlockState.BOUNDARY, outcome, materialize_s=m)
         self._iteration_begins(main_id)  # the checkpoint is not the next iteration's
         return b
 
@@ -567,7 +569,7 @@ class Session:
         block_id: str,
         iteration: int,
         occurrence: int,
-        state: str,
+        state: BlockState,
         outcome: tuple[str, Any] | None,
         **costs: Any,
     ) -> None:
@@ -584,23 +586,25 @@ class Session:
             note = f"checkpoint lost: {outcome[1]}"
         row_state = (
             state
-            if state == "boundary" or (outcome is not None and outcome[0] == "committed")
-            else "recorded"
+            if state == BlockState.BOUNDARY or (outcome is not None and outcome[0] == "committed")
+            else BlockState.RECORDED
         )
-        if state != "boundary":
+        if state != BlockState.BOUNDARY:
             self.counts[row_state] = self.counts.get(row_state, 0) + 1
         self.store.put_block(
             self.run_id,
-            key,
-            block_id,
-            self.main[0],
-            self.main[1],
-            iteration,
-            occurrence,
-            row_state,
-            note=note,
-            state_sha=digests,
-            **costs,
+            BlockRow(
+                key,
+                block_id,
+                self.main[0],
+                self.main[1],
+                iteration,
+                occurrence,
+                row_state,
+                note=note,
+                state_sha=digests,
+                **costs,
+            ),
         )
 
     def untracked_writes(self) -> None:
@@ -621,9 +625,9 @@ class Session:
             return
         assert isinstance(self.store, Store)
         self.store.mark_checkpointed(self.run_id, key, digests)
-        if state != "boundary":
-            self.counts["recorded"] = self.counts.get("recorded", 0) - 1
-            self.counts["checkpointed"] = self.counts.get("checkpointed", 0) + 1
+        if state != BlockState.BOUNDARY:
+            self.counts[BlockState.RECORDED] = self.counts.get(BlockState.RECORDED, 0) - 1
+            self.counts[BlockState.CHECKPOINTED] = self.counts.get(BlockState.CHECKPOINTED, 0) + 1
 
     def _lost(self, key: str, reason: str) -> None:
         if key == self._submitting:
@@ -815,7 +819,11 @@ class Session:
         return State.SKIP
 
     def block_done(
-        self, block: SkipBlock, state: str, digests: dict[str, str] | None = None, **costs: Any
+        self,
+        block: SkipBlock,
+        state: BlockState,
+        digests: dict[str, str] | None = None,
+        **costs: Any,
     ) -> None:
         self.counts[state] = self.counts.get(state, 0) + 1
         if self.replaying_here():
@@ -826,7 +834,7 @@ class Session:
         # written with the iterations, once per commit interval: the row describes the run, and
         # no checkpoint hangs on it
         self._blocks.append(
-            (block.key, block.id, m, entry, it, occ, state, {"state_sha": digests, **costs})
+            BlockRow(block.key, block.id, m, entry, it, occ, state, state_sha=digests, **costs)
         )
 
     def region(self) -> str | None:

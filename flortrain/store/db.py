@@ -25,7 +25,15 @@ from flortrain.errors import FlortrainError, Located
 from flortrain.store import confine
 from flortrain.store.blobs import BlobReader, hasher, object_rel
 from flortrain.store.confine import DIR_MODE, private_dir
-from flortrain.store.records import Checkpoint, Damaged, Run, refuse
+from flortrain.store.records import (
+    BlockRow,
+    BlockState,
+    Checkpoint,
+    Damaged,
+    Run,
+    RunStatus,
+    refuse,
+)
 from flortrain.store.trust import MANIFEST, RunLock, held, verify, write_manifest
 
 #: Bumped whenever a table changes, or what its rows name does. ``CREATE TABLE IF NOT EXISTS``
@@ -161,9 +169,6 @@ IterationRow = tuple[str, int, int, str, bytes | None, str | None, float | None,
 FileRow = tuple[str, str, int | None, str | None, str | None, bool, bool]
 #: a file as a checkpoint found it: path, size (None: absent), fingerprint, content object
 FileState = tuple[str, int | None, str | None, str | None]
-#: a block row as :meth:`Store.put_block` takes it, after the run id: key, block id, main id,
-#: entry, iteration, occurrence, state, and the keyword costs (compute_s, restore_s, note...)
-BlockRow = tuple[str, str, str, int, int, int, str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -340,6 +345,9 @@ class Store:
             raise
         self.db.execute("COMMIT")
 
+    def _db_path(self) -> str:
+        return str(self.root / "flortrain.db")
+
     def fail(self, why: str) -> None:
         """Stop writing, and say so once: what was committed stays, nothing later is claimed."""
         if self.failed is None:
@@ -404,7 +412,7 @@ class Store:
                     sha,
                     parent,
                     time.time(),
-                    "running",
+                    RunStatus.RUNNING,
                     threads,
                     os.getpid(),
                     socket.gethostname(),
@@ -444,7 +452,7 @@ class Store:
         self.db.execute("UPDATE runs SET meta=? WHERE id=?", (json.dumps(meta), run_id))
 
     @_writer
-    def finish_run(self, run_id: int, status: str, exit_code: int) -> None:
+    def finish_run(self, run_id: int, status: RunStatus, exit_code: int) -> None:
         self.write_held()  # a run never reads as complete with claims still held
         if self.failed is not None:
             return  # they could not be written: the run stays `running`, so reads as incomplete
@@ -461,8 +469,12 @@ class Store:
         try:
             run = Run.from_row(row, live=False)
         except Damaged as e:
-            raise refuse(str(self.root / "flortrain.db"), f"run {row[0]!r}", e) from None
-        if run.status == "running" and run.host == socket.gethostname() and held(self.root, run.id):
+            raise refuse(self._db_path(), f"run {row[0]!r}", e) from None
+        if (
+            run.status == RunStatus.RUNNING
+            and run.host == socket.gethostname()
+            and held(self.root, run.id)
+        ):
             return dataclasses.replace(run, live=True)
         return run
 
@@ -487,57 +499,18 @@ class Store:
 
     # -- blocks and checkpoints ------------------------------------------------------------------
     @_writer
-    def put_block(
-        self,
-        run_id: int,
-        key: str,
-        block_id: str,
-        main_id: str,
-        main_inst: int,
-        iteration: int,
-        occurrence: int,
-        state: str,
-        compute_s: float | None = None,
-        materialize_s: float | None = None,
-        restore_s: float | None = None,
-        note: str | None = None,
-        state_sha: dict[str, str] | None = None,
-    ) -> None:
-        costs = {
-            "compute_s": compute_s,
-            "materialize_s": materialize_s,
-            "restore_s": restore_s,
-            "note": note,
-            "state_sha": state_sha,
-        }
-        self.put_blocks(
-            run_id, [(key, block_id, main_id, main_inst, iteration, occurrence, state, costs)]
-        )
+    def put_block(self, run_id: int, row: BlockRow) -> None:
+        self.put_blocks(run_id, [row])
 
     @_writer
     def put_blocks(self, run_id: int, rows: Iterable[BlockRow]) -> None:
         """Block rows in one transaction: a session batches the rows of instances without a
         checkpoint (they only describe the run) and writes them with its iterations, not one
         transaction per instance (0.2 ms each on the training thread)."""
-        values = [
-            (
-                run_id,
-                key,
-                block_id,
-                m,
-                entry,
-                it,
-                occ,
-                state,
-                c.get("compute_s"),
-                c.get("materialize_s"),
-                c.get("restore_s"),
-                c.get("note"),
-                None if c.get("state_sha") is None else json.dumps(c["state_sha"]),
-            )
-            for key, block_id, m, entry, it, occ, state, c in rows
-        ]
-        self._claim("INSERT OR REPLACE INTO blocks VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", values)
+        self._claim(
+            "INSERT OR REPLACE INTO blocks VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            [r.values(run_id) for r in rows],
+        )
 
     def hold_claims(self) -> None:
         """From now on, hold block rows and checkpoint claims (:meth:`commit_checkpoint`,
@@ -585,19 +558,24 @@ class Store:
         materializing them; with that replay's id. None before any replay skipped anything."""
         row = self.db.execute(
             "SELECT r.id, SUM(b.restore_s), SUM(a.materialize_s) FROM runs r"
-            " JOIN blocks b ON b.run_id = r.id AND b.state = 'skipped' AND b.restore_s IS NOT NULL"
+            " JOIN blocks b ON b.run_id = r.id AND b.state = ? AND b.restore_s IS NOT NULL"
             " JOIN blocks a ON a.run_id = r.parent AND a.key = b.key AND a.materialize_s > 0"
             " WHERE r.kind = 'replay' AND r.script = ? GROUP BY r.id ORDER BY r.id DESC LIMIT 1",
-            (script,),
+            (BlockState.SKIPPED, script),
         ).fetchone()
         if row is None or not row[2]:
             return None
         return float(row[1]) / float(row[2]), int(row[0])
 
-    def blocks(self, run_id: int) -> list[dict[str, Any]]:
-        cur = self.db.execute("SELECT * FROM blocks WHERE run_id=? ORDER BY rowid", (run_id,))
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, r, strict=True)) for r in cur]
+    def blocks(self, run_id: int) -> list[BlockRow]:
+        """A run's block instances, in the order their rows were written, validated."""
+        out = []
+        for row in self.db.execute("SELECT * FROM blocks WHERE run_id=? ORDER BY rowid", (run_id,)):
+            try:
+                out.append(BlockRow.from_row(row[1:]))
+            except Damaged as e:
+                raise refuse(self._db_path(), f"block {row[1]!r} of run {run_id}", e) from None
+        return out
 
     def blob_rel(self, run_id: int, key: str) -> str:
         """Where a checkpoint's blob lives, relative to the blobs directory."""
@@ -622,9 +600,9 @@ class Store:
     def mark_checkpointed(self, run_id: int, key: str, digests: dict[str, str]) -> None:
         """A block instance's checkpoint committed (a main-loop boundary stays ``boundary``)."""
         self._claim(
-            "UPDATE blocks SET state=CASE WHEN state='boundary' THEN state ELSE 'checkpointed' END,"
+            "UPDATE blocks SET state=CASE WHEN state=? THEN state ELSE ? END,"
             " state_sha=?, note=NULL WHERE run_id=? AND key=?",
-            [(json.dumps(digests), run_id, key)],
+            [(BlockState.BOUNDARY, BlockState.CHECKPOINTED, json.dumps(digests), run_id, key)],
         )
 
     @_writer
@@ -643,9 +621,7 @@ class Store:
             try:
                 out[k] = Checkpoint.from_row(k, p, s, n)
             except Damaged as e:
-                raise refuse(
-                    str(self.root / "flortrain.db"), f"checkpoint {k!r} of run {run_id}", e
-                ) from None
+                raise refuse(self._db_path(), f"checkpoint {k!r} of run {run_id}", e) from None
         return out
 
     def read_blob(self, ck: Checkpoint) -> bytes | None:
@@ -753,8 +729,8 @@ class Store:
             " JOIN checkpoints c ON c.run_id = b.run_id AND c.key = b.key"
             " JOIN iterations i ON i.run_id = b.run_id AND i.main_id = b.main_id"
             "  AND i.main_inst = b.main_inst AND i.iteration = b.iteration AND i.seq IS NOT NULL"
-            " WHERE b.run_id = ? AND b.state = 'boundary' ORDER BY i.rowid DESC LIMIT 1",
-            (run_id,),
+            " WHERE b.run_id = ? AND b.state = ? ORDER BY i.rowid DESC LIMIT 1",
+            (run_id, BlockState.BOUNDARY),
         ).fetchone()
         return None if row is None else (str(row[0]), int(row[1]), int(row[2]))
 
@@ -786,8 +762,8 @@ class Store:
         for it, restorable in self.db.execute(
             "SELECT b.iteration, c.key IS NOT NULL FROM blocks b LEFT JOIN checkpoints c"
             " ON c.run_id = b.run_id AND c.key = b.key WHERE b.run_id=? AND b.main_id=?"
-            " AND b.main_inst=? AND b.iteration >= ? AND b.state != 'boundary'",
-            (run_id, main_id, entry, boundary),
+            " AND b.main_inst=? AND b.iteration >= ? AND b.state != ?",
+            (run_id, main_id, entry, boundary, BlockState.BOUNDARY),
         ):
             instances[int(it)] = instances.get(int(it), True) and bool(restorable)
         k = boundary
@@ -833,8 +809,8 @@ class Store:
         """A killed record continues: running again, in this process, under its lock."""
         self._take(run_id, records=True)
         self.db.execute(
-            "UPDATE runs SET status='running', finished=NULL, exit_code=NULL, pid=?, host=?, meta=? WHERE id=?",
-            (os.getpid(), socket.gethostname(), json.dumps(meta), run_id),
+            "UPDATE runs SET status=?, finished=NULL, exit_code=NULL, pid=?, host=?, meta=? WHERE id=?",
+            (RunStatus.RUNNING, os.getpid(), socket.gethostname(), json.dumps(meta), run_id),
         )
 
     def iteration_scalars(self, run_id: int) -> dict[tuple[str, int, int], dict[str, Any] | None]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from flortrain.errors import FlortrainError, Located
@@ -81,6 +82,109 @@ def loaded(value: object, name: str, kind: type) -> Any:
     return doc
 
 
+class BlockState(StrEnum):
+    """What became of a block instance (a ``blocks`` row's ``state``); the values are the
+    strings the schema holds."""
+
+    #: record: executed, no checkpoint (declined, lost, or not yet committed)
+    RECORDED = "recorded"
+    #: record: executed, its checkpoint committed
+    CHECKPOINTED = "checkpointed"
+    #: record: a main-loop boundary (its checkpoint, when committed, resumes the loop there)
+    BOUNDARY = "boundary"
+    #: replay: restored from its checkpoint
+    SKIPPED = "skipped"
+    #: replay: executed
+    EXECUTED = "executed"
+
+
+class RunStatus(StrEnum):
+    """A ``runs`` row's ``status``: ``running`` until the run finishes."""
+
+    RUNNING = "running"
+    COMPLETE = "complete"
+    FAILED = "failed"
+    #: stopped by SIGINT or SIGTERM once what it had was committed
+    INTERRUPTED = "interrupted"
+
+
+#: what a ``running`` run whose process is gone reads as (:attr:`Run.effective_status`)
+INCOMPLETE = "incomplete"
+
+
+def state(value: object) -> BlockState:
+    try:
+        return BlockState(text(value, "state"))
+    except ValueError:
+        raise Damaged(f"state {value!r} is not a block state") from None
+
+
+@dataclass(frozen=True)
+class BlockRow:
+    """A block instance (or a main-loop boundary) of a run: a ``blocks`` row."""
+
+    key: str
+    block_id: str
+    main_id: str
+    #: the main loop's entry
+    main_inst: int
+    iteration: int
+    occurrence: int
+    state: BlockState
+    compute_s: float | None = None
+    materialize_s: float | None = None
+    restore_s: float | None = None
+    note: str | None = None
+    #: part -> digest of the state at the end (checkpointed, or executed where the record has a
+    #: checkpoint): what ``diff`` compares
+    state_sha: dict[str, str] | None = None
+
+    def values(self, run_id: int) -> tuple[Any, ...]:
+        """The row as ``INSERT INTO blocks VALUES`` takes it."""
+        return (
+            run_id,
+            self.key,
+            self.block_id,
+            self.main_id,
+            self.main_inst,
+            self.iteration,
+            self.occurrence,
+            str(self.state),
+            self.compute_s,
+            self.materialize_s,
+            self.restore_s,
+            self.note,
+            None if self.state_sha is None else json.dumps(self.state_sha),
+        )
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> BlockRow:
+        """A ``blocks`` row (``SELECT *``, after ``run_id``), validated."""
+        key, block_id, main_id, entry, it, occ, st, compute, materialize, restore, note, sha = row
+        digests = None if sha is None else loaded(sha, "state_sha", dict)
+        return cls(
+            text(key, "key"),
+            text(block_id, "block_id"),
+            text(main_id, "main_id"),
+            count(entry, "main_inst"),
+            count(it, "iteration"),
+            count(occ, "occurrence"),
+            state(st),
+            maybe_seconds(compute, "compute_s"),
+            maybe_seconds(materialize, "materialize_s"),
+            maybe_seconds(restore, "restore_s"),
+            None if note is None else text(note, "note"),
+            digests,
+        )
+
+
+def status_of(value: object) -> RunStatus:
+    try:
+        return RunStatus(text(value, "status"))
+    except ValueError:
+        raise Damaged(f"status {value!r} is not a run status") from None
+
+
 @dataclass(frozen=True)
 class Run:
     id: int
@@ -92,7 +196,7 @@ class Run:
     parent: int | None
     started: float
     finished: float | None
-    status: str
+    status: RunStatus
     exit_code: int | None
     threads: int | None
     pid: int
@@ -108,9 +212,9 @@ class Run:
     @property
     def effective_status(self) -> str:
         """``running`` only while its process lives; a killed run reads as ``incomplete``."""
-        if self.status != "running":
+        if self.status != RunStatus.RUNNING or self.live:
             return self.status
-        return "running" if self.live else "incomplete"
+        return INCOMPLETE
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...], live: bool) -> Run:
@@ -134,7 +238,7 @@ class Run:
             maybe_count(parent, "parent", 1),
             seconds(started, "started"),
             maybe_seconds(finished, "finished"),
-            text(status, "status"),
+            status_of(status),
             maybe_count(code, "exit_code", -(1 << 31), 1 << 31),
             maybe_count(threads, "threads", 1, MAX_THREADS),
             count(pid, "pid"),
@@ -169,10 +273,14 @@ class Checkpoint:
 
 __all__ = [
     "DAMAGED",
+    "INCOMPLETE",
     "MAX_THREADS",
+    "BlockRow",
+    "BlockState",
     "Checkpoint",
     "Damaged",
     "Run",
+    "RunStatus",
     "count",
     "loaded",
     "maybe_count",

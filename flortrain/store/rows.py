@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from flortrain.store.blobs import BlobReader
-from flortrain.store.db import BlockRow, IterationRow, LogEntry
-from flortrain.store.records import Checkpoint
+from flortrain.store.db import IterationRow, LogEntry
+from flortrain.store.records import BlockRow, Checkpoint
 
 #: a jump: main id, entry, first iteration skipped, iteration resumed at
 JumpRow = tuple[str, int, int, int]
@@ -25,22 +25,7 @@ JumpRow = tuple[str, int, int, int]
 class RunSink(Protocol):
     """The part of the store a replaying session uses."""
 
-    def put_block(
-        self,
-        run_id: int,
-        key: str,
-        block_id: str,
-        main_id: str,
-        main_inst: int,
-        iteration: int,
-        occurrence: int,
-        state: str,
-        compute_s: float | None = None,
-        materialize_s: float | None = None,
-        restore_s: float | None = None,
-        note: str | None = None,
-        state_sha: dict[str, str] | None = None,
-    ) -> None: ...
+    def put_block(self, run_id: int, row: BlockRow) -> None: ...
 
     def put_blocks(self, run_id: int, rows: Iterable[BlockRow]) -> None: ...
 
@@ -69,30 +54,8 @@ class WorkerRows:
     jumps: list[JumpRow] = field(default_factory=list)
     logs: list[LogEntry] = field(default_factory=list)
 
-    def put_block(
-        self,
-        run_id: int,
-        key: str,
-        block_id: str,
-        main_id: str,
-        main_inst: int,
-        iteration: int,
-        occurrence: int,
-        state: str,
-        compute_s: float | None = None,
-        materialize_s: float | None = None,
-        restore_s: float | None = None,
-        note: str | None = None,
-        state_sha: dict[str, str] | None = None,
-    ) -> None:
-        costs = {
-            "compute_s": compute_s,
-            "materialize_s": materialize_s,
-            "restore_s": restore_s,
-            "note": note,
-            "state_sha": state_sha,
-        }
-        self.blocks.append((key, block_id, main_id, main_inst, iteration, occurrence, state, costs))
+    def put_block(self, run_id: int, row: BlockRow) -> None:
+        self.blocks.append(row)
 
     def put_blocks(self, run_id: int, rows: Iterable[BlockRow]) -> None:
         self.blocks.extend(rows)
@@ -116,4 +79,4 @@ class WorkerRows:
         self.reader.read_ahead(order, refs)
 
 
-__all__ = ["BlockRow", "JumpRow", "RunSink", "WorkerRows"]
+__all__ = ["JumpRow", "RunSink", "WorkerRows"]
