@@ -178,7 +178,8 @@ def record(
         killed, point, until = _resumable(store, resume, script, text, args)
         run_id, args, threads = killed.id, killed.argv, killed.threads
         pin_threads(threads)
-        kept, t = store.truncate_for_resume(run_id, point[0], point[1], until, point[2])
+        boundary = f"{point[0]}@{point[0]}.{point[1]}.{point[2]}#0"  # its checkpoint's key
+        kept, t = store.truncate_for_resume(run_id, point[0], point[1], until, boundary)
         resumed: list[Any] = [
             *killed.meta.get("resumed", []),
             {"at": [point[0], point[1], until], "boundary": point[2], "t": time.time()},

@@ -593,7 +593,7 @@ def test_objects_of_an_item_are_hashed_and_written_once_each(tmp_path: Path) -> 
     """The writer's threads: every view gets its name (XXH3-128) and its file; a view whose bytes repeat
     within the item or exist already is not written again; no temporary file is left."""
     from flortrain.runtime.writer import Objects
-    from flortrain.store.db import object_path
+    from flortrain.store.checkpoints import object_path
 
     blobs = tmp_path / "blobs"
     a, b = os.urandom(3 << 20), os.urandom(1 << 20)

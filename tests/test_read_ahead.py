@@ -19,7 +19,8 @@ from flortrain.runtime.materializer import (
 )
 from flortrain.store import blobs
 from flortrain.store.blobs import BlobReader
-from flortrain.store.db import Store, object_path
+from flortrain.store.checkpoints import object_path
+from flortrain.store.db import Store
 from flortrain.store.records import Checkpoint
 from tests.outcomes import Outcomes
 

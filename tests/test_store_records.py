@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from flortrain.errors import FlortrainError
-from flortrain.store import confine, db
+from flortrain.store import confine, schema
 from flortrain.store.blobs import BlobReader, digest
-from flortrain.store.db import SCHEMA_VERSION, Store, write_durably
+from flortrain.store.checkpoints import write_durably
+from flortrain.store.db import Store
 from flortrain.store.records import (
     DAMAGED,
     MAX_THREADS,
@@ -27,6 +28,7 @@ from flortrain.store.records import (
     Run,
     RunStatus,
 )
+from flortrain.store.schema import SCHEMA_VERSION
 
 
 @pytest.mark.parametrize(
@@ -188,19 +190,23 @@ def test_a_store_of_an_earlier_schema_is_refused_in_one_line(tmp_path: Path) -> 
 def test_an_additive_change_migrates_a_store_of_the_version_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """:data:`~flortrain.store.db.MIGRATIONS` bring an older store to this schema when it is
+    """:data:`~flortrain.store.schema.MIGRATIONS` bring an older store to this schema when it is
     opened, in one transaction; a version they do not reach is refused."""
     Store(tmp_path / "s").close()
     raw = sqlite3.connect(tmp_path / "s" / "flortrain.db")
     raw.execute(f"PRAGMA user_version={SCHEMA_VERSION - 1}")
     raw.commit()
     raw.close()
-    monkeypatch.setattr(db, "MIGRATIONS", {SCHEMA_VERSION - 1: "CREATE TABLE extra (x INTEGER)"})
+    monkeypatch.setattr(
+        schema, "MIGRATIONS", {SCHEMA_VERSION - 1: "CREATE TABLE extra (x INTEGER)"}
+    )
     store = Store(tmp_path / "s")
     assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert store.db.execute("SELECT count(*) FROM extra").fetchone()[0] == 0
     store.close()
-    monkeypatch.setattr(db, "MIGRATIONS", {SCHEMA_VERSION - 2: "CREATE TABLE other (x INTEGER)"})
+    monkeypatch.setattr(
+        schema, "MIGRATIONS", {SCHEMA_VERSION - 2: "CREATE TABLE other (x INTEGER)"}
+    )
     raw = sqlite3.connect(tmp_path / "s" / "flortrain.db")
     raw.execute(f"PRAGMA user_version={SCHEMA_VERSION - 2}")
     raw.commit()
@@ -270,3 +276,18 @@ def test_a_run_status_not_one_flortrain_writes_is_refused() -> None:
         Run.from_row(_run_row(status="pwned"), False)
     assert Run.from_row(_run_row(status="running"), False).effective_status == "incomplete"
     assert Run.from_row(_run_row(status="running"), True).effective_status == RunStatus.RUNNING
+
+
+def test_a_jump_spanning_more_than_a_loop_could_is_refused(tmp_path: Path) -> None:
+    """A replay's jump row is expanded to every iteration it skipped: a span of 10**12 would
+    exhaust memory, a negative one would silently skip nothing."""
+    store = Store(tmp_path / "s")
+    run = store.begin_run("replay", "/x/train.py", [], "text", None, 1, {})
+    store.put_jump(run, "M1", 0, 2, 5)
+    assert store.jumped(run) == {("M1", 0, 2), ("M1", 0, 3), ("M1", 0, 4)}
+    for first, resumed in ((0, 10**12), (5, 2), (-1, 3)):
+        store.db.execute("UPDATE jumps SET first=?, resumed=?", (first, resumed))
+        with pytest.raises(FlortrainError) as e:
+            store.jumped(run)
+        assert e.value.code == DAMAGED and "jump of run 1" in e.value.one_line()
+    store.close()

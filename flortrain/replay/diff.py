@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 
 from flortrain.errors import FlortrainError
 from flortrain.runtime import rng
-from flortrain.store.db import LogEntry, Store
+from flortrain.store.db import Store
+from flortrain.store.logs import LogEntry
 from flortrain.store.records import INCOMPLETE, BlockState, Run, RunStatus
 
 

@@ -37,7 +37,7 @@ from flortrain.replay.segments import LoopCosts, SegmentPlan, divide, even
 from flortrain.replay.sharing import WORKER_STARTUP_S, WORTHWHILE, slowdown
 from flortrain.replay.worker import WorkerResult, WorkerTask
 from flortrain.runtime.spans import Segment
-from flortrain.store.db import LogEntry
+from flortrain.store.logs import LogEntry
 from flortrain.store.records import BlockState, RunStatus
 
 

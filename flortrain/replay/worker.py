@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from flortrain.store.db import IterationRow, LogEntry
+from flortrain.store.iterations import IterationRow
+from flortrain.store.logs import LogEntry
 from flortrain.store.records import BlockRow, Checkpoint
 from flortrain.store.rows import JumpRow
 

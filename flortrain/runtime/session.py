@@ -29,9 +29,10 @@ from flortrain.runtime.materializer import Afford, Callbacks, Declined, Material
 from flortrain.runtime.registry import Registry
 from flortrain.runtime.skipblock import Getters, SkipBlock, State, bound, resolve
 from flortrain.runtime.spans import Boundary, Segment, SegmentEnd, SpanReplay, scalars_json
-from flortrain.store.db import FileState, IterationRow, Store
+from flortrain.store.iterations import IterationRow
 from flortrain.store.records import BlockRow, BlockState, Checkpoint
-from flortrain.store.rows import RunSink
+from flortrain.store.rows import RecordSink, RunSink
+from flortrain.store.scriptfiles import FileState
 
 
 @dataclass
@@ -144,7 +145,7 @@ class Session:
         """The materializer, started now: ``record`` starts it before the script runs, so the
         writer is forked while the process is small and shares none of the model's pages."""
         if self.materializer is None:
-            assert isinstance(self.store, Store)  # record mode: the SQLite store itself
+            assert isinstance(self.store, RecordSink)  # record mode: the SQLite store itself
             self.materializer = _materializer.make(
                 self.store,
                 self.run_id,
@@ -365,7 +366,7 @@ class Session:
         self.store.put_blocks(self.run_id, self._blocks)
         self.store.put_iterations(self.run_id, self._iterations)
         self._blocks, self._iterations = [], []
-        if isinstance(self.store, Store):
+        if isinstance(self.store, RecordSink):
             if self.files is not None and self.files.dirty:
                 self.store.put_files(self.run_id, self.files.rows())
             if self.files is not None and self.files.pending:
@@ -623,7 +624,7 @@ class Session:
         state = self._pending.pop(key, None)
         if state is None:
             return
-        assert isinstance(self.store, Store)
+        assert isinstance(self.store, RecordSink)
         self.store.mark_checkpointed(self.run_id, key, digests)
         if state != BlockState.BOUNDARY:
             self.counts[BlockState.RECORDED] = self.counts.get(BlockState.RECORDED, 0) - 1
@@ -634,7 +635,7 @@ class Session:
             self._outcome = ("lost", reason)
             return
         if self._pending.pop(key, None) is not None:
-            assert isinstance(self.store, Store)
+            assert isinstance(self.store, RecordSink)
             self.store.note_block(self.run_id, key, f"checkpoint lost: {reason}")
 
     def iterate_main(self, main_id: str, iterable: Any) -> Iterator[Any]:
@@ -996,7 +997,7 @@ class Session:
         """What the launcher needs to commit the checkpoints handed over (None: nothing was, or
         the store failed and nothing more is claimed): their keys in order, and what each
         block row becomes once its checkpoint is committed (:meth:`_committed`)."""
-        if self.handed is None or not isinstance(self.store, Store) or self.store.failed:
+        if self.handed is None or not isinstance(self.store, RecordSink) or self.store.failed:
             return None
         writer, keys = self.handed
         return {

@@ -48,7 +48,7 @@ from flortrain.runtime import blobformat
 from flortrain.runtime.arena import MADV_POPULATE_READ, populate_chunks
 from flortrain.store import content, direct
 from flortrain.store.blobs import object_rel
-from flortrain.store.db import object_path, write_durably
+from flortrain.store.checkpoints import object_path, write_durably
 
 
 def _idle_thread() -> None:

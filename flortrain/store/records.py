@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from flortrain.errors import FlortrainError, Located
 from flortrain.store import confine
@@ -26,6 +26,7 @@ MAX_THREADS = 1024
 MAX_COUNT = 1 << 53
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+E = TypeVar("E", bound=StrEnum)
 
 
 class Damaged(Exception):
@@ -112,11 +113,12 @@ class RunStatus(StrEnum):
 INCOMPLETE = "incomplete"
 
 
-def state(value: object) -> BlockState:
+def member(kind: type[E], value: object, name: str, what: str) -> E:
+    """A column holding one of an enum's values."""
     try:
-        return BlockState(text(value, "state"))
+        return kind(text(value, name))
     except ValueError:
-        raise Damaged(f"state {value!r} is not a block state") from None
+        raise Damaged(f"{name} {value!r} is not {what}") from None
 
 
 @dataclass(frozen=True)
@@ -169,20 +171,13 @@ class BlockRow:
             count(entry, "main_inst"),
             count(it, "iteration"),
             count(occ, "occurrence"),
-            state(st),
+            member(BlockState, st, "state", "a block state"),
             maybe_seconds(compute, "compute_s"),
             maybe_seconds(materialize, "materialize_s"),
             maybe_seconds(restore, "restore_s"),
             None if note is None else text(note, "note"),
             digests,
         )
-
-
-def status_of(value: object) -> RunStatus:
-    try:
-        return RunStatus(text(value, "status"))
-    except ValueError:
-        raise Damaged(f"status {value!r} is not a run status") from None
 
 
 @dataclass(frozen=True)
@@ -238,7 +233,7 @@ class Run:
             maybe_count(parent, "parent", 1),
             seconds(started, "started"),
             maybe_seconds(finished, "finished"),
-            status_of(status),
+            member(RunStatus, status, "status", "a run status"),
             maybe_count(code, "exit_code", -(1 << 31), 1 << 31),
             maybe_count(threads, "threads", 1, MAX_THREADS),
             count(pid, "pid"),

@@ -12,16 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from flortrain.store.blobs import BlobReader
-from flortrain.store.db import IterationRow, LogEntry
+from flortrain.store.iterations import IterationRow
+from flortrain.store.logs import LogEntry
 from flortrain.store.records import BlockRow, Checkpoint
+from flortrain.store.scriptfiles import FileRow, FileState
 
 #: a jump: main id, entry, first iteration skipped, iteration resumed at
 JumpRow = tuple[str, int, int, int]
 
 
+@runtime_checkable
 class RunSink(Protocol):
     """The part of the store a replaying session uses."""
 
@@ -42,6 +46,34 @@ class RunSink(Protocol):
     def read_object(self, sha: str) -> bytes | None: ...
 
     def read_ahead(self, order: list[Checkpoint], refs: Callable[[bytes], list[str]]) -> None: ...
+
+
+@runtime_checkable
+class RecordSink(RunSink, Protocol):
+    """What a recording session and its checkpoint writer write through while the script runs:
+    the store itself (:class:`~flortrain.store.db.Store`), typed against here so that the
+    runtime and the checkpoint code depend on these writes, not on the whole store."""
+
+    root: Path
+    blobs: Path
+    #: why the store stopped taking writes (``store/tables.py``), once it has
+    failed: str | None
+
+    def put_files(self, run_id: int, rows: Iterable[FileRow]) -> None: ...
+
+    def put_file_states(self, run_id: int, rows: Iterable[tuple[str, FileState]]) -> None: ...
+
+    def write_held(self) -> None: ...
+
+    def blob_rel(self, run_id: int, key: str) -> str: ...
+
+    def write_blob(self, run_id: int, key: str, data: bytes) -> tuple[str, str]: ...
+
+    def commit_checkpoint(self, run_id: int, key: str, rel: str, sha: str, nbytes: int) -> None: ...
+
+    def mark_checkpointed(self, run_id: int, key: str, digests: dict[str, str]) -> None: ...
+
+    def note_block(self, run_id: int, key: str, note: str) -> None: ...
 
 
 @dataclass
@@ -79,4 +111,4 @@ class WorkerRows:
         self.reader.read_ahead(order, refs)
 
 
-__all__ = ["JumpRow", "RunSink", "WorkerRows"]
+__all__ = ["JumpRow", "RecordSink", "RunSink", "WorkerRows"]
