@@ -41,7 +41,7 @@ def aligned(offset: int) -> int:
 def write_object(root: Path, rel: str, data: memoryview, direct: bool) -> None:
     """Write ``data`` to ``root/rel`` through a temporary file and a rename (no symbolic link
     below ``root`` followed), as
-    :func:`flortrain.store.db.write_durably` does, but unhashed: the caller named the object by
+    :func:`flortrain.store.checkpoints.write_durably` does, but unhashed: the caller named the object by
     the hash it computed (``store/content.py``), and every read verifies it. ``direct``:
     ``data`` starts at an :data:`ALIGN`-aligned address, so its aligned prefix may bypass the page
     cache. On failure nothing is left at ``rel``."""
