@@ -37,7 +37,6 @@ Every random choice comes from one ``random.Random(seed)``, so a failing trial r
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -53,6 +52,7 @@ from pathlib import Path
 
 import xxhash
 
+from flortrain.store.blobs import digest
 from tests.protocol import FIXTURES, Result, plain, probe_lines, record, with_probe
 
 #: Fixtures with a few seconds of training at most, several epochs and checkpoints.
@@ -274,9 +274,7 @@ def verify_checkpoints(store: Path, run_id: int) -> int:
     blobs = store / "blobs"
     for key, rel, sha in rows:
         data = (blobs / rel).read_bytes()
-        assert hashlib.sha256(data).hexdigest() == sha, (
-            f"committed checkpoint {key} does not verify"
-        )
+        assert digest(key, data) == sha, f"committed checkpoint {key} does not verify"
     objects = blobs / "objects"
     if objects.exists():
         for p in objects.rglob("*"):

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from flortrain.cli import cli
 from flortrain.replay.diff import line_differences
-from flortrain.store.db import LogEntry
+from flortrain.store.logs import LogEntry
 from tests.protocol import flortrain, plain, probe_lines
 
 # A training loop in plain Python: weights in a list, a global RNG, an accumulator carried over.

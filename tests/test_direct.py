@@ -38,7 +38,7 @@ def _has_o_direct(where: Path) -> bool:
 def test_any_length_round_trips(tmp_path: Path, n: int) -> None:
     data = os.urandom(n)
     path = tmp_path / "objects" / "ab" / "obj"
-    direct.write_object(path, _arena(data)[:n], direct=True)
+    direct.write_object(tmp_path, "objects/ab/obj", _arena(data)[:n], direct=True)
     assert path.read_bytes() == data
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert [p.name for p in path.parent.iterdir()] == ["obj"]  # no temporary file left
@@ -61,7 +61,7 @@ def test_the_aligned_prefix_goes_direct_where_the_filesystem_allows(tmp_path: Pa
 def test_a_misaligned_buffer_falls_back_to_a_buffered_write(tmp_path: Path) -> None:
     data = os.urandom(4 * direct.ALIGN)
     view = _arena(b"x" + data)[1 : 1 + len(data)]  # one byte off the page
-    direct.write_object(tmp_path / "obj", view, direct=True)
+    direct.write_object(tmp_path, "obj", view, direct=True)
     assert (tmp_path / "obj").read_bytes() == data
 
 
@@ -72,7 +72,7 @@ def test_a_filesystem_without_o_direct_gets_a_buffered_write() -> None:
     data = os.urandom(2 * direct.ALIGN + 5)
     path = shm / f"flortrain-direct-test-{os.getpid()}"
     try:
-        direct.write_object(path, _arena(data)[: len(data)], direct=True)
+        direct.write_object(shm, path.name, _arena(data)[: len(data)], direct=True)
         assert path.read_bytes() == data
     finally:
         path.unlink(missing_ok=True)
@@ -86,5 +86,5 @@ def test_a_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(direct, "_write_all", full)
     with pytest.raises(OSError, match="No space"):
-        direct.write_object(tmp_path / "obj", _arena(os.urandom(9000))[:9000], direct=True)
+        direct.write_object(tmp_path, "obj", _arena(os.urandom(9000))[:9000], direct=True)
     assert list(tmp_path.iterdir()) == []

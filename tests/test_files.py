@@ -242,25 +242,6 @@ def test_a_script_that_resumes_from_its_own_checkpoint_replays_from_where_its_re
     assert flortrain(tmp_path, "diff").code == 0
 
 
-def test_a_store_of_the_previous_schema_gains_the_files_table_when_opened(tmp_path: Path) -> None:
-    """Stores refuse other versions (``FT014``); an additive change migrates instead, so runs
-    recorded before it stay replayable (they have no file rows, and nothing is checked)."""
-    import sqlite3
-
-    from flortrain.store.db import SCHEMA_VERSION, Store
-
-    Store(tmp_path / "s").close()
-    db = sqlite3.connect(tmp_path / "s" / "flortrain.db")
-    db.execute("DROP TABLE files")
-    db.execute(f"PRAGMA user_version={SCHEMA_VERSION - 1}")
-    db.commit()
-    db.close()
-    store = Store(tmp_path / "s")
-    assert store.files(1) == []
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    store.close()
-
-
 OUTSIDE = """\
 import sys
 

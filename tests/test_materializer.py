@@ -26,6 +26,7 @@ from flortrain.runtime.materializer import (
     digests,
 )
 from flortrain.store.db import Store
+from flortrain.store.records import BlockRow, BlockState, RunStatus
 from tests.outcomes import Outcomes
 from tests.protocol import (
     Result,
@@ -45,8 +46,7 @@ def _objects(store: Path) -> list[Path]:
 
 
 def _load(store: Store, key: str) -> dict[str, object]:
-    rel, sha, _ = store.checkpoints(1)[key]
-    data = store.read_blob(rel, sha)
+    data = store.read_blob(store.checkpoints(1)[key])
     assert data is not None
     return deserialize(data, store.read_object)
 
@@ -97,10 +97,10 @@ def test_objects_go_around_the_page_cache_whether_training_runs_or_the_run_waits
     log = tmp_path / "direct.log"
     real = direct.write_object
 
-    def logged(path: Path, data: memoryview, go_direct: bool) -> None:
+    def logged(root: Path, rel: str, data: memoryview, go_direct: bool) -> None:
         with open(log, "a") as f:
             f.write(f"{os.getpid()} {int(go_direct)}\n")
-        real(path, data, go_direct)
+        real(root, rel, data, go_direct)
 
     monkeypatch.setattr(direct, "write_object", logged)
     store = Store(tmp_path / "s")
@@ -162,7 +162,10 @@ def test_held_claims_are_written_in_order_at_the_commit_and_before_the_run_compl
     other = sqlite3.connect(tmp_path / "s" / "flortrain.db")
     try:
         store.put_block(
-            run, "L1@M.0.1#0", "L1", "M", 0, 1, 0, "recorded", note="checkpoint pending"
+            run,
+            BlockRow(
+                "L1@M.0.1#0", "L1", "M", 0, 1, 0, BlockState.RECORDED, note="checkpoint pending"
+            ),
         )
         store.commit_checkpoint(run, "L1@M.0.1#0", "blobs/x", "ab" * 32, 10)
         store.mark_checkpointed(run, "L1@M.0.1#0", {"objects:m": "f1"})
@@ -174,10 +177,13 @@ def test_held_claims_are_written_in_order_at_the_commit_and_before_the_run_compl
         ]
         assert other.execute("SELECT key FROM checkpoints").fetchall() == [("L1@M.0.1#0",)]
         store.put_block(
-            run, "L1@M.0.2#0", "L1", "M", 0, 2, 0, "recorded", note="checkpoint pending"
+            run,
+            BlockRow(
+                "L1@M.0.2#0", "L1", "M", 0, 2, 0, BlockState.RECORDED, note="checkpoint pending"
+            ),
         )
         store.commit_checkpoint(run, "L1@M.0.2#0", "blobs/y", "cd" * 32, 10)
-        store.finish_run(run, "complete", 0)
+        store.finish_run(run, RunStatus.COMPLETE, 0)
         assert other.execute("SELECT COUNT(*) FROM checkpoints").fetchone() == (2,)
         assert other.execute("SELECT status FROM runs").fetchone() == ("complete",)
     finally:
@@ -195,7 +201,7 @@ def test_a_run_whose_held_claims_fail_to_write_is_not_marked_complete(tmp_path: 
     store.hold_claims()
     store.commit_checkpoint(run, "k", "blobs/x", "ab" * 32, 10)
     store._held.append(("INSERT INTO no_such_table VALUES (?)", [(1,)]))  # type: ignore[union-attr]
-    store.finish_run(run, "complete", 0)
+    store.finish_run(run, RunStatus.COMPLETE, 0)
     assert store.failed is not None and "no_such_table" in store.failed
     store.close()
     db = sqlite3.connect(tmp_path / "s" / "flortrain.db")
@@ -387,8 +393,8 @@ def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_comple
     assert lost, "the killed writer held staged checkpoints"
     assert not lost & set(ck), "a lost checkpoint has a commit row"
     assert len(ck) > 0, "a new writer took over after the kill"
-    for rel, sha, _ in ck.values():  # every claimed checkpoint is on disk and verifies
-        data = store.read_blob(rel, sha)
+    for c in ck.values():  # every claimed checkpoint is on disk and verifies
+        data = store.read_blob(c)
         assert data is not None
         deserialize(data, store.read_object)
     # and the record replays exactly, re-executing what was lost
@@ -587,7 +593,7 @@ def test_objects_of_an_item_are_hashed_and_written_once_each(tmp_path: Path) -> 
     """The writer's threads: every view gets its name (XXH3-128) and its file; a view whose bytes repeat
     within the item or exist already is not written again; no temporary file is left."""
     from flortrain.runtime.writer import Objects
-    from flortrain.store.db import object_path
+    from flortrain.store.checkpoints import object_path
 
     blobs = tmp_path / "blobs"
     a, b = os.urandom(3 << 20), os.urandom(1 << 20)
@@ -1038,11 +1044,11 @@ def test_an_item_whose_object_fails_ends_only_after_its_other_objects_are_done(
     real = direct.write_object
     finished: list[int] = []
 
-    def write(path: Path, data: memoryview, aligned: bool) -> None:
+    def write(root: Path, rel: str, data: memoryview, aligned: bool) -> None:
         if len(data) == 1 << 20:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            raise OSError(errno.ENOSPC, "No space left on device", rel)
         time.sleep(0.5)
-        real(path, data, aligned)
+        real(root, rel, data, aligned)
         finished.append(len(data))
 
     monkeypatch.setattr(direct, "write_object", write)

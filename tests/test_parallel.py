@@ -507,13 +507,15 @@ def test_one_restore_price_serves_the_plan_estimate_and_the_division() -> None:
 
 @pytest.mark.parametrize("as_url", [False, True])
 def test_blob_reader_verifies_what_it_reads(tmp_path: Path, as_url: bool) -> None:
-    """A blob is verified against its sha256, an object against its name (XXH3-128)."""
-    import hashlib
-
+    """A blob is verified against the sha256 of its key and bytes, an object against its name
+    (XXH3-128)."""
     import xxhash
 
+    from flortrain.store.blobs import digest
+    from flortrain.store.records import Checkpoint
+
     data = b"checkpoint bytes"
-    sha = hashlib.sha256(data).hexdigest()
+    sha = digest("k", data)
     name = xxhash.xxh3_128_hexdigest(data)
     (tmp_path / "1").mkdir()
     (tmp_path / "1" / "k.ft").write_bytes(data)
@@ -522,12 +524,14 @@ def test_blob_reader_verifies_what_it_reads(tmp_path: Path, as_url: bool) -> Non
         obj.parent.mkdir(parents=True, exist_ok=True)
         obj.write_bytes(data)
     reader = BlobReader(f"file://{tmp_path}" if as_url else tmp_path)
-    assert reader.read_blob("1/k.ft", sha) == data
+    ck = Checkpoint("k", "1/k.ft", sha, len(data))
+    assert reader.read_blob(ck) == data
+    assert reader.read_blob(Checkpoint("j", "1/k.ft", sha, len(data))) is None  # another key's
     assert reader.read_object(name) == data
     assert (
         reader.read_object(xxhash.xxh3_128_hexdigest(b"other bytes")) is None
     )  # bytes not its name's
     assert reader.read_object(sha) is None  # no such object
-    assert reader.read_blob("1/missing.ft", sha) is None
+    assert reader.read_blob(Checkpoint("k", "1/missing.ft", sha, len(data))) is None
     (tmp_path / "1" / "k.ft").write_bytes(b"checkpoint bytez")  # a flipped byte
-    assert reader.read_blob("1/k.ft", sha) is None
+    assert reader.read_blob(ck) is None

@@ -19,7 +19,9 @@ from flortrain.runtime.materializer import (
 )
 from flortrain.store import blobs
 from flortrain.store.blobs import BlobReader
-from flortrain.store.db import Store, object_path
+from flortrain.store.checkpoints import object_path
+from flortrain.store.db import Store
+from flortrain.store.records import Checkpoint
 from tests.outcomes import Outcomes
 
 _N = 6
@@ -49,8 +51,8 @@ def _record(
     return store, list(checkpoints.values()), values
 
 
-def _cached(reader: BlobReader, order: list[tuple[str, str, int]], i: int) -> bool:
-    data = reader._read_blob(order[i][0], order[i][1])
+def _cached(reader: BlobReader, order: list[Checkpoint], i: int) -> bool:
+    data = reader._read_blob(order[i])
     assert data is not None
     return all(sha in reader._objects for sha in blobformat.object_refs(data))
 
@@ -73,7 +75,7 @@ def test_read_ahead_serves_the_same_bytes_from_the_first_one_asked_for_within_it
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, order, values = _record(tmp_path)
-    one = order[0][2]
+    one = order[0].nbytes
     monkeypatch.setattr(blobs, "READ_AHEAD_BYTES", int(2.5 * one))
     reader = BlobReader(store.blobs)
     reader.read_ahead(order, blobformat.object_refs)
@@ -82,17 +84,17 @@ def test_read_ahead_serves_the_same_bytes_from_the_first_one_asked_for_within_it
     time.sleep(0.2)
     assert ahead.thread is None and not reader._objects  # nothing is read before the replay asks
 
-    first = reader.read_blob(order[1][0], order[1][1])  # a worker's segment starts at 1
+    first = reader.read_blob(order[1])  # a worker's segment starts at 1
     assert first is not None
     _settle(ahead)
     assert [_cached(reader, order, i) for i in range(_N)] == [False, False, True, True, True, False]
     # 2, 3 and 4 read ahead of 1 (the budget is two and a half checkpoints); 1 was read by the
     # replay itself, and its object is read when it is restored
-    assert set(ahead.blobs) == {order[i][0] for i in (2, 3, 4)}
+    assert set(ahead.blobs) == {order[i].path for i in (2, 3, 4)}
 
     reader._objects.clear()  # so that each restore below must come from the read-ahead or disk
     for i in (1, 2, 3, 4, 5):
-        data = reader.read_blob(order[i][0], order[i][1])
+        data = reader.read_blob(order[i])
         assert data is not None
         got = deserialize(data, reader.read_object)["objects"]["t"]["value"]
         assert torch.equal(got, values[i])
@@ -103,25 +105,25 @@ def test_a_checkpoint_the_replay_passes_over_is_dropped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, order, values = _record(tmp_path)
-    monkeypatch.setattr(blobs, "READ_AHEAD_BYTES", int(1.5 * order[0][2]))
+    monkeypatch.setattr(blobs, "READ_AHEAD_BYTES", int(1.5 * order[0].nbytes))
     reader = BlobReader(store.blobs)
     reader.read_ahead(order, blobformat.object_refs)
     ahead = reader._ahead
     assert ahead is not None
-    assert reader.read_blob(order[0][0], order[0][1]) is not None
+    assert reader.read_blob(order[0]) is not None
     _settle(ahead)
-    assert set(ahead.blobs) == {order[1][0], order[2][0]}
-    data = reader.read_blob(order[4][0], order[4][1])  # a jump over 1 to 3
+    assert set(ahead.blobs) == {order[1].path, order[2].path}
+    data = reader.read_blob(order[4])  # a jump over 1 to 3
     assert data is not None and torch.equal(
         deserialize(data, reader.read_object)["objects"]["t"]["value"], values[4]
     )
     _settle(ahead)
-    assert set(ahead.blobs) == {order[5][0]}  # 1 and 2 dropped, 5 read ahead of 4
+    assert set(ahead.blobs) == {order[5].path}  # 1 and 2 dropped, 5 read ahead of 4
 
 
 def test_corrupt_bytes_read_ahead_are_never_served(tmp_path: Path) -> None:
     store, order, _ = _record(tmp_path)
-    blob2 = store.read_blob(order[2][0], order[2][1])
+    blob2 = store.read_blob(order[2])
     assert blob2 is not None
     (sha,) = blobformat.object_refs(blob2)
     path = object_path(store.blobs, sha)
@@ -130,10 +132,10 @@ def test_corrupt_bytes_read_ahead_are_never_served(tmp_path: Path) -> None:
     reader = BlobReader(store.blobs)
     reader.read_ahead(order, blobformat.object_refs)
     assert reader._ahead is not None
-    assert reader.read_blob(order[1][0], order[1][1]) is not None
+    assert reader.read_blob(order[1]) is not None
     _settle(reader._ahead)
     assert sha not in reader._objects
-    data = reader.read_blob(order[2][0], order[2][1])
+    data = reader.read_blob(order[2])
     assert data is not None and reader.read_object(sha) is None
     with pytest.raises(blobformat.MissingObject):
         deserialize(data, reader.read_object)
@@ -147,7 +149,7 @@ def test_objects_a_restore_used_up_leave_the_cache_and_a_shared_one_stays(
     (its memory is what later reads reuse), the shared one is kept, and every restore is exact."""
     frozen = torch.arange(4 * EXTERNAL_MIN, dtype=torch.float32)
     store, order, values = _record(tmp_path, frozen)
-    monkeypatch.setattr(blobs, "READ_AHEAD_BYTES", int(2.5 * order[0][2]))
+    monkeypatch.setattr(blobs, "READ_AHEAD_BYTES", int(2.5 * order[0].nbytes))
     reader = BlobReader(store.blobs)
     reader.read_ahead(order, blobformat.object_refs)
     ahead = reader._ahead
@@ -156,7 +158,7 @@ def test_objects_a_restore_used_up_leave_the_cache_and_a_shared_one_stays(
     shared = blobformat.tensor_name(frozen, torch)
     own: list[str] = []
     for i in range(_N):
-        data = reader.read_blob(order[i][0], order[i][1])
+        data = reader.read_blob(order[i])
         assert data is not None
         objects = deserialize(data, reader.read_object)["objects"]
         assert torch.equal(objects["t"]["value"], values[i]) and torch.equal(

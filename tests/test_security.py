@@ -4,7 +4,6 @@ not by pid. Pure-Python training loops, so every process starts in a fraction of
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from flortrain.store.blobs import digest
 from tests.protocol import flortrain, latest_run, plain, probe_lines
 
 SCRIPT = textwrap.dedent(
@@ -123,7 +123,7 @@ def _crafted(store: Path, marker: Path) -> None:
         (store / "blobs" / rel).write_bytes(data)
         db.execute(
             "UPDATE checkpoints SET sha256=?, nbytes=? WHERE key=?",
-            (hashlib.sha256(data).hexdigest(), len(data), key),
+            (digest(key, data), len(data), key),
         )
     db.commit()
     db.close()

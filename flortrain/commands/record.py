@@ -31,7 +31,8 @@ from flortrain.static.linemap import compile_for
 from flortrain.static.plan import UNTRACKED, ModulePasses, Plan, not_memoized
 from flortrain.static.project_files import ProjectFiles, project_roots
 from flortrain.static.text import project_uses_torch
-from flortrain.store.db import Run, Store, open_store
+from flortrain.store.db import Store, open_store
+from flortrain.store.records import INCOMPLETE, BlockState, Run, RunStatus
 
 
 def _versions() -> dict[str, str]:
@@ -102,7 +103,7 @@ def _resumable(
     run = store.run(run_id)
     if run.kind != "record" or run.script != os.path.abspath(script):
         raise FlortrainError(f"run {run_id} is not a record of this script", where, "FT040")
-    if run.effective_status not in ("incomplete", "interrupted"):
+    if run.effective_status not in (INCOMPLETE, RunStatus.INTERRUPTED):
         raise FlortrainError(
             f"run {run_id} is {run.effective_status}; only a killed or interrupted record can be resumed",
             where,
@@ -180,7 +181,8 @@ def record(
         killed, point, until = _resumable(store, resume, script, text, args)
         run_id, args, threads = killed.id, killed.argv, killed.threads
         pin_threads(threads)
-        kept, t = store.truncate_for_resume(run_id, point[0], point[1], until, point[2])
+        boundary = f"{point[0]}@{point[0]}.{point[1]}.{point[2]}#0"  # its checkpoint's key
+        kept, t = store.truncate_for_resume(run_id, point[0], point[1], until, boundary)
         resumed: list[Any] = [
             *killed.meta.get("resumed", []),
             {"at": [point[0], point[1], until], "boundary": point[2], "t": time.time()},
@@ -267,7 +269,11 @@ def _finish(
     _note_load(store, run_id, session)
     store.finish_run(
         run_id,
-        "complete" if status == 0 else "failed" if stopped_by is None else "interrupted",
+        RunStatus.COMPLETE
+        if status == 0
+        else RunStatus.FAILED
+        if stopped_by is None
+        else RunStatus.INTERRUPTED,
         status,
     )
     c = session.counts
@@ -285,8 +291,8 @@ def _finish(
         run_id,
         outcome,
         elapsed,
-        c.get("checkpointed", 0),
-        c.get("checkpointed", 0) + c.get("recorded", 0),
+        c.get(BlockState.CHECKPOINTED, 0),
+        c.get(BlockState.CHECKPOINTED, 0) + c.get(BlockState.RECORDED, 0),
         session.held,
         session.exit_wait,
         as_main.refusal.one_line() if as_main.refusal is not None else None,

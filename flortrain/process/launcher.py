@@ -361,6 +361,7 @@ class Launcher:
         """Commit each checkpoint the writer wrote, as the training process would have
         (``BackgroundMaterializer._take``); say which were lost; the record's last line."""
         from flortrain.store.db import Store
+        from flortrain.store.records import BlockState
 
         run_id: int = spec["run_id"]
         pending: dict[str, str] = spec["pending"]
@@ -376,7 +377,7 @@ class Launcher:
                     store.commit_checkpoint(run_id, key, rel, sha, nbytes)
                     if state is not None:
                         store.mark_checkpointed(run_id, key, digests)
-                        more += state != "boundary"
+                        more += state != BlockState.BOUNDARY
                     continue
                 reason = (
                     reply[2]

@@ -11,6 +11,7 @@ from flortrain.errors import FlortrainError, Located
 from flortrain.process import as_main as runner
 from flortrain.replay.diff import diff_runs
 from flortrain.replay.preparation import Prepared
+from flortrain.store.records import RunStatus
 
 
 def open_run(p: Prepared, meta: dict[str, Any] | None = None) -> int:
@@ -35,7 +36,7 @@ def conclude(
     faithful must not pass for a faithful one in a script or CI. Its output is printed all the
     same, and the run row keeps the script's own status (the run did complete)."""
     store = p.store
-    store.finish_run(run, "complete" if status == 0 else "failed", status)
+    store.finish_run(run, RunStatus.COMPLETE if status == 0 else RunStatus.FAILED, status)
     if runner.refusal is not None:  # the script went on where flortrain cannot follow
         store.close()
         raise runner.refusal

@@ -20,7 +20,9 @@ import itertools
 import statistics
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from flortrain.store.records import BlockRow, BlockState
 
 #: a parallel plan must beat the serial estimate by this much to be worth the extra processes
 WORTHWHILE = 0.9
@@ -56,20 +58,20 @@ class BlockCost(NamedTuple):
 NO_COST = BlockCost(0, 0, 0.0, 0.0)
 
 
-def block_costs(blocks: Iterable[Mapping[str, Any]], ratio: float) -> dict[str, BlockCost]:
+def block_costs(blocks: Iterable[BlockRow], ratio: float) -> dict[str, BlockCost]:
     """Per block id, its :class:`BlockCost` from the record's block rows (main-loop boundary
     rows are not block instances and are left out)."""
     out: dict[str, BlockCost] = {}
     for b in blocks:
-        if b["state"] == "boundary":
+        if b.state == BlockState.BOUNDARY:
             continue
-        n, k, c, r = out.get(b["block_id"], NO_COST)
-        ck = b["state"] == "checkpointed"
-        out[b["block_id"]] = BlockCost(
+        n, k, c, r = out.get(b.block_id, NO_COST)
+        ck = b.state == BlockState.CHECKPOINTED
+        out[b.block_id] = BlockCost(
             n + 1,
             k + int(ck),
-            c + (b["compute_s"] or 0.0),
-            r + (restore_price(ratio, b["materialize_s"]) if ck else 0.0),
+            c + (b.compute_s or 0.0),
+            r + (restore_price(ratio, b.materialize_s) if ck else 0.0),
         )
     return out
 
@@ -110,7 +112,7 @@ def iteration_seconds(starts: list[float], end: float | None) -> list[float]:
 
 def loop_costs(
     times: Mapping[tuple[str, int], list[tuple[int, float]]],
-    blocks: Iterable[Mapping[str, Any]],
+    blocks: Iterable[BlockRow],
     checkpoints: Collection[str],
     execute: Collection[str],
     ratio: float,
@@ -124,16 +126,16 @@ def loop_costs(
     pseudo_saving: dict[Where, float] = {}
     restore: dict[tuple[str, int], dict[int, float]] = {}
     for b in blocks:
-        if b["key"] not in checkpoints:
+        if b.key not in checkpoints:
             continue
-        where = (b["main_id"], b["main_inst"], b["iteration"])
-        restored = restore_price(ratio, b["materialize_s"])
-        if b["state"] == "boundary":
+        where = (b.main_id, b.main_inst, b.iteration)
+        restored = restore_price(ratio, b.materialize_s)
+        if b.state == BlockState.BOUNDARY:
             restore.setdefault(where[:2], {})[where[2]] = restored
             continue
-        saving = (b["compute_s"] or 0.0) - restored
+        saving = (b.compute_s or 0.0) - restored
         pseudo_saving[where] = pseudo_saving.get(where, 0.0) + saving
-        if b["block_id"] not in execute:
+        if b.block_id not in execute:
             run_saving[where] = run_saving.get(where, 0.0) + saving
     out = []
     for (m, e), rows in times.items():

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field, replace
 
 from flortrain.errors import FlortrainError
 from flortrain.runtime import rng
-from flortrain.store.db import LogEntry, Run, Store
+from flortrain.store.db import Store
+from flortrain.store.logs import LogEntry
+from flortrain.store.records import INCOMPLETE, BlockState, Run, RunStatus
 
 
 @dataclass
@@ -147,36 +149,36 @@ def line_differences(
 def _state_differences(store: Store, record: int, replay: int) -> tuple[int, list[tuple[str, str]]]:
     """Checkpoint state digests: at each instance the replay executed where the record took a
     checkpoint, every part both digested must be equal."""
-    recorded = {b["key"]: b["state_sha"] for b in store.blocks(record) if b["state_sha"]}
+    recorded = {b.key: b.state_sha for b in store.blocks(record) if b.state_sha}
     checked, mismatches = 0, []
     for b in store.blocks(replay):
-        if b["state"] != "executed" or not b["state_sha"] or b["key"] not in recorded:
+        if b.state != BlockState.EXECUTED or not b.state_sha or b.key not in recorded:
             continue
-        ra, rb = json.loads(recorded[b["key"]]), json.loads(b["state_sha"])
+        ra, rb = recorded[b.key], b.state_sha
         checked += 1
         for part in sorted(set(ra) & set(rb)):
             # digests made different ways (the blob format's, or the fallback walk's when one run's
             # payload held something the format does not take) are not comparable
             if ra[part][:1] == rb[part][:1] and ra[part] != rb[part]:
-                mismatches.append((b["key"], part))
+                mismatches.append((b.key, part))
     return checked, mismatches
 
 
 def diff_runs(store: Store, replay: Run) -> DiffResult:
     if replay.parent is None:
         raise FlortrainError(f"replay {replay.id} has no record", code="FT030")
-    if replay.effective_status in ("running", "incomplete"):
+    if replay.effective_status in (RunStatus.RUNNING, INCOMPLETE):
         raise FlortrainError(
             f"replay {replay.id} is {replay.effective_status}; nothing to compare yet", code="FT030"
         )
     record = store.run(replay.parent)
-    executed = {b["key"] for b in store.blocks(replay.id) if b["state"] == "executed"}
+    executed = {b.key for b in store.blocks(replay.id) if b.state == BlockState.EXECUTED}
 
     jumped = store.jumped(replay.id)
     a = comparable_lines(store.logs(record.id), executed, jumped)
     b = comparable_lines(store.logs(replay.id), executed, jumped)
     result = DiffResult(record, replay, compared=min(len(a), len(b)))
-    if record.effective_status != "complete":
+    if record.effective_status != RunStatus.COMPLETE:
         # the record was killed or crashed: the replay runs on past where it stopped, and the
         # comparison covers the output both produced
         result.beyond_record = max(0, len(b) - len(a))

@@ -23,7 +23,9 @@ from pathlib import Path
 
 from flortrain.errors import FlortrainError, Located
 from flortrain.runtime.files import KEEP_BYTES, fingerprint, write_file
-from flortrain.store.db import FileState, Run, Store
+from flortrain.store.db import Store
+from flortrain.store.records import Run
+from flortrain.store.scriptfiles import FileState
 
 UNRESTORABLE_FILE = "FT034"
 

@@ -11,7 +11,8 @@ import sys
 
 from flortrain.errors import FlortrainError, Located
 from flortrain.runtime.files import fingerprint
-from flortrain.store.db import Run, Store
+from flortrain.store.db import Store
+from flortrain.store.records import Run
 
 CHANGED_INPUT = "FT033"
 

@@ -37,7 +37,8 @@ from flortrain.replay.segments import SegmentPlan, divide, even
 from flortrain.replay.sharing import slowdown
 from flortrain.replay.worker import WorkerResult, WorkerTask
 from flortrain.runtime.jumps import Segment
-from flortrain.store.db import LogEntry
+from flortrain.store.logs import LogEntry
+from flortrain.store.records import RunStatus
 
 
 def _say(msg: str) -> None:
@@ -48,7 +49,7 @@ def loop_costs(p: Prepared) -> list[LoopCosts]:
     """Per main-loop entry the record ran for two iterations or more, what each iteration cost
     it (:func:`flortrain.replay.costs.loop_costs`)."""
     record = p.record
-    end = record.duration if record.effective_status == "complete" else None
+    end = record.duration if record.effective_status == RunStatus.COMPLETE else None
     times = p.store.iteration_times(record.id)
     return costs.loop_costs(times, p.blocks, p.checkpoints, p.rplan.execute, p.restore_ratio, end)
 
@@ -292,8 +293,10 @@ def _merge(
             run, _rows(seg, r.iterations, lambda row: (row[0], row[1], row[2]), outer)
         )
         blocks.update(
-            (row[0], row)
-            for row in _rows(seg, r.blocks, lambda row: (row[2], row[3], row[4]), outer)
+            (row.key, row)
+            for row in _rows(
+                seg, r.blocks, lambda row: (row.main_id, row.main_inst, row.iteration), outer
+            )
         )
         jumps.update(
             ((m, e, first), resumed)
@@ -303,7 +306,7 @@ def _merge(
         )
     store.put_blocks(run, blocks.values())
     for row in blocks.values():
-        counts[row[6]] = counts.get(row[6], 0) + 1
+        counts[row.state] = counts.get(row.state, 0) + 1
     for (m, e, first), resumed in jumps.items():
         store.put_jump(run, m, e, first, resumed)
         counts["jumped"] = counts.get("jumped", 0) + resumed - first
@@ -347,7 +350,7 @@ def replay_parallel(
     try:
         outcomes, failed, printer = _run_workers(plan, tasks, backend_name, warm)
     except FlortrainError:
-        p.store.finish_run(run, "failed", 2)
+        p.store.finish_run(run, RunStatus.FAILED, 2)
         raise
     finally:
         if p.files is not None:

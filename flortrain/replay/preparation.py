@@ -12,7 +12,6 @@ import os
 import sys
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
 
 from flortrain import knobs
 from flortrain.errors import FlortrainError, Located
@@ -26,7 +25,8 @@ from flortrain.replay.preload import needs_torch
 from flortrain.replay.report import plan_report, stopped
 from flortrain.static.plan import ModulePasses, Plan
 from flortrain.static.text import read_text, torch_available
-from flortrain.store.db import Run, Store, open_store
+from flortrain.store.db import Store, open_store
+from flortrain.store.records import BlockRow, BlockState, Checkpoint, Run
 
 
 def find_record(store: Store, script: str, run_id: int | None) -> Run:
@@ -83,13 +83,13 @@ def recorded_modules(store: Store, record: Run) -> dict[str, str]:
 
 
 def _boundaries(
-    blocks: list[dict[str, Any]], checkpoints: dict[str, tuple[str, str, int]]
+    blocks: list[BlockRow], checkpoints: dict[str, Checkpoint]
 ) -> dict[tuple[str, int], list[int]]:
     """Per main-loop entry, the iterations with a committed boundary checkpoint."""
     out: dict[tuple[str, int], list[int]] = {}
     for b in blocks:
-        if b["state"] == "boundary" and b["key"] in checkpoints:
-            out.setdefault((b["main_id"], b["main_inst"]), []).append(b["iteration"])
+        if b.state == BlockState.BOUNDARY and b.key in checkpoints:
+            out.setdefault((b.main_id, b.main_inst), []).append(b.iteration)
     return {k: sorted(v) for k, v in out.items()}
 
 
@@ -106,11 +106,11 @@ class Prepared:
     code_text: str  # instrumented for this replay
     modules: dict[str, str]
     rplan: ReplayPlan
-    checkpoints: dict[str, tuple[str, str, int]]
+    checkpoints: dict[str, Checkpoint]
     uses_torch: bool  # :func:`flortrain.replay.preload.needs_torch`
     probes: list[str]
     compares: bool  # the record's own arguments: diff can check the replay
-    blocks: list[dict[str, Any]]  # the record's block and boundary rows, read once
+    blocks: list[BlockRow]  # the record's block and boundary rows, read once
     boundaries: dict[tuple[str, int], list[int]]  # per main-loop entry: committed boundaries
     module_passes: ModulePasses = field(
         default_factory=dict

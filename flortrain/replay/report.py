@@ -5,12 +5,12 @@ jumped over), so a user can tell what the replay will and will not run before it
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from flortrain.replay.costs import BlockCost
 from flortrain.replay.plan import ReplayPlan
 from flortrain.static.plan import Plan
-from flortrain.store.db import Run, Store
+from flortrain.store.db import Store
+from flortrain.store.records import BlockRow, BlockState, Run
 
 
 def stopped(store: Store, record: Run) -> str:
@@ -38,13 +38,13 @@ def _executed_source(script: str, record: Run, probes: tuple[tuple[int, str], ..
     return out
 
 
-def _why_not(blocks: list[dict[str, Any]]) -> dict[str, str]:
+def _why_not(blocks: list[BlockRow]) -> dict[str, str]:
     """Per block, the reason its first instance that could not be checkpointed gives (a tensor
     carrying an autograd graph, an object that cannot be captured), for the replay plan."""
     out: dict[str, str] = {}
     for b in blocks:
-        if b["state"] == "recorded" and b["note"] and b["block_id"] not in out:
-            out[b["block_id"]] = b["note"]
+        if b.state == BlockState.RECORDED and b.note and b.block_id not in out:
+            out[b.block_id] = b.note
     return out
 
 
@@ -65,7 +65,7 @@ def plan_report(
     plan: Plan,
     rplan: ReplayPlan,
     probes: tuple[tuple[int, str], ...],
-    blocks: list[dict[str, Any]],
+    blocks: list[BlockRow],
     costs: dict[str, BlockCost],
     measured: tuple[float, int] | None,
 ) -> list[str]:

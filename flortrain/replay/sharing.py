@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 
 from flortrain.replay.costs import WORKER_STARTUP_S, WORTHWHILE, iteration_seconds
-from flortrain.store.db import Run, Store
+from flortrain.store.db import Store
+from flortrain.store.records import Run, RunStatus
 
 
 def machine_cores() -> int:
@@ -53,7 +54,7 @@ def slowdown(record: Run, main_id: str, jobs: int, cores: int | None = None) -> 
 def cannot_pay(store: Store, record: Run, jobs: int, cores: int | None = None) -> str | None:
     """Why dividing the record's main loops among ``jobs`` local workers cannot pay, from the
     record alone; None when it might (the planner decides then)."""
-    end = record.duration if record.effective_status == "complete" else None
+    end = record.duration if record.effective_status == RunStatus.COMPLETE else None
     cores = cores or machine_cores()
     longest: tuple[float, str, float] | None = None
     for (main_id, _), rows in store.iteration_times(record.id).items():

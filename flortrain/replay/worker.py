@@ -20,8 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from flortrain.store.db import IterationRow, LogEntry
-from flortrain.store.rows import BlockRow, JumpRow
+from flortrain.store.iterations import IterationRow
+from flortrain.store.logs import LogEntry
+from flortrain.store.records import BlockRow, Checkpoint
+from flortrain.store.rows import JumpRow
 
 #: (source, names read from the record, live names, names read through an attribute)
 GuardSpec = tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]
@@ -42,7 +44,7 @@ class WorkerTask:
     modules: dict[str, str]  # project module file -> the text the record instrumented
     record_id: int
     execute: frozenset[str]
-    checkpoints: dict[str, tuple[str, str, int]]
+    checkpoints: dict[str, Checkpoint]
     guards: dict[str, list[GuardSpec]]
     scalars: dict[tuple[str, int, int], dict[str, Any] | None]
     boundaries: dict[tuple[str, int], list[int]]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from flortrain import knobs
-from flortrain.store.db import LogEntry
+from flortrain.store.logs import LogEntry
 
 Context = Callable[[], tuple[str | None, int | None, int | None, str | None, bool]]
 

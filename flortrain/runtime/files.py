@@ -39,7 +39,7 @@ import xxhash
 
 from flortrain.store import content
 from flortrain.store.blobs import object_rel
-from flortrain.store.db import FileRow, FileState
+from flortrain.store.scriptfiles import FileRow, FileState
 from flortrain.store.trust import replacing
 
 #: Files up to this size are hashed whole; a larger one is fingerprinted by its size, its

@@ -55,7 +55,8 @@ from flortrain.runtime.arena import Warmer, resident_budget
 from flortrain.runtime.digest import state_digests
 from flortrain.runtime.writer import Objects, run_child
 from flortrain.store import content, direct
-from flortrain.store.db import Store, write_durably
+from flortrain.store.checkpoints import write_durably
+from flortrain.store.rows import RecordSink
 
 #: Tensors at least this large are content-addressed objects, and skipped when unchanged: small
 #: enough that an LSTM's 0.5 MB gate matrices are tracked (a boundary right after a block's
@@ -123,7 +124,7 @@ def writer_speed(blobs: Path) -> WriterSpeed:
     objects = Objects(scratch)
     try:
         t0 = time.perf_counter()
-        write_durably(scratch / "blob", [bytes(4096)])
+        write_durably(scratch, "blob", "calibration", [bytes(4096)])
         t1 = time.perf_counter()
         objects._one((memoryview(os.urandom(64)), False))  # its work, not a lane's thread start
         t2 = time.perf_counter()
@@ -237,7 +238,7 @@ def deserialize(
 class SyncMaterializer:
     """Serialize, write, commit on the training thread: the blob first, the row last."""
 
-    def __init__(self, store: Store, run_id: int, callbacks: Callbacks) -> None:
+    def __init__(self, store: RecordSink, run_id: int, callbacks: Callbacks) -> None:
         self.store = store
         self.run_id = run_id
         self.cb = callbacks
@@ -394,7 +395,7 @@ class BackgroundMaterializer:
     """Stage on the training thread, write in the forked writer (see the module docstring)."""
 
     def __init__(
-        self, store: Store, run_id: int, callbacks: Callbacks, track_versions: bool = True
+        self, store: RecordSink, run_id: int, callbacks: Callbacks, track_versions: bool = True
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -788,7 +789,7 @@ def _up(n: int) -> int:
 
 
 def make(
-    store: Store, run_id: int, callbacks: Callbacks, track_versions: bool = True
+    store: RecordSink, run_id: int, callbacks: Callbacks, track_versions: bool = True
 ) -> Materializer:
     """The materializer ``FLORTRAIN_MATERIALIZER`` names (background by default)."""
     if knobs.materializer() == "sync":

@@ -26,6 +26,7 @@ from flortrain.runtime.jumping import JumpingSession
 from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
 from flortrain.runtime.session import IterationStart, Step
 from flortrain.store.db import Store
+from flortrain.store.records import BlockRow, BlockState
 
 
 @dataclass
@@ -399,23 +400,25 @@ class RecordSession(JumpingSession):
             note = f"checkpoint lost: {outcome[1]}"
         row_state = (
             state
-            if state == "boundary" or (outcome is not None and outcome[0] == "committed")
-            else "recorded"
+            if state == BlockState.BOUNDARY or (outcome is not None and outcome[0] == "committed")
+            else BlockState.RECORDED
         )
-        if state != "boundary":
+        if state != BlockState.BOUNDARY:
             self.counts[row_state] = self.counts.get(row_state, 0) + 1
         self.store.put_block(
             self.run_id,
-            key,
-            block_id,
-            self.main[0],
-            self.main[1],
-            self.main[2],
-            occurrence,
-            row_state,
-            note=note,
-            state_sha=digests,
-            **costs,
+            BlockRow(
+                key,
+                block_id,
+                self.main[0],
+                self.main[1],
+                self.main[2],
+                occurrence,
+                BlockState(row_state),
+                note=note,
+                state_sha=digests,
+                **costs,
+            ),
         )
 
     def untracked_writes(self) -> None:

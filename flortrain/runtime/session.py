@@ -35,8 +35,10 @@ from flortrain.runtime.host import Instance, Outcome, State
 from flortrain.runtime.jumps import SpanReplay
 from flortrain.runtime.live_tensors import LiveTensors
 from flortrain.runtime.registry import Registry
-from flortrain.store.db import BlockRow, FileState, IterationRow, Store
-from flortrain.store.rows import RunSink
+from flortrain.store.iterations import IterationRow
+from flortrain.store.records import BlockRow, BlockState, Checkpoint
+from flortrain.store.rows import RecordSink, RunSink
+from flortrain.store.scriptfiles import FileState
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +66,7 @@ class ReplaySource:
 
     run_id: int
     execute: frozenset[str]  # block ids that must run (probed)
-    checkpoints: dict[str, tuple[str, str, int]]
+    checkpoints: dict[str, Checkpoint]
     spans: SpanReplay | None = None  # jumping over main-loop iterations no probe needs
     #: per checkpoint key, the files the record had written as it found them (``file_states``)
     files: dict[str, list[FileState]] = field(default_factory=dict)
@@ -237,7 +239,7 @@ class Session:
         self.store.put_blocks(self.run_id, self._blocks)
         self.store.put_iterations(self.run_id, self._iterations)
         self._blocks, self._iterations = [], []
-        if isinstance(self.store, Store):
+        if isinstance(self.store, RecordSink):
             if self.files is not None and self.files.dirty:
                 self.store.put_files(self.run_id, self.files.rows())
             if self.files is not None and self.files.pending:
@@ -260,7 +262,7 @@ class Session:
         assert self.replay is not None
         key = f"{main_id}@{main_id}.{entry}.{j}#0"
         ck = self.replay.checkpoints.get(key)
-        data = self.store.read_blob(ck[0], ck[1]) if ck is not None else None
+        data = self.store.read_blob(ck) if ck is not None else None
         if data is None:
             self.warn_once(
                 f"corrupt:{key}", f"boundary checkpoint {key} is missing or corrupt; running on"
@@ -358,7 +360,7 @@ class Session:
         ck = self.replay.checkpoints.get(block.key)
         if ck is None:
             return State.EXECUTE
-        data = self.store.read_blob(ck[0], ck[1])
+        data = self.store.read_blob(ck)
         if data is None:
             self.warn_once(
                 f"corrupt:{block.key}",
@@ -385,7 +387,17 @@ class Session:
         # written with the iterations, once per commit interval: the row describes the run, and
         # no checkpoint hangs on it
         self._blocks.append(
-            (block.key, block.id, m, entry, it, occ, state, {"state_sha": digests, **costs})
+            BlockRow(
+                block.key,
+                block.id,
+                m,
+                entry,
+                it,
+                occ,
+                BlockState(state),
+                state_sha=digests,
+                **costs,
+            )
         )
 
     def region(self) -> str | None:

@@ -26,6 +26,7 @@ from flortrain.runtime.host import BlockHost, CheckpointHost, State
 from flortrain.runtime.materializer import digests
 from flortrain.runtime.state import Unrestorable, clone_state, fingerprint, snapshot_equal
 from flortrain.static.plan import outside_iterator
+from flortrain.store.records import BlockState
 
 #: The row note of a futile instance (``AdaptivePeriod.futile``), which the replay plan shows as
 #: the reason a block's other instances execute: without it a user sees a loop checkpointed once
@@ -210,9 +211,9 @@ class SkipBlock(Checkpointable):
         self.pyframe = self.frame = None
         elapsed = time.perf_counter() - self.t0
         if self.state is State.RECORD:
-            s.block_done(self, "recorded", compute_s=elapsed, note="left by an exception")
+            s.block_done(self, BlockState.RECORDED, compute_s=elapsed, note="left by an exception")
         elif self.state is State.EXECUTE:
-            s.block_done(self, "executed", compute_s=elapsed)
+            s.block_done(self, BlockState.EXECUTED, compute_s=elapsed)
 
     def end(self, objects: Getters, names: Getters) -> bool:
         s = self.host
@@ -235,12 +236,15 @@ class SkipBlock(Checkpointable):
             t0 = time.perf_counter()
             self.restore(s, objects, names)
             s.restore_files(self.key)
-            s.block_done(self, "skipped", restore_s=time.perf_counter() - t0)
+            s.block_done(self, BlockState.SKIPPED, restore_s=time.perf_counter() - t0)
             return True
         if self.state is State.EXECUTE:
             compute = time.perf_counter() - self.t0
             s.block_done(
-                self, "executed", compute_s=compute, digests=self._replay_digests(s, objects, names)
+                self,
+                BlockState.EXECUTED,
+                compute_s=compute,
+                digests=self._replay_digests(s, objects, names),
             )
         return False
 
@@ -280,13 +284,15 @@ class SkipBlock(Checkpointable):
             before, self.audit = self.audit, None
             s.audit_loop(self.id, before, self.frame, objects, names)
         if self.id in s.unnamed_effects:  # changes state its checkpoints would not hold
-            s.block_done(self, "recorded", compute_s=compute, note=s.unnamed_effects[self.id])
+            s.block_done(
+                self, BlockState.RECORDED, compute_s=compute, note=s.unnamed_effects[self.id]
+            )
             return
         if self.futile:
-            s.block_done(self, "recorded", compute_s=compute, note=FUTILE_NOTE)
+            s.block_done(self, BlockState.RECORDED, compute_s=compute, note=FUTILE_NOTE)
             return
         if not s.adaptive.should_materialize(self.id, s.iteration_elapsed()):
-            s.block_done(self, "recorded", compute_s=compute)
+            s.block_done(self, BlockState.RECORDED, compute_s=compute)
             return
         # M_i of Eq. 4 is all the time training is held up: capturing the state and staging it
         # (the writer hashes and writes it in the background)
@@ -296,7 +302,7 @@ class SkipBlock(Checkpointable):
         except Exception as e:  # any failure to checkpoint leaves the instance to re-execute
             why = self.failure(e, objects, names)
             s.warn_once(self.id, f"block {self.id} not checkpointed: {why}")
-            s.block_done(self, "recorded", compute_s=compute, note=why)
+            s.block_done(self, BlockState.RECORDED, compute_s=compute, note=why)
             return
         if s.files is not None:  # the files the instance wrote, as it leaves them
             s.files.checkpoint(self.key, self.files_seq)
@@ -304,7 +310,7 @@ class SkipBlock(Checkpointable):
         s.put_checkpointed(
             self.key,
             self.id,
-            "checkpointed",
+            BlockState.CHECKPOINTED,
             outcome,
             compute_s=compute,
             materialize_s=m,

@@ -47,7 +47,8 @@ from flortrain.process.channel import Channel
 from flortrain.runtime import blobformat
 from flortrain.runtime.arena import MADV_POPULATE_READ, populate_chunks
 from flortrain.store import content, direct
-from flortrain.store.db import object_path, write_durably
+from flortrain.store.blobs import object_rel
+from flortrain.store.checkpoints import object_path, write_durably
 
 
 def _idle_thread() -> None:
@@ -120,7 +121,7 @@ class Objects:
                 return name, 0
             self._claimed.add(name)
         try:
-            direct.write_object(path, view, aligned)
+            direct.write_object(self.blobs, object_rel(name), view, aligned)
         except BaseException:
             with self._lock:
                 self._claimed.discard(name)
@@ -469,7 +470,7 @@ def _write(
     rel: str = item["rel"]
     if item["kind"] == "bytes":  # a payload serialized on the training thread (torch.save)
         off, n = item["region"]
-        sha = write_durably(blobs / rel, [arena[off : off + n]])
+        sha = write_durably(blobs, rel, item["key"], [arena[off : off + n]])
         return rel, sha, n, item["digests"]
     metas = item["metas"]
     off, n = item["parts"]
@@ -514,7 +515,7 @@ def _write(
     for g, off in zip(inline, offsets, strict=True):
         table[g] = ("i", off)
     head = blobformat.header(parts, metas, table)
-    sha = write_durably(blobs / rel, [head, *chunks])
+    sha = write_durably(blobs, rel, item["key"], [head, *chunks])
     nbytes = len(head) + sum(len(c) for c in chunks) + written
     return rel, sha, nbytes, blobformat.part_digests(item["skeletons"], metas, names)
 

@@ -6,7 +6,7 @@ that records or drives a replay, while the blobs (``<run>/<key>.ft`` plus conten
 A replay worker on another machine (the Ray backend) is given the blob store's location, a local
 path on a shared filesystem or any fsspec URL (``s3://bucket/store/blobs``, ``gs://…``,
 ``file:///…``), and never opens the database. Every read is verified against the hash the
-metadata recorded (a blob's sha256; the blob names its objects by their XXH3-128,
+metadata recorded (a blob's sha256 over its key and bytes; the blob names its objects by their XXH3-128,
 ``content.py``), so a blob store reached through a network is trusted no more than a local one.
 """
 
@@ -22,7 +22,8 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from flortrain.store import content
+from flortrain.store import confine, content
+from flortrain.store.records import Checkpoint
 
 #: Verified content-addressed objects a replay keeps in memory (see ``BlobReader.read_object``).
 OBJECT_CACHE_BYTES = 1 << 30
@@ -30,8 +31,22 @@ OBJECT_CACHE_BYTES = 1 << 30
 #: well within :data:`OBJECT_CACHE_BYTES`, so what is read ahead is still cached when it is needed.
 READ_AHEAD_BYTES = 256 << 20
 
-#: a checkpoint as a replay will ask for it: (blob path, blob sha256, bytes with its objects)
-Checkpoint = tuple[str, str, int]
+
+def hasher(key: str) -> Any:
+    """A sha256 that has taken in ``key``: what a blob's digest starts from. The digest covers the
+    checkpoint's key as well as its bytes, so a row that names another checkpoint's blob (two
+    rows swapped, a blob copied over another) does not verify and is never restored as this one."""
+    raw = key.encode()
+    h = hashlib.sha256(len(raw).to_bytes(8, "big"))
+    h.update(raw)
+    return h
+
+
+def digest(key: str, data: bytes) -> str:
+    """The digest a checkpoint row holds for blob ``data`` of checkpoint ``key``."""
+    h = hasher(key)
+    h.update(data)
+    return str(h.hexdigest())
 
 
 def is_url(location: str) -> bool:
@@ -57,10 +72,12 @@ class BlobReader:
         self._ahead: ReadAhead | None = None
 
     def _read(self, rel: str) -> bytes | None:
+        if not confine.relative(rel):
+            return None
         if not is_url(self.location):
             try:
-                return (Path(self.location) / rel).read_bytes()
-            except OSError:
+                return confine.read(Path(self.location), rel)
+            except OSError:  # missing, or a link planted below the blob store
                 return None
         if self._fs is None:
             import fsspec  # only a replay from a remote blob store needs it
@@ -80,17 +97,17 @@ class BlobReader:
         if order and not is_url(self.location):
             self._ahead = ReadAhead(self, order, refs)
 
-    def read_blob(self, rel: str, sha: str) -> bytes | None:
-        """The blob, or None when it is missing or does not match its recorded hash."""
+    def read_blob(self, ck: Checkpoint) -> bytes | None:
+        """The blob, or None when it is missing or does not match its recorded digest."""
         if self._ahead is not None:
-            data = self._ahead.take(rel, sha)
+            data = self._ahead.take(ck)
             if data is not None:
                 return data
-        return self._read_blob(rel, sha)
+        return self._read_blob(ck)
 
-    def _read_blob(self, rel: str, sha: str) -> bytes | None:
-        data = self._read(rel)
-        if data is None or hashlib.sha256(data).hexdigest() != sha:
+    def _read_blob(self, ck: Checkpoint) -> bytes | None:
+        data = self._read(ck.path)
+        if data is None or digest(ck.key, data) != ck.sha256:
             return None
         return data
 
@@ -163,8 +180,8 @@ class ReadAhead:
         self.reader = reader
         self.order = order
         self.refs = refs
-        self.index = {rel: i for i, (rel, _, _) in enumerate(order)}
-        self.ends = list(accumulate(n for _, _, n in order))  # bytes up to and including each
+        self.index = {ck.path: i for i, ck in enumerate(order)}
+        self.ends = list(accumulate(ck.nbytes for ck in order))  # bytes up to and including each
         self.cond = threading.Condition()
         self.taken = -1  # the latest checkpoint the replay took
         self.next = 0  # the next one the thread reads
@@ -175,12 +192,13 @@ class ReadAhead:
         self.thread: threading.Thread | None = None
         self.objects: ThreadPoolExecutor | None = None
 
-    def take(self, rel: str, sha: str) -> bytes | None:
-        """The blob at ``rel`` if it was read ahead (verified against ``sha``); None if it was
+    def take(self, ck: Checkpoint) -> bytes | None:
+        """``ck``'s blob if it was read ahead (verified against its digest); None if it was
         not, and it is then the caller's to read. Moves the read-ahead on to the checkpoints
         after it."""
+        rel = ck.path
         i = self.index.get(rel)
-        if i is None or self.order[i][1] != sha:
+        if i is None or self.order[i] != ck:
             return None
         with self.cond:
             self.taken = max(self.taken, i)
@@ -249,11 +267,12 @@ class ReadAhead:
                     return
                 j = self.next
                 self.next += 1
-                rel, sha, _ = self.order[j]
+                ck = self.order[j]
+                rel = ck.path
                 self.reading = rel
             data = None
             try:
-                data = self.reader._read_blob(rel, sha)
+                data = self.reader._read_blob(ck)
                 refs: frozenset[str] = frozenset()
                 if data is not None:
                     refs = frozenset(self.refs(data))
@@ -276,6 +295,8 @@ __all__ = [
     "BlobReader",
     "Checkpoint",
     "ReadAhead",
+    "digest",
+    "hasher",
     "is_url",
     "object_rel",
 ]

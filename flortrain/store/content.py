@@ -8,7 +8,7 @@ training thread to name a frozen table, and by every replay to verify each objec
 is over an order of magnitude cheaper per byte than sha256.
 
 What the name is for decides what hash it needs. It is not a signature: the store is the user's
-own, and the blob that refers to an object is itself named by a sha256 (``store.db.write_durably``)
+own, and the blob that refers to an object is itself named by a sha256 (``store.checkpoints.write_durably``)
 that a replay verifies before reading anything it refers to. The name must (1) tell two different
 tensors apart, so that an object written for one is never restored as another, and (2) catch bytes
 damaged on disk (a bit flip, a truncation), so that a damaged object is a missing checkpoint,

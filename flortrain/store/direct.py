@@ -23,7 +23,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from flortrain.store.trust import replacing
+from flortrain.store import confine
 
 #: alignment of address, offset and length that O_DIRECT needs (a multiple of 512 and of 4096)
 ALIGN = 4096
@@ -38,13 +38,14 @@ def aligned(offset: int) -> int:
     return offset + (-offset % ALIGN)
 
 
-def write_object(path: Path, data: memoryview, direct: bool) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename, as
-    :func:`flortrain.store.db.write_durably` does, but unhashed: the caller named the object by
+def write_object(root: Path, rel: str, data: memoryview, direct: bool) -> None:
+    """Write ``data`` to ``root/rel`` through a temporary file and a rename (no symbolic link
+    below ``root`` followed), as
+    :func:`flortrain.store.checkpoints.write_durably` does, but unhashed: the caller named the object by
     the hash it computed (``store/content.py``), and every read verifies it. ``direct``:
     ``data`` starts at an :data:`ALIGN`-aligned address, so its aligned prefix may bypass the page
-    cache. On failure nothing is left at ``path``."""
-    with replacing(path) as fd:
+    cache. On failure nothing is left at ``rel``."""
+    with confine.replacing(root, rel) as fd:
         done = _write_direct(fd, data) if direct else 0
         _write_all(fd, data[done:])
 

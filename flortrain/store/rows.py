@@ -12,34 +12,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import Protocol, runtime_checkable
 
-from flortrain.store.blobs import BlobReader, Checkpoint
-from flortrain.store.db import BlockRow, IterationRow, LogEntry
+from flortrain.store.blobs import BlobReader
+from flortrain.store.iterations import IterationRow
+from flortrain.store.logs import LogEntry
+from flortrain.store.records import BlockRow, Checkpoint
+from flortrain.store.scriptfiles import FileRow, FileState
 
 #: a jump: main id, entry, first iteration skipped, iteration resumed at
 JumpRow = tuple[str, int, int, int]
 
 
+@runtime_checkable
 class RunSink(Protocol):
     """The part of the store a replaying session uses."""
 
-    def put_block(
-        self,
-        run_id: int,
-        key: str,
-        block_id: str,
-        main_id: str,
-        main_inst: int,
-        iteration: int,
-        occurrence: int,
-        state: str,
-        compute_s: float | None = None,
-        materialize_s: float | None = None,
-        restore_s: float | None = None,
-        note: str | None = None,
-        state_sha: dict[str, str] | None = None,
-    ) -> None: ...
+    def put_block(self, run_id: int, row: BlockRow) -> None: ...
 
     def put_blocks(self, run_id: int, rows: Iterable[BlockRow]) -> None: ...
 
@@ -51,11 +41,39 @@ class RunSink(Protocol):
 
     def put_logs(self, run_id: int, entries: Iterable[LogEntry]) -> None: ...
 
-    def read_blob(self, rel: str, sha: str) -> bytes | None: ...
+    def read_blob(self, ck: Checkpoint) -> bytes | None: ...
 
     def read_object(self, sha: str) -> bytes | None: ...
 
     def read_ahead(self, order: list[Checkpoint], refs: Callable[[bytes], list[str]]) -> None: ...
+
+
+@runtime_checkable
+class RecordSink(RunSink, Protocol):
+    """What a recording session and its checkpoint writer write through while the script runs:
+    the store itself (:class:`~flortrain.store.db.Store`), typed against here so that the
+    runtime and the checkpoint code depend on these writes, not on the whole store."""
+
+    root: Path
+    blobs: Path
+    #: why the store stopped taking writes (``store/tables.py``), once it has
+    failed: str | None
+
+    def put_files(self, run_id: int, rows: Iterable[FileRow]) -> None: ...
+
+    def put_file_states(self, run_id: int, rows: Iterable[tuple[str, FileState]]) -> None: ...
+
+    def write_held(self) -> None: ...
+
+    def blob_rel(self, run_id: int, key: str) -> str: ...
+
+    def write_blob(self, run_id: int, key: str, data: bytes) -> tuple[str, str]: ...
+
+    def commit_checkpoint(self, run_id: int, key: str, rel: str, sha: str, nbytes: int) -> None: ...
+
+    def mark_checkpointed(self, run_id: int, key: str, digests: dict[str, str]) -> None: ...
+
+    def note_block(self, run_id: int, key: str, note: str) -> None: ...
 
 
 @dataclass
@@ -68,30 +86,8 @@ class WorkerRows:
     jumps: list[JumpRow] = field(default_factory=list)
     logs: list[LogEntry] = field(default_factory=list)
 
-    def put_block(
-        self,
-        run_id: int,
-        key: str,
-        block_id: str,
-        main_id: str,
-        main_inst: int,
-        iteration: int,
-        occurrence: int,
-        state: str,
-        compute_s: float | None = None,
-        materialize_s: float | None = None,
-        restore_s: float | None = None,
-        note: str | None = None,
-        state_sha: dict[str, str] | None = None,
-    ) -> None:
-        costs = {
-            "compute_s": compute_s,
-            "materialize_s": materialize_s,
-            "restore_s": restore_s,
-            "note": note,
-            "state_sha": state_sha,
-        }
-        self.blocks.append((key, block_id, main_id, main_inst, iteration, occurrence, state, costs))
+    def put_block(self, run_id: int, row: BlockRow) -> None:
+        self.blocks.append(row)
 
     def put_blocks(self, run_id: int, rows: Iterable[BlockRow]) -> None:
         self.blocks.extend(rows)
@@ -105,8 +101,8 @@ class WorkerRows:
     def put_logs(self, run_id: int, entries: Iterable[LogEntry]) -> None:
         self.logs.extend(entries)
 
-    def read_blob(self, rel: str, sha: str) -> bytes | None:
-        return self.reader.read_blob(rel, sha)
+    def read_blob(self, ck: Checkpoint) -> bytes | None:
+        return self.reader.read_blob(ck)
 
     def read_object(self, sha: str) -> bytes | None:
         return self.reader.read_object(sha)
@@ -115,4 +111,4 @@ class WorkerRows:
         self.reader.read_ahead(order, refs)
 
 
-__all__ = ["BlockRow", "JumpRow", "RunSink", "WorkerRows"]
+__all__ = ["JumpRow", "RecordSink", "RunSink", "WorkerRows"]

@@ -38,29 +38,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from flortrain.errors import FlortrainError, Located
+from flortrain.store import confine
+from flortrain.store.confine import DIR_MODE, FILE_MODE, private_dir
 
-DIR_MODE = 0o700
-FILE_MODE = 0o600
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "flortrain-store/1"
 #: The per-user secret; ``FLORTRAIN_KEY_FILE`` names another (tests, several identities).
 KEY_ENV = "FLORTRAIN_KEY_FILE"
 
 UNTRUSTED = "FT015"
-
-
-def private_dir(path: Path) -> None:
-    """``mkdir -p`` where every directory created is ``0700`` whatever the umask (``Path.mkdir``
-    gives parents the umask's mode)."""
-    missing: list[Path] = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # a concurrent record made it first
-            d.mkdir(mode=DIR_MODE)
-        os.chmod(d, DIR_MODE)  # mkdir's mode is masked by the umask; chmod's is not
 
 
 def open_private(path: Path, flags: int) -> int:
@@ -206,8 +192,8 @@ class RunLock:
 
     def __init__(self, root: Path, run_id: int) -> None:
         self.path = lock_path(root, run_id)
-        private_dir(self.path.parent)
-        self.fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
+        # a link planted at ``locks`` or at the lock file is refused, not followed
+        self.fd = confine.open_file(root, _lock_rel(run_id), os.O_RDWR | os.O_CREAT)
         # blocking: a reader asking :func:`held` holds a shared lock for a moment
         fcntl.flock(self.fd, fcntl.LOCK_EX)
 
@@ -218,15 +204,19 @@ class RunLock:
             self.fd = -1
 
 
+def _lock_rel(run_id: int) -> str:
+    return f"locks/run-{run_id}.lock"
+
+
 def lock_path(root: Path, run_id: int) -> Path:
-    return root / "locks" / f"run-{run_id}.lock"
+    return root / _lock_rel(run_id)
 
 
 def held(root: Path, run_id: int) -> bool:
     """Whether some process holds run ``run_id``'s lock (it is alive). No lock file: the run was
     started by a flortrain that took none, or its store was copied without it: not alive."""
     try:
-        fd = os.open(lock_path(root, run_id), os.O_RDONLY)
+        fd = confine.open_file(root, _lock_rel(run_id), os.O_RDONLY)
     except OSError:
         return False
     try:
@@ -239,8 +229,6 @@ def held(root: Path, run_id: int) -> bool:
 
 
 __all__ = [
-    "DIR_MODE",
-    "FILE_MODE",
     "UNTRUSTED",
     "RunLock",
     "adopt",
@@ -248,7 +236,6 @@ __all__ = [
     "held",
     "manifest_problem",
     "open_private",
-    "private_dir",
     "replacing",
     "user_key",
     "verify",
