@@ -228,6 +228,27 @@ def probe_lines(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.startswith("PROBE")]
 
 
+#: the suite's toy training script, for tests that need a small one rather than a fixture's shape
+TOY = FIXTURES / "toy" / "train.py"
+_SETUP_ENDS = "# -- the set-up ends here\n"
+
+
+def toy_script(kind: str | None = None) -> str:
+    """The toy training script (``python train.py [EPOCHS]``, three epochs by default), with its
+    ``inner`` or ``outer`` probe marker made a probe when ``kind`` says which."""
+    text = TOY.read_text()
+    return with_probe(text, kind) if kind else text
+
+
+def toy_prelude() -> str:
+    """The toy script's set-up, its comments left out: ``torch`` imported and seeded, ``model``
+    (a ``Linear(4, 1)``), ``opt`` (SGD), four ``train`` and two ``val`` batches of eight
+    ``(x, y)`` pairs. For a test that writes its own loop after it."""
+    text = TOY.read_text()
+    head = text[: text.index(_SETUP_ENDS)].splitlines(keepends=True)
+    return "".join(ln for ln in head if not ln.startswith("#"))
+
+
 def copy_fixture(name: str, into: Path) -> Path:
     dst = into / f"{name}.py"
     shutil.copy(FIXTURES / f"{name}.py", dst)

@@ -15,24 +15,16 @@ from tests.protocol import (
     latest_run,
     record_and_replay_match_plain,
     replay_matches_plain,
+    toy_prelude,
 )
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
 
-PRELUDE = """\
-import torch
-
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-train = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]
-val = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(2)]
-"""
+#: the toy script's model, optimizer and batches; each shape below adds its own loop
+PRELUDE = toy_prelude()
 
 
 def _states(tmp: Path, which: str = "replay") -> dict[str, int]:
-    runs = flortrain(tmp, "runs", "--json")
-    assert runs.code == 0
     run = latest_run(tmp) if which == "replay" else {"id": 1}
     return block_states(tmp / ".flortrain", int(run["id"]))  # type: ignore[call-overload]
 

@@ -77,11 +77,17 @@ def test_realcode_replay_is_exact(name: str, kinds: tuple[str, ...], tmp_path: P
     else:
         assert states.get("checkpointed", 0) > 0, states
     for kind in kinds:
-        _replay_kind(name, kind, script, original, truth, tmp_path)
+        _replay_kind(name, kind, script, original, truth, states, tmp_path)
 
 
 def _replay_kind(
-    name: str, kind: str, script: Path, original: str, truth: str, tmp_path: Path
+    name: str,
+    kind: str,
+    script: Path,
+    original: str,
+    truth: str,
+    recorded: dict[str, int],
+    tmp_path: Path,
 ) -> None:
     script.write_text(_probed(original, kind))
     expected = plain(script)
@@ -100,12 +106,16 @@ def _replay_kind(
     assert probe_lines(rep.out) == want, rep.err
     replay = latest_run(tmp_path)
     got = block_states(tmp_path / ".flortrain", int(replay["id"]))  # type: ignore[call-overload]
-    if kind in ("outer", "call") and name not in EXECUTES:
-        # partial replay: the script's own instances are restored, including the evaluation a
-        # `call` probe runs once more inside the probe (its loops take no instance of the record)
-        assert got.get("skipped", 0) > 0 and got.get("executed", 0) == 0, got
-    elif kind == "inner":
-        assert got.get("executed", 0) > 0, got
+    if kind == "inner":
+        assert "is inside it" in rep.err and got.get("executed", 0) > 0, (got, rep.err)
+    else:
+        # partial replay: every instance the record checkpointed is restored (the evaluation a
+        # `call` probe runs once more inside the probe takes no instance of the record), and
+        # only those it could not checkpoint execute: none but in the shapes EXECUTES names
+        checkpointed, total = recorded.get("checkpointed", 0), sum(recorded.values())
+        assert got.get("skipped", 0) == checkpointed, (got, recorded)
+        assert got.get("executed", 0) == total - checkpointed, (got, recorded)
+        assert (checkpointed < total) == (name in EXECUTES), recorded
 
     d = flortrain(tmp_path, "diff")  # 3. diff proves the replay faithful
     assert d.code == 0, d.out + d.err

@@ -17,7 +17,7 @@ import numpy.random
 import torch
 
 from flortrain.runtime import rng
-from tests.protocol import replay_matches_plain
+from tests.protocol import replay_matches_plain, toy_prelude
 
 
 def _variants(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -88,25 +88,23 @@ def test_numpys_stream_is_not_captured_or_imported_before_the_script_imports_it(
     assert p.returncode == 0, p.stderr
 
 
-MIDWAY = """\
-import torch
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-x = torch.randn(32, 4)
+MIDWAY = (
+    toy_prelude()
+    + """\
 for epoch in range(6):
     if epoch == 2:
         import numpy.random
         numpy.random.seed(5)
-    for i in range(4):
+    for x, y in train:
         noise = float(numpy.random.normal()) if epoch >= 2 else 0.0
-        loss = ((model(x) - noise) ** 2).mean()
+        loss = ((model(x) - y - noise) ** 2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
     #PROBE
     print(f"epoch {epoch} loss {loss.item():.6f}")
 """
+)
 
 
 def test_a_script_that_imports_numpy_random_midway_replays_exactly(tmp_path: Path) -> None:
