@@ -60,7 +60,7 @@ HOOKS: tuple[tuple[str, str, str, int], ...] = (
     ("state capture", "flortrain.runtime.checkpointable", "capture_named", 3),
     ("submit", "flortrain.runtime.materializer", "BackgroundMaterializer.submit", 2),
     ("stage (split, pickle)", "flortrain.runtime.blobformat", "stage", 3),
-    ("send to writer", "flortrain.process.channel", "Channel.send", 3),
+    ("send to writer", "flortrain.channel", "Channel.send", 3),
 )
 
 

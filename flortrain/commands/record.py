@@ -12,7 +12,7 @@ from typing import Any
 from flortrain import knobs
 from flortrain.check.before_record import warn
 from flortrain.errors import FlortrainError, Located
-from flortrain.process import as_main, launcher
+from flortrain.process import as_main, launcher, stopping
 from flortrain.process.launcher import Summary
 from flortrain.process.static_child import StaticPass, start_static_pass
 from flortrain.process.training import (
@@ -21,7 +21,6 @@ from flortrain.process.training import (
     pin_threads,
     set_aside_static_objects,
 )
-from flortrain.runtime import stopping
 from flortrain.runtime.files import Watch, skip_roots, watching
 from flortrain.runtime.importhook import ProjectHook
 from flortrain.runtime.jumps import Segment, SpanReplay

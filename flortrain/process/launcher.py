@@ -22,7 +22,7 @@ This process:
   the training process directly and is not sent again: its ``si_code`` says so. Python would
   otherwise see a second SIGINT while it unwinds from the first. One ``kill(2)`` sent the whole
   group cannot be told from one sent to this process alone, so it is forwarded, and the training
-  process takes the two for one (:mod:`flortrain.runtime.stopping`);
+  process takes the two for one (:mod:`flortrain.process.stopping`);
 - ends with the training process's status: its exit code, or the signal that killed it, raised
   again on itself. A training process killed before it finished (the OOM killer, ``kill -9``)
   gets a line saying which run it leaves incomplete and how to resume it;
@@ -47,16 +47,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flortrain import channel as link
 from flortrain import knobs
-from flortrain.process.channel import Channel
+from flortrain.channel import Channel
 
 #: Whether this process may become a launcher: only the ``flortrain`` command's own process
 #: (``cli.main``), never one that calls the CLI in-process (click's test runner, a notebook).
 allowed = False
-#: In the training process: its channel to the launcher (None: there is no launcher).
-channel: Channel | None = None
-#: In the training process: the socket its writer, forked from it, sends its results on.
-writer_end: socket.socket | None = None
 
 _FORWARDED = {
     signal.SIGINT,
@@ -121,9 +118,9 @@ class Summary:
 def tell(*msg: Any) -> None:
     """Send the launcher a message (nothing without one): ``("run", id, script, store root)``
     once the run exists, ``("finished",)`` once its last line is printed, or ``("handoff", spec)``."""
-    if channel is not None:
+    if link.to_launcher is not None:
         with contextlib.suppress(OSError):
-            channel.send(msg)
+            link.to_launcher.send(msg)
 
 
 def launch() -> None:
@@ -131,7 +128,6 @@ def launch() -> None:
     returns. Outside the ``flortrain`` command's own process (:data:`allowed`), without
     ``os.fork``/``os.pidfd_open``, or with ``FLORTRAIN_LAUNCHER=off``, it returns at once and the
     script runs here."""
-    global channel, writer_end
     if (
         not allowed
         or knobs.launcher() == "off"
@@ -161,7 +157,7 @@ def launch() -> None:
         _die_with(parent)
         _restore(inherited)
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        channel, writer_end = Channel(training_end), writer_sock
+        link.to_launcher, link.writer_end = Channel(training_end), writer_sock
         return
     training_end.close()
     writer_sock.close()

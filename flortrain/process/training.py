@@ -9,10 +9,9 @@ import sys
 from collections.abc import Callable
 from types import CodeType
 
-from flortrain.process import distributed
+from flortrain.process import distributed, stopping
 from flortrain.process.as_main import run_as_main
 from flortrain.runtime import session as _session
-from flortrain.runtime import stopping
 from flortrain.runtime.capture import Tee
 from flortrain.runtime.importhook import installed
 from flortrain.runtime.session import Session
@@ -73,7 +72,7 @@ def execute(
     up front when the script uses it (and not at all for a script that never mentions it).
     ``hook`` (the project-module import hook) is on ``sys.meta_path`` while the script runs.
     ``stop`` (a record's): what ends the run when a SIGTERM stops the script, called once what
-    was captured is finalized, before the process dies of it (:mod:`~flortrain.runtime.stopping`).
+    was captured is finalized, before the process dies of it (:mod:`~flortrain.process.stopping`).
     The handlers stay in place until the caller has finished the run (:func:`stopping.close`)."""
     if uses_torch and torch_available():
         session.registry.install()

@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from flortrain import channel as link
 from flortrain import knobs
-from flortrain.process import launcher
-from flortrain.process.channel import Channel
+from flortrain.channel import Channel
 from flortrain.runtime import blobformat, versions
 from flortrain.runtime.arena import Warmer, resident_budget
 from flortrain.runtime.digest import state_digests
@@ -438,7 +438,7 @@ class BackgroundMaterializer:
                 self.delay,
                 self.backlog,
                 warm,
-                launcher.writer_end,
+                link.writer_end,
             )
         self._forks += 1
         child_sock.close()
@@ -662,7 +662,7 @@ class BackgroundMaterializer:
         it: this process unmaps the arena and goes on to exit while the writer drains. Results
         the writer sent here and this process did not read are among those keys: the writer sends
         them again (``writer.Desk``)."""
-        if launcher.channel is None or self.ch is None or self.pid is None:
+        if link.to_launcher is None or self.ch is None or self.pid is None:
             return None
         self.warmer.stop()
         self.poll()

@@ -56,7 +56,7 @@ _INT = signal.default_int_handler
 
 
 class Interrupt:
-    """A record's SIGINT handler in place of Python's own (:mod:`flortrain.runtime.stopping`):
+    """A record's SIGINT handler in place of Python's own (:mod:`flortrain.process.stopping`):
     ``KeyboardInterrupt`` as Python raises it, once per Ctrl-C. The launcher forwards a SIGINT
     that ``kill`` sent it, and a signal sent to the whole process group reaches the training
     process as well: a second one within :attr:`WINDOW` seconds of the first is that same

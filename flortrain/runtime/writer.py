@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from flortrain import knobs
-from flortrain.process.channel import Channel
+from flortrain.channel import Channel
 from flortrain.runtime import blobformat
 from flortrain.runtime.arena import MADV_POPULATE_READ, populate_chunks
 from flortrain.store import content, direct

@@ -46,3 +46,11 @@ class Channel:
             if not chunk:
                 raise EOFError("closed")
             self.buf += chunk
+
+
+#: In the training process: its channel to the launcher (None: there is no launcher). Set by
+#: :func:`flortrain.process.launcher.launch`; read by the materializer, which hands the launcher
+#: its last keys. Kept here, at the bottom of the layers, so the runtime needs nothing above it.
+to_launcher: Channel | None = None
+#: In the training process: the socket its writer, forked from it, sends its results on.
+writer_end: socket.socket | None = None
