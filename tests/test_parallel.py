@@ -28,6 +28,7 @@ from flortrain.replay.preload import needs_torch
 from flortrain.replay.segments import divide, even
 from flortrain.store.blobs import BlobReader, object_rel
 from flortrain.store.db import open_store
+from flortrain.store.records import BlockRow, BlockState
 from tests.protocol import Result, flortrain, plain
 
 EVERY = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_SEGMENTS": "even"}
@@ -463,17 +464,8 @@ def test_divide_even_splits_by_iteration_counts() -> None:
     assert [w.segment.start for w in divide(loop, [], 2, shape=even(loop)).workers] == [0, 3]
 
 
-def _row(block: str, state: str, it: int, compute: float, materialize: float) -> dict[str, object]:
-    return {
-        "block_id": block,
-        "state": state,
-        "key": f"{block}.{it}",
-        "main_id": "M1",
-        "main_inst": 0,
-        "iteration": it,
-        "compute_s": compute,
-        "materialize_s": materialize,
-    }
+def _row(block: str, state: str, it: int, compute: float, materialize: float) -> BlockRow:
+    return BlockRow(f"{block}.{it}", block, "M1", 0, it, 0, BlockState(state), compute, materialize)
 
 
 def test_one_restore_price_serves_the_plan_estimate_and_the_division() -> None:

@@ -229,9 +229,9 @@ def prepare(
     measured = store.restore_ratio(os.path.abspath(script))
     restore_ratio = knobs.DEFAULT_RESTORE_RATIO if measured is None else measured[0]
     costs = block_costs(blocks, restore_ratio)
+    checkpoints = store.checkpoints(record.id)  # validated (FT018) before the plan is printed
     for line in plan_report(script, record, s.plan, s.rplan, s.probes, blocks, costs, measured):
         print(f"flortrain: {line}", file=sys.stderr)
-    checkpoints = store.checkpoints(record.id)
     return Prepared(
         store,
         record,
