@@ -18,6 +18,7 @@ from flortrain.runtime.adaptive import AdaptivePeriod
 from flortrain.runtime.audit import Image
 from flortrain.runtime.files import Watch
 from flortrain.runtime.registry import Registry
+from flortrain.store.records import BlockState
 
 Getters = Mapping[str, Callable[[], Any]]
 
@@ -77,7 +78,11 @@ class BlockHost(CheckpointHost, Protocol):
     def close_block(self, block: Instance) -> None: ...
 
     def block_done(
-        self, block: Instance, state: str, digests: dict[str, str] | None = None, **costs: Any
+        self,
+        block: Instance,
+        state: BlockState,
+        digests: dict[str, str] | None = None,
+        **costs: Any,
     ) -> None: ...
 
     def holding(self, defer_signals: bool = True) -> AbstractContextManager[None]: ...
@@ -105,7 +110,7 @@ class BlockHost(CheckpointHost, Protocol):
     ) -> Outcome: ...
 
     def put_checkpointed(
-        self, key: str, block_id: str, state: str, outcome: Outcome, **costs: Any
+        self, key: str, block_id: str, state: BlockState, outcome: Outcome, **costs: Any
     ) -> None: ...
 
     def learn(self, block_id: str, registry_id: int, type_name: str) -> None: ...

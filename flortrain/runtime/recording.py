@@ -52,7 +52,9 @@ class RecordSession(JumpingSession):
     boundary_every: int = field(default_factory=knobs.boundary_every)
     _submitting: str | None = None
     _outcome: Outcome = None
-    _pending: dict[str, str] = field(default_factory=dict)  # checkpoints staged, not yet committed
+    _pending: dict[str, BlockState] = field(
+        default_factory=dict
+    )  # checkpoints staged, not yet committed
     #: ``record --resume``: the iteration it records from; those from the boundary restored up
     #: to it run as in a replay (:attr:`replaying`)
     resume_until: int = 0
@@ -332,7 +334,7 @@ class RecordSession(JumpingSession):
         if b.observed is not None:
             self.identity_tables[main_id] = b.observed.now
         m = self.adaptive.materialized(main_id, time.perf_counter() - now, self.background)
-        self.put_checkpointed(b.key, main_id, "boundary", outcome, materialize_s=m)
+        self.put_checkpointed(b.key, main_id, BlockState.BOUNDARY, outcome, materialize_s=m)
         self._iteration_begins(main_id)  # the checkpoint is not the next iteration's
         return b
 
@@ -381,7 +383,7 @@ class RecordSession(JumpingSession):
         self,
         key: str,
         block_id: str,
-        state: str,
+        state: BlockState,
         outcome: Outcome,
         **costs: Any,
     ) -> None:
@@ -414,7 +416,7 @@ class RecordSession(JumpingSession):
                 self.main[1],
                 self.main[2],
                 occurrence,
-                BlockState(row_state),
+                row_state,
                 note=note,
                 state_sha=digests,
                 **costs,
@@ -438,9 +440,9 @@ class RecordSession(JumpingSession):
         if state is None:
             return
         self.store.mark_checkpointed(self.run_id, key, digests)
-        if state != "boundary":
-            self.counts["recorded"] = self.counts.get("recorded", 0) - 1
-            self.counts["checkpointed"] = self.counts.get("checkpointed", 0) + 1
+        if state != BlockState.BOUNDARY:
+            self.counts[BlockState.RECORDED] = self.counts.get(BlockState.RECORDED, 0) - 1
+            self.counts[BlockState.CHECKPOINTED] = self.counts.get(BlockState.CHECKPOINTED, 0) + 1
 
     def _lost(self, key: str, reason: str) -> None:
         if key == self._submitting:

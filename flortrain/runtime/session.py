@@ -219,7 +219,7 @@ class Session:
         raise NotImplementedError("only a record checkpoints")
 
     def put_checkpointed(
-        self, key: str, block_id: str, state: str, outcome: Outcome, **costs: Any
+        self, key: str, block_id: str, state: BlockState, outcome: Outcome, **costs: Any
     ) -> None:
         raise NotImplementedError("only a record checkpoints")
 
@@ -376,7 +376,11 @@ class Session:
         return State.SKIP
 
     def block_done(
-        self, block: Instance, state: str, digests: dict[str, str] | None = None, **costs: Any
+        self,
+        block: Instance,
+        state: BlockState,
+        digests: dict[str, str] | None = None,
+        **costs: Any,
     ) -> None:
         self.counts[state] = self.counts.get(state, 0) + 1
         if self.replaying_here():
@@ -394,7 +398,7 @@ class Session:
                 entry,
                 it,
                 occ,
-                BlockState(state),
+                state,
                 state_sha=digests,
                 **costs,
             )
