@@ -98,6 +98,29 @@ def cli(ctx: click.Context, store: str | None, trust: bool) -> None:
     ctx.obj = {"store": store, "trust": trust}
 
 
+def _deterministic_options(fn: F) -> F:
+    """``--deterministic`` and ``--seed``, as record and run take them."""
+    fn = click.option(
+        "--seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="With --deterministic: the run seed the per-example generators derive from "
+        "(default 0).",
+    )(fn)
+    return click.option(
+        "--deterministic",
+        is_flag=True,
+        help="Per-example generators for what DataLoader workers and pools draw, deterministic "
+        "algorithms, pinned threads (docs/determinism.md); replay applies the same.",
+    )(fn)
+
+
+def _seed_needs_flag(deterministic: bool, seed: int | None) -> None:
+    if seed is not None and not deterministic:
+        raise click.UsageError("--seed is only meaningful with --deterministic")
+
+
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
@@ -123,6 +146,7 @@ def cli(ctx: click.Context, store: str | None, trust: bool) -> None:
     is_flag=True,
     help="Do not warn of `flortrain check`'s findings before training (env FLORTRAIN_CHECK=off).",
 )
+@_deterministic_options
 @click.pass_context
 @_one_line_errors
 def record(
@@ -132,6 +156,8 @@ def record(
     epsilon: float | None,
     resume: int | None,
     no_check: bool,
+    deterministic: bool,
+    seed: int | None,
 ) -> None:
     """Run SCRIPT instrumented, checkpointing its memoized loops. Its stdout is unchanged.
     Options go before SCRIPT; everything after it is the script's."""
@@ -141,18 +167,45 @@ def record(
     from flortrain.process.static_child import start_static_pass
 
     knobs.validate()
+    _seed_needs_flag(deterministic, seed)
     check_environment(script, "record")
     launch()  # the launcher waits here for the training process, which goes on
     # forked off now, before the runtime's and torch's imports
-    static = start_static_pass(script, not no_check and knobs.check())
+    static = start_static_pass(script, not no_check and knobs.check(), deterministic)
     try:
         from flortrain.commands.record import record as do_record
     except BaseException:
         static.close()
         raise
     sys.exit(
-        do_record(script, list(args), ctx.obj["store"], epsilon, ctx.obj["trust"], resume, static)
+        do_record(
+            script,
+            list(args),
+            ctx.obj["store"],
+            epsilon,
+            ctx.obj["trust"],
+            resume,
+            static,
+            seed if deterministic else None,
+            deterministic,
+        )
     )
+
+
+@cli.command(
+    "run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}
+)
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@_deterministic_options
+@_one_line_errors
+def run_command(script: str, args: tuple[str, ...], deterministic: bool, seed: int | None) -> None:
+    """Run SCRIPT without recording; with --deterministic, as `record --deterministic` runs it
+    (it prints what that record prints). Options go before SCRIPT."""
+    _seed_needs_flag(deterministic, seed)
+    from flortrain.commands.run import run
+
+    sys.exit(run(script, list(args), seed if deterministic else None, deterministic))
 
 
 @cli.command()

@@ -212,31 +212,37 @@ class Regions:
 
     def _pools(self) -> Iterator[Region]:
         unit = self.unit
-        names = _local_names(unit, _DATA_PARALLEL | {"joblib.delayed"})
-        for call in unit.calls:
-            if not call.args or not (_callee_name(call) in names or _pool_call(call)):
-                continue
-            kind: Kind | None = None
-            target: cst.BaseExpression | None = None
-            called = unit.called(call)
-            scope = self.scope_of(call)
-            if "joblib.delayed" in called and call.args:
-                kind, target = _joblib_kind(unit, call), call.args[0].value
-            elif called & _DATA_PARALLEL and call.args:
-                cls = class_of(unit, call.args[0].value, scope)
+        for call, kind, target, scope in self.submissions():
+            if kind is Kind.REPLICAS:
+                cls = class_of(unit, target, scope)
                 if cls is not None:
                     m = cls[0].program.method(cls[1], "forward")
                     f = func_of(cls[0], cls[0].program.scopes[m]) if m else None
                     if f is not None:
                         yield Region(Kind.REPLICAS, f, None if f.unit is unit else call)
                 continue
-            elif isinstance(call.func, cst.Attribute):
-                kind = _pool_kind(unit, call.func.value, scope)
-                target = call.args[0].value
-            if kind is None or target is None:
-                continue
             for f in resolve_ref(unit, target, scope):
                 yield Region(kind, f, None if f.unit is unit else target)
+
+    def submissions(self) -> Iterator[tuple[cst.Call, Kind, cst.BaseExpression, Scope]]:
+        """Each call that hands a callable (``target``) to a pool, to ``joblib.delayed`` or to
+        ``nn.DataParallel`` (kind REPLICAS, ``target`` the module), with the scope it is in."""
+        unit = self.unit
+        names = _local_names(unit, _DATA_PARALLEL | {"joblib.delayed"})
+        for call in unit.calls:
+            if not call.args or not (_callee_name(call) in names or _pool_call(call)):
+                continue
+            kind: Kind | None = None
+            called = unit.called(call)
+            scope = self.scope_of(call)
+            if "joblib.delayed" in called:
+                kind = _joblib_kind(unit, call)
+            elif called & _DATA_PARALLEL:
+                kind = Kind.REPLICAS
+            elif isinstance(call.func, cst.Attribute):
+                kind = _pool_kind(unit, call.func.value, scope)
+            if kind is not None:
+                yield call, kind, call.args[0].value, scope
 
 
 def scope_of(unit: Unit, call: cst.Call) -> Scope:

@@ -436,24 +436,30 @@ def _stmts(suite: cst.BaseSuite) -> Sequence[cst.CSTNode]:
     return [suite]
 
 
+def flow_draws(regions: Regions, chosen: Sequence[Region]) -> list[Draw]:
+    """Every draw in the ``chosen`` regions of the file ``regions`` describes, with its state
+    there (``flortrain record --deterministic`` asks of more regions than the check reports)."""
+    visited = reach(regions, [r.entry for r in chosen])
+    draws: list[Draw] = []
+    for region in chosen:
+        flow = _Flow(regions, region, visited)
+        env = _initial(region, regions.unit.config.torch_version)
+        if region.loader is not None:
+            for init in region.loader.init_fns:
+                seeded, attrs = worker_seeding(regions, init, region.dataset)
+                env.update((k, Safe(False)) for k in seeded)
+                flow.reseeded_attrs |= attrs
+        flow.run(region.entry, env, region.anchor)
+        draws.extend(flow.draws)
+    return draws
+
+
 class Analysis:
     """Every draw in the checked file's regions, with its state there."""
 
     def __init__(self, unit: Unit) -> None:
         self.regions = Regions(unit)
-        entries = [r.entry for r in self.regions.all]
-        visited = reach(self.regions, entries)
-        self.draws: list[Draw] = []
-        for region in self.regions.all:
-            flow = _Flow(self.regions, region, visited)
-            env = _initial(region, unit.config.torch_version)
-            if region.loader is not None:
-                for init in region.loader.init_fns:
-                    seeded, attrs = worker_seeding(self.regions, init, region.dataset)
-                    env.update((k, Safe(False)) for k in seeded)
-                    flow.reseeded_attrs |= attrs
-            flow.run(region.entry, env, region.anchor)
-            self.draws.extend(flow.draws)
+        self.draws: list[Draw] = flow_draws(self.regions, self.regions.all)
 
 
 _CACHE: weakref.WeakKeyDictionary[Unit, Analysis] = weakref.WeakKeyDictionary()

@@ -11,6 +11,8 @@ from typing import Any
 
 from flortrain import knobs
 from flortrain.check.before_record import warn
+from flortrain.determinism.settings import DEFAULT_SEED, Settings, said_rewrite
+from flortrain.determinism.settings import apply as apply_settings
 from flortrain.errors import FlortrainError, Located
 from flortrain.process import as_main, launcher, stopping
 from flortrain.process.launcher import Summary
@@ -135,6 +137,21 @@ def _resumable(
     return run, point, until
 
 
+def _same_mode(killed: Run, script: str, deterministic: bool, seed: int | None) -> Settings | None:
+    """A resumed record runs in its killed run's mode, under its settings."""
+    settings = Settings.from_meta(killed.meta)
+    if (settings is not None) != deterministic or (
+        settings is not None and seed is not None and seed != settings.seed
+    ):
+        how = (
+            f"with --deterministic --seed {settings.seed}" if settings is not None else "without --deterministic"
+        )
+        raise FlortrainError(
+            f"run {killed.id} was recorded {how}; resume it the same way", Located(script), "FT040"
+        )
+    return settings
+
+
 def record(
     script: str,
     args: list[str],
@@ -143,12 +160,16 @@ def record(
     trust: bool = False,
     resume: int | None = None,
     static: StaticPass | None = None,
+    seed: int | None = None,
+    deterministic: bool = False,
 ) -> int:
     """Record ``script``. ``static`` is its static pass, begun by the caller as early as it could
-    (the CLI forks it off before importing this module: :mod:`flortrain.process.static_child`)."""
+    (the CLI forks it off before importing this module: :mod:`flortrain.process.static_child`).
+    ``deterministic``: per-example generators and the deterministic settings, seeded by ``seed``
+    (docs/determinism.md)."""
     knobs.validate()
     if static is None:
-        static = start_static_pass(script, knobs.check())
+        static = start_static_pass(script, knobs.check(), deterministic)
     try:
         text = static.text
         torch_script = project_uses_torch(script, text)
@@ -169,6 +190,10 @@ def record(
         "blocks": [b.id for b in plan.blocks],
         "refused": [f"{r.span.line}: {r.reason}" for r in plan.refused],
     }
+    settings = None
+    if deterministic:
+        settings = Settings(DEFAULT_SEED if seed is None else seed, threads)
+        meta["deterministic"] = settings.as_meta()
     if resume is None:
         run_id = store.begin_run("record", os.path.abspath(script), args, text, None, threads, meta)
         print(
@@ -178,6 +203,7 @@ def record(
         )
     else:
         killed, point, until = _resumable(store, resume, script, text, args)
+        settings = _same_mode(killed, script, deterministic, seed)
         run_id, args, threads = killed.id, killed.argv, killed.threads
         pin_threads(threads)
         boundary = f"{point[0]}@{point[0]}.{point[1]}.{point[2]}#0"  # its checkpoint's key
@@ -235,6 +261,9 @@ def record(
             file=sys.stderr,
         )
     _untracked(script, plan, session)
+    if settings is not None:
+        said_rewrite(script, done.rewritten)
+        apply_settings(settings, torch_script)
     session.start_materializer()
     t0 = time.perf_counter()
     hook = _module_recorder(script, store, run_id, meta, session, done.modules)

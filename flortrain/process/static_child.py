@@ -57,6 +57,7 @@ from flortrain.static.text import (
 
 if TYPE_CHECKING:
     from flortrain.check.before_record import Checked
+    from flortrain.determinism.report import Rewritten
 
 T = TypeVar("T")
 
@@ -233,37 +234,52 @@ class ScriptPass:
     modules: ModulePasses = field(default_factory=dict)
     #: ``flortrain check``'s findings on the script, which record prints as warnings (None: not run)
     checked: Checked | None = None
+    #: ``--deterministic``: what the per-example rewrite changed (what was instrumented and
+    #: checked is the rewritten text)
+    rewritten: Rewritten | None = None
 
 
 class StaticPass(Overlapped[ScriptPass]):
     """A script's text and its static pass for record (:func:`start_static_pass`), with ``flortrain check``'s
     findings on it unless ``check`` is off."""
 
-    def __init__(self, script: str, text: str, fork: bool, check: bool = True) -> None:
+    def __init__(
+        self, script: str, text: str, fork: bool, check: bool = True, deterministic: bool = False
+    ) -> None:
         self.script, self.text = script, text
         super().__init__(
-            lambda: _script_pass(script, text, check, module_passes(script, text)),
+            lambda: _script_pass(script, text, check, module_passes(script, text), deterministic),
             ScriptPass,
             fork,
             # modules: the import hook's, at import
-            fallback=lambda: _script_pass(script, text, check, {}),
+            fallback=lambda: _script_pass(script, text, check, {}, deterministic),
         )
 
 
-def _script_pass(script: str, text: str, check: bool, modules: ModulePasses) -> ScriptPass:
+def _script_pass(
+    script: str, text: str, check: bool, modules: ModulePasses, deterministic: bool = False
+) -> ScriptPass:
     """The script instrumented and, when ``check``, ``flortrain check`` run on the same parse and
-    plan (after the instrumentation, so that a file the pass refuses is refused as it is)."""
+    plan (after the instrumentation, so that a file the pass refuses is refused as it is). With
+    ``deterministic``, what is instrumented and checked is the script's per-example rewrite
+    (:mod:`flortrain.determinism.rewrite`), so the check reports what the rewrite leaves."""
     # libcst is imported here, in whichever process runs the pass
     from flortrain.instrument import for_record
     from flortrain.static.source import parse
 
+    rewritten = None
+    if deterministic:
+        from flortrain.determinism.rewrite import determinize
+
+        rewritten = determinize(script, text)
+        text = rewritten.text
     source = parse(script, text)
     inst = for_record(source)
     if not check:
-        return ScriptPass(inst, modules)
+        return ScriptPass(inst, modules, None, rewritten)
     from flortrain.check.before_record import check as check_script
 
-    return ScriptPass(inst, modules, check_script(script, text, (source, inst.plan)))
+    return ScriptPass(inst, modules, check_script(script, text, (source, inst.plan)), rewritten)
 
 
 def module_passes(
@@ -294,7 +310,7 @@ def module_passes(
     return out
 
 
-def start_static_pass(script: str, check: bool = True) -> StaticPass:
+def start_static_pass(script: str, check: bool = True, deterministic: bool = False) -> StaticPass:
     """The static pass of ``script`` for record, forked off when that can save wall time
     (:func:`worth_overlapping`), else run at once; with ``flortrain check``'s findings unless
     ``check`` is off. A missing or undecodable script fails here, in one line, before anything
@@ -305,4 +321,5 @@ def start_static_pass(script: str, check: bool = True) -> StaticPass:
         text,
         worth_overlapping(project_uses_torch(script, text) and torch_available()),
         check,
+        deterministic,
     )

@@ -140,6 +140,7 @@ def _tasks(p: Prepared, plan: SegmentPlan, blobs: str) -> list[WorkerTask]:
             marks,
             w.segment,
             blobs,
+            {k: v for k, v in p.record.meta.items() if k == "deterministic"},
         )
         for k, w in enumerate(plan.workers)
     ]

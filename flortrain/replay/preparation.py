@@ -145,6 +145,7 @@ def static_replay(
     cli_probes: list[str],
     run_id: int,
     modules: Collection[str] = (),
+    deterministic: bool = False,
 ) -> StaticReplay:
     """Find the probes, analyse the recorded script, plan the replay and instrument the current
     script; with ``modules`` (the recorded project modules), instrument those the script imports
@@ -161,9 +162,15 @@ def static_replay(
     for spec in cli_probes:
         current_text = add_cli_probe(current_text, spec, script)
     probes = find_probes(recorded_text, current_text, script, run_id)
+    current = probes.current
+    if deterministic:  # the record instrumented its per-example rewrite: so does the replay
+        from flortrain.determinism.rewrite import determinize
+
+        recorded_text = determinize(script, recorded_text).text
+        current = parse(script, determinize(script, current.text).text)
     plan = analyse(parse(script, recorded_text))
     rplan = plan_replay(plan, probes)
-    code_text = transform(probes.current, rplan.instrumentation)
+    code_text = transform(current, rplan.instrumentation)
     ahead = module_passes(script, disk_text, only=modules) if modules else {}
     return StaticReplay(
         current_text, plan, rplan, code_text, tuple((p.line, p.code) for p in probes.probes), ahead
@@ -176,13 +183,16 @@ def _static_pass(
     """The static pass, in a forked child while torch is imported here (``fork``: that saves
     time), or inline."""
     recorded_paths = frozenset(dict(record.meta.get("modules", {})))
+    det = "deterministic" in record.meta
     static = Overlapped(
         lambda: static_replay(
-            script, recorded_text, disk_text, cli_probes, record.id, recorded_paths
+            script, recorded_text, disk_text, cli_probes, record.id, recorded_paths, det
         ),
         StaticReplay,
         fork,
-        fallback=lambda: static_replay(script, recorded_text, disk_text, cli_probes, record.id),
+        fallback=lambda: static_replay(
+            script, recorded_text, disk_text, cli_probes, record.id, (), det
+        ),
     )
     try:
         if static.forked:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+from flortrain.determinism.settings import deterministic
 from flortrain.process.training import execute, pin_threads
 from flortrain.replay.conclusion import conclude, open_run
 from flortrain.replay.files import begin_files, end_files
@@ -35,6 +36,7 @@ def replay_serial(p: Prepared) -> int:
     """Execute the prepared replay here; its exit status (:func:`conclude`)."""
     allocator.steady()
     pin_threads(p.record.threads)
+    deterministic(p.record.meta, p.uses_torch)
     run = open_run(p)
     if p.files is not None:
         begin_files(p.files, p.store, run)

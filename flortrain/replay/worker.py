@@ -50,6 +50,7 @@ class WorkerTask:
     boundaries: dict[tuple[str, int], list[int]]
     segment: Any  # flortrain.runtime.jumps.Segment
     blobs: str  # the blob store: a directory or an fsspec URL
+    meta: dict[str, Any] = field(default_factory=dict)  # the record's (its deterministic settings)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class WorkerResult:
 
 def run_task(task: WorkerTask) -> WorkerResult:
     """Replay the task's segment in this process (which must be fresh)."""
+    from flortrain.determinism.settings import deterministic
     from flortrain.process.training import execute, pin_threads
     from flortrain.runtime import allocator
     from flortrain.runtime.importhook import ProjectHook
@@ -81,6 +83,7 @@ def run_task(task: WorkerTask) -> WorkerResult:
     os.chdir(task.cwd)
     allocator.steady()
     pin_threads(task.threads)
+    deterministic(task.meta, task.uses_torch)
     rows = WorkerRows(BlobReader(task.blobs))
     guards = {m: [compile_guard(*g) for g in gs] for m, gs in task.guards.items()}
     spans = SpanReplay(guards, task.scalars, task.boundaries, segment=task.segment)
