@@ -28,6 +28,10 @@ _installed: dict[str, Any] = {}
 class KeyedDataset:
     """``dataset`` fetched by ``(seed, index, k)`` keys, each as its own example."""
 
+    #: what the record's runtime asks of a loader's dataset: its examples' numbers are their own
+    #: (a persistent worker carries nothing over between epochs)
+    keyed_examples = True
+
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
 
@@ -63,13 +67,21 @@ class _Pass:
 
 
 class KeyedSampler:
-    """A sampler whose indices carry their pass's key."""
+    """A sampler whose indices carry their pass's key. ``shuffles``: the sampler is the
+    ``RandomSampler`` a ``shuffle=True`` loader builds, whose order is then drawn from the pass's
+    own generator, not from torch's global stream (which a loader's iterator also draws its
+    workers' base seed from, once per epoch without persistent workers, once in all with them:
+    the order would depend on ``persistent_workers``)."""
 
-    def __init__(self, sampler: Any, ident: tuple[Any, ...]) -> None:
-        self.sampler, self.ident = sampler, ident
+    def __init__(self, sampler: Any, ident: tuple[Any, ...], shuffles: bool = False) -> None:
+        self.sampler, self.ident, self.shuffles = sampler, ident, shuffles
 
     def __iter__(self) -> Iterator[tuple[int, Any, int]]:
         p = _Pass(self.ident)
+        if self.shuffles:
+            import torch
+
+            self.sampler.generator = torch.Generator().manual_seed(examples.derive(p.seed, "order"))
         for index in self.sampler:
             yield p.key(index)
 
@@ -93,6 +105,7 @@ class KeyedBatchSampler(KeyedSampler):
 
 def _keyed_arguments(bound: inspect.BoundArguments, ident: tuple[Any, ...]) -> None:
     """Put the keyed sampler and dataset in ``bound`` (a DataLoader's arguments)."""
+    import torch
     from torch.utils.data import RandomSampler, SequentialSampler
 
     a = bound.arguments
@@ -101,14 +114,13 @@ def _keyed_arguments(bound: inspect.BoundArguments, ident: tuple[Any, ...]) -> N
         a["batch_sampler"] = KeyedBatchSampler(a["batch_sampler"], ident)
     else:
         sampler = a.get("sampler")
+        shuffles = sampler is None and bool(a.get("shuffle"))
         if sampler is None:
-            shuffle = bool(a.get("shuffle"))
-            generator = a.get("generator")
-            sampler = (
-                RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
-            )
-        a["sampler"] = KeyedSampler(sampler, ident)
+            sampler = RandomSampler(dataset) if shuffles else SequentialSampler(dataset)
+        a["sampler"] = KeyedSampler(sampler, ident, shuffles)
         a["shuffle"] = None
+    if a.get("generator") is None:  # the workers' base seeds, drawn from the loader's own
+        a["generator"] = torch.Generator().manual_seed(examples.derive(examples.run_seed, ident))
     a["dataset"] = KeyedDataset(dataset)
 
 

@@ -452,7 +452,9 @@ class RecordSession(JumpingSession):
             self.store.note_block(self.run_id, key, f"checkpoint lost: {reason}")
 
     def _persistent_loader(self, block_id: str, registry_id: int, loader: Any) -> None:
-        if getattr(loader, "persistent_workers", False):
+        # a loader under ``--deterministic`` keys every example's numbers: nothing carries over
+        keyed = getattr(getattr(loader, "dataset", None), "keyed_examples", False)
+        if getattr(loader, "persistent_workers", False) and not keyed:
             self.warn_once(f"persistent#{registry_id}", _persistent_workers(block_id, registry_id))
 
     def _drain_writer(self) -> None:
