@@ -144,7 +144,9 @@ def _same_mode(killed: Run, script: str, deterministic: bool, seed: int | None) 
         settings is not None and seed is not None and seed != settings.seed
     ):
         how = (
-            f"with --deterministic --seed {settings.seed}" if settings is not None else "without --deterministic"
+            f"with --deterministic --seed {settings.seed}"
+            if settings is not None
+            else "without --deterministic"
         )
         raise FlortrainError(
             f"run {killed.id} was recorded {how}; resume it the same way", Located(script), "FT040"

@@ -93,7 +93,7 @@ def numpy() -> Any:
 
 def python() -> random.Random:
     ex = current()
-    return ex.python() if ex is not None else random._inst  # type: ignore[attr-defined]
+    return ex.python() if ex is not None else random._inst
 
 
 def torch() -> Any:
@@ -245,7 +245,9 @@ def keyed(site: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return _Keyed(fn, _site_seed(site))
 
 
-def mapped(site: str, method: Callable[..., Any], fn: Callable[..., Any], *its: Any, **kw: Any) -> Any:
+def mapped(
+    site: str, method: Callable[..., Any], fn: Callable[..., Any], *its: Any, **kw: Any
+) -> Any:
     """``method(fn, *its, **kw)`` (a pool's map) with each item's call keyed by its position."""
     from concurrent.futures import Executor
     from multiprocessing.pool import Pool

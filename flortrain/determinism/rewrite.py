@@ -76,7 +76,7 @@ def _regions(regions: Regions) -> list[Region]:
 
 
 def _generator_kw(unit: Unit, call: cst.Call, edits: _Edits) -> None:
-    start, end = unit.span(call)
+    end = unit.span(call)[1]
     sep = "" if not call.args else " " if isinstance(call.args[-1].comma, cst.Comma) else ", "
     edits.put(end - 1, end - 1, f"{sep}generator={NAME}.torch()")
 
