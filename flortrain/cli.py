@@ -350,13 +350,20 @@ def runs(ctx: click.Context, as_json: bool) -> None:
 @cli.command()
 @click.argument("script")
 @click.option("--explain", is_flag=True, help="Print the plan instead of the code.")
+@click.option("--deterministic", is_flag=True, help="As `record --deterministic` instruments it.")
 @_one_line_errors
-def instrument(script: str, explain: bool) -> None:
+def instrument(script: str, explain: bool, deterministic: bool) -> None:
     """Print SCRIPT instrumented for record (or, with --explain, the plan)."""
     from flortrain.instrument import explain_modules, instrument_file
     from flortrain.static.text import read_text
 
     source = read_text(script)
+    if deterministic:
+        from flortrain.determinism.rewrite import determinize
+
+        rewritten = determinize(script, source)
+        click.echo(f"flortrain: deterministic: {rewritten.summary()}", err=True)
+        source = rewritten.text
     result = instrument_file(script, source)
     if explain:
         text = "\n".join([result.plan.explain(), *explain_modules(script, source)])
