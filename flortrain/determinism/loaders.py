@@ -73,11 +73,23 @@ class KeyedSampler:
     workers' base seed from, once per epoch without persistent workers, once in all with them:
     the order would depend on ``persistent_workers``)."""
 
-    def __init__(self, sampler: Any, ident: tuple[Any, ...], shuffles: bool = False) -> None:
+    def __init__(
+        self, sampler: Any, ident: tuple[Any, ...], shuffles: bool = False, seeds: Any = None
+    ) -> None:
         self.sampler, self.ident, self.shuffles = sampler, ident, shuffles
+        #: the loader's own generator of its workers' base seeds, reseeded at every pass, after
+        #: the loader's iterator drew from it (or did not: a persistent one draws once), so that
+        #: its state after a pass is the pass's whatever iterator the loader made before
+        self.seeds = seeds
+
+    def _start(self) -> _Pass:
+        p = _Pass(self.ident)
+        if self.seeds is not None:
+            self.seeds.manual_seed(examples.derive(p.seed, "workers"))
+        return p
 
     def __iter__(self) -> Iterator[tuple[int, Any, int]]:
-        p = _Pass(self.ident)
+        p = self._start()
         if self.shuffles:
             import torch
 
@@ -89,7 +101,7 @@ class KeyedSampler:
         return len(self.sampler)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("sampler", "ident") or name.startswith("__"):
+        if name in ("sampler", "ident", "shuffles", "seeds") or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.sampler, name)
 
@@ -98,7 +110,7 @@ class KeyedBatchSampler(KeyedSampler):
     """A batch sampler given by the script: each batch's indices carry their pass's key."""
 
     def __iter__(self) -> Iterator[list[tuple[int, Any, int]]]:  # type: ignore[override]
-        p = _Pass(self.ident)
+        p = self._start()
         for batch in self.sampler:
             yield [p.key(index) for index in batch]
 
@@ -110,17 +122,18 @@ def _keyed_arguments(bound: inspect.BoundArguments, ident: tuple[Any, ...]) -> N
 
     a = bound.arguments
     dataset = a["dataset"]
+    seeds = None
+    if a.get("generator") is None:  # the workers' base seeds, drawn from the loader's own
+        seeds = a["generator"] = torch.Generator()
     if a.get("batch_sampler") is not None:
-        a["batch_sampler"] = KeyedBatchSampler(a["batch_sampler"], ident)
+        a["batch_sampler"] = KeyedBatchSampler(a["batch_sampler"], ident, False, seeds)
     else:
         sampler = a.get("sampler")
         shuffles = sampler is None and bool(a.get("shuffle"))
         if sampler is None:
             sampler = RandomSampler(dataset) if shuffles else SequentialSampler(dataset)
-        a["sampler"] = KeyedSampler(sampler, ident, shuffles)
+        a["sampler"] = KeyedSampler(sampler, ident, shuffles, seeds)
         a["shuffle"] = None
-    if a.get("generator") is None:  # the workers' base seeds, drawn from the loader's own
-        a["generator"] = torch.Generator().manual_seed(examples.derive(examples.run_seed, ident))
     a["dataset"] = KeyedDataset(dataset)
 
 
