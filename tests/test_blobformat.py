@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from flortrain.replay.divergence import state_differences
 from flortrain.runtime import blobformat
 from flortrain.runtime.materializer import deserialize, serialize
 
@@ -72,7 +73,7 @@ def test_round_trip_is_exact_for_every_dtype_layout_and_container() -> None:
     data, digests = serialize(payload)
     assert data[:1] == blobformat.MAGIC
     assert _equal(deserialize(data), payload)
-    assert set(digests) == {
+    assert {k for k in digests if "/" not in k} == {
         "objects:model",
         "objects:tags",
         "extra:optimizer#1",
@@ -83,6 +84,20 @@ def test_round_trip_is_exact_for_every_dtype_layout_and_container() -> None:
         "names:strided",
         "names:plain",
     }
+
+
+def test_each_tensor_of_a_part_has_a_digest_naming_it() -> None:
+    """A part that differs is named by the tensor in it that does (``diff``, ``verify``)."""
+    a, b = _payload(), _payload()
+    b["objects"]["model"]["state"]["bias"] = torch.ones(3)  # type: ignore[index]
+    da, db = serialize(a)[1], serialize(b)[1]
+    assert {"objects:model/state.weight", "extra:optimizer#1/params.0.0"} <= set(da)
+    assert state_differences(da, db) == ["model.bias"]
+    # a step count (no tensor of the part differs) names the part
+    b = _payload()
+    b["extra"]["optimizer#1"]["lr"] = 0.5  # type: ignore[index]
+    assert state_differences(da, serialize(b)[1]) == ["optimizer#1"]
+    assert state_differences(da, da) == []
 
 
 def test_tensors_sharing_memory_are_stored_once() -> None:
@@ -102,10 +117,12 @@ def test_digests_follow_values_not_object_identity() -> None:
     assert serialize(shared)[1] == serialize(copies)[1]
     c = _payload(0)
     c["objects"]["model"]["state"]["bias"][1] = 1e-7  # type: ignore[index]
-    changed = serialize(c)[1]
-    assert changed["objects:model"] != serialize(a)[1]["objects:model"]
-    assert {k: v for k, v in changed.items() if k != "objects:model"} == {
-        k: v for k, v in serialize(a)[1].items() if k != "objects:model"
+    changed, before = serialize(c)[1], serialize(a)[1]
+    # the part and its one tensor that changed, nothing else
+    assert changed.keys() == before.keys()
+    assert {k for k in changed if changed[k] != before[k]} == {
+        "objects:model",
+        "objects:model/state.bias",
     }
 
 

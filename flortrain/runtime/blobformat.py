@@ -20,8 +20,11 @@ parameter in a module's ``state_dict`` and in the optimizer's ``params``) are st
 The split (:func:`stage`) is what the training thread pays for; hashing and writing are left to
 whoever writes the blob. A part's digest hashes its skeleton, pickled without a memo (so equal
 values give equal bytes whatever object identities the process happened to share), and its
-tensors' dtypes, shapes and names (XXH3-128). ``diff`` compares them where a replay executes a
-checkpointed instance (:mod:`flortrain.runtime.digest`). Sets are stored sorted by ``repr``:
+tensors' dtypes, shapes and names (XXH3-128). Each tensor of a part also gets a digest of its own,
+keyed by the part's name and the tensor's path in it (``extra:module#0/weight``,
+``objects:opt/state.0.momentum_buffer``, ``names:w/grad``), so that a part that differs is
+reported by the first tensor in it that does. ``diff`` and ``verify`` compare them where a run
+executes a checkpointed instance (:mod:`flortrain.runtime.digest`). Sets are stored sorted by ``repr``:
 their iteration order follows string hashing, which differs in every process.
 
 A payload this format cannot take (a sparse, quantized or meta tensor; a tensor subclass; a
@@ -49,6 +52,10 @@ MAGIC = b"G"
 _ALIGN = 16
 #: The payload sections whose entries are digested one by one.
 SECTIONS = ("objects", "extra", "names")
+
+#: A part's name, its skeleton's digest, its local-to-global tensor map, and the path of each
+#: tensor reference in it (in the skeleton's order) with the reference's local index.
+Skeleton = tuple[str | None, str, list[int], list[tuple[str, int]]]
 
 
 class _Ref:
@@ -106,7 +113,7 @@ class Staged:
     def __init__(
         self,
         parts: bytes,
-        skeletons: list[tuple[str | None, str, list[int]]],
+        skeletons: list[Skeleton],
         metas: list[tuple[str, tuple[int, ...], int]],
         tensors: list[Any],
     ) -> None:
@@ -325,6 +332,27 @@ def _refs(v: Any) -> list[_Ref]:
     return out
 
 
+def _paths(v: Any, path: str, out: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Each tensor reference in a skeleton, as (its path, its local index), in skeleton order:
+    dict keys joined by dots, sequence positions as numbers, a leaf's gradient as ``grad``."""
+    t = type(v)
+    if t is _Ref:
+        out.append((path, v.i))
+        if v.leaf is not None and v.leaf[2] is not None:
+            _paths(v.leaf[2], f"{path}.grad" if path else "grad", out)
+    elif t is dict or t is OrderedDict:
+        for k, x in v.items():
+            _paths(x, f"{path}.{k}" if path else str(k), out)
+    elif t is list or t is tuple:
+        if not set(map(type, v)) <= _ATOMS:
+            for k, x in enumerate(v):
+                _paths(x, f"{path}.{k}" if path else str(k), out)
+    elif t is _Set:
+        for k, x in enumerate(v.items):
+            _paths(x, f"{path}.{k}" if path else str(k), out)
+    return out
+
+
 def stage(payload: dict[str, Any], torch: Any) -> Staged:
     """Split a checkpoint payload into its pickled skeletons and its tensors (see the module
     docstring). Raises :class:`Unsupported` for what this format cannot take."""
@@ -336,9 +364,11 @@ def stage(payload: dict[str, Any], torch: Any) -> Staged:
     parts.append(((), *s.part({k: v for k, v in payload.items() if k not in SECTIONS})))
     if s.irregular:
         s.share([p[2] for p in parts], [p[1] for p in parts])
-    skeletons: list[tuple[str | None, str, list[int]]] = [
+    skeletons: list[Skeleton] = [
         # the rest (RNG states, registry) is not compared: not pickled twice for nothing
-        (f"{path[0]}:{path[1]}", s.digest(skeleton), local) if path else (None, "", local)
+        (f"{path[0]}:{path[1]}", s.digest(skeleton), local, _paths(skeleton, "", []))
+        if path
+        else (None, "", local, [])
         for path, skeleton, local in parts
     ]
     try:
@@ -349,14 +379,15 @@ def stage(payload: dict[str, Any], torch: Any) -> Staged:
 
 
 def part_digests(
-    skeletons: list[tuple[str | None, str, list[int]]],
+    skeletons: list[Skeleton],
     metas: list[tuple[str, tuple[int, ...], int]],
     tensor_names: list[str],
 ) -> dict[str, str]:
     """Each named part's digest: its skeleton's, and the dtype, shape and name
-    (``store/content.py``) of its tensors."""
+    (``store/content.py``) of its tensors; then each tensor's below it, ``part/path`` (a part
+    that is one tensor, a rebound ``w``, has none: the part names it)."""
     out: dict[str, str] = {}
-    for name, digest, local in skeletons:
+    for name, digest, local, paths in skeletons:
         if name is None:
             continue
         h = hashlib.blake2b(digest.encode(), digest_size=16)
@@ -364,6 +395,13 @@ def part_digests(
             dtype, shape, _ = metas[g]
             h.update(f"{dtype}{shape}{tensor_names[g]}".encode())
         out[name] = "f" + h.hexdigest()  # "f": this format's digest
+        for path, i in paths:
+            if path:
+                dtype, shape, _ = metas[local[i]]
+                t = hashlib.blake2b(
+                    f"{dtype}{shape}{tensor_names[local[i]]}".encode(), digest_size=8
+                )
+                out[f"{name}/{path}"] = "t" + t.hexdigest()  # "t": one tensor's bytes
     return out
 
 
