@@ -153,7 +153,8 @@ def _state_differences(store: Store, record: int, replay: int) -> tuple[int, lis
     """Checkpoint state digests: at each instance the replay executed where the record took a
     checkpoint, every part both digested must be equal; the first differing per instance is named."""
     recorded = {b.key: b.state_sha for b in store.blocks(record) if b.state_sha}
-    checked, mismatches = 0, []
+    checked = 0
+    mismatches: list[tuple[str, str]] = []
     for b in store.blocks(replay):
         if b.state != BlockState.EXECUTED or not b.state_sha or b.key not in recorded:
             continue

@@ -35,7 +35,7 @@ from flortrain.replay.files import begin_files, end_files
 from flortrain.replay.preparation import Prepared
 from flortrain.replay.segments import SegmentPlan, divide, even
 from flortrain.replay.sharing import slowdown
-from flortrain.replay.worker import WorkerResult, WorkerTask
+from flortrain.replay.worker import GuardSpec, WorkerResult, WorkerTask
 from flortrain.runtime.jumps import Segment
 from flortrain.store.logs import LogEntry
 from flortrain.store.records import RunStatus
@@ -114,33 +114,47 @@ def plan_segments(p: Prepared, jobs: int, backend: str = "local") -> tuple[Segme
     return plan, ""
 
 
+def worker_task(
+    p: Prepared,
+    index: int,
+    segment: Segment,
+    blobs: str,
+    execute: frozenset[str],
+    guards: dict[str, list[GuardSpec]],
+    marks: dict[tuple[str, int], list[int]],
+) -> WorkerTask:
+    """The task of a worker replaying ``segment`` of the prepared replay, ``execute`` the
+    blocks it runs (``verify``'s resumes run every block, with no guards)."""
+    return WorkerTask(
+        index,
+        p.script,
+        os.getcwd(),
+        p.args,
+        p.record.threads,
+        p.uses_torch,
+        p.code_text,
+        p.disk_text,
+        p.modules,
+        p.record.id,
+        execute,
+        p.checkpoints,
+        guards,
+        p.store.iteration_scalars(p.record.id),
+        marks,
+        segment,
+        blobs,
+    )
+
+
 def _tasks(p: Prepared, plan: SegmentPlan, blobs: str) -> list[WorkerTask]:
     marks = {k: v for k, v in p.boundaries.items() if _resumable(p, k[0])}
     guards = {
         m: [(g.source, g.recorded, g.live, g.through) for g in gs]
         for m, gs in p.rplan.spans.items()
     }
-    scalars = p.store.iteration_scalars(p.record.id)
+    execute = frozenset(p.rplan.execute)
     return [
-        WorkerTask(
-            k,
-            p.script,
-            os.getcwd(),
-            p.args,
-            p.record.threads,
-            p.uses_torch,
-            p.code_text,
-            p.disk_text,
-            p.modules,
-            p.record.id,
-            frozenset(p.rplan.execute),
-            p.checkpoints,
-            guards,
-            scalars,
-            marks,
-            w.segment,
-            blobs,
-        )
+        worker_task(p, k, w.segment, blobs, execute, guards, marks)
         for k, w in enumerate(plan.workers)
     ]
 
