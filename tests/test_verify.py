@@ -140,3 +140,19 @@ def test_verify_names_where_a_changed_thread_count_diverges(tmp_path: Path) -> N
     # the third run of the directory (the resume) has two threads again, as the first had
     resumed = report["runs"][1]
     assert resumed["name"].startswith("resume at") and resumed["identical"] is True
+
+
+def test_verify_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "bad.py").write_text("for i in range(2):\n    pass\nx = (\n")
+    (tmp_path / "crash.py").write_text("print('hi')\nraise ValueError('boom')\n")
+    cases = {
+        ("nope.py",): "nope.py: FT001 no such file",
+        ("bad.py",): "bad.py:3:5: FT002 syntax error: '(' was never closed",
+        ("crash.py",): "FT080 record 1 of crash.py exited 1: ValueError: boom",
+        ("-k", "-1", "crash.py"): "flortrain: Invalid value for '-k' / '--resumes'",
+    }
+    for args, said in cases.items():
+        r = flortrain(tmp_path, "verify", *args)
+        assert r.code == 2 and r.out == "", (args, r.out, r.err)
+        assert len(r.err.splitlines()) == 1 and r.err.startswith(said), (args, r.err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.py", "crash.py"]

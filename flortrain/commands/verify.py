@@ -61,12 +61,12 @@ def _record(script: str, args: list[str], store_dir: str, n: int, trust: bool) -
     )
     if p.returncode == 0:
         return
-    last = next((ln for ln in reversed(p.stderr.splitlines()) if ln.strip()), "")
-    if p.returncode == 2 and last:  # flortrain's own one-line refusal: relayed as it is
-        raise _Relayed(last)
-    raise FlortrainError(
-        f"record {n} of {script} exited {p.returncode}: {last or 'no message'}", code=CODE
-    )
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    if p.returncode == 2 and lines:  # flortrain's own one-line refusal: relayed as it is
+        raise _Relayed(lines[-1])
+    # the script's last words (its exception), not flortrain's summary after them
+    said = next((ln for ln in reversed(lines) if not ln.startswith("flortrain: ")), "no message")
+    raise FlortrainError(f"record {n} of {script} exited {p.returncode}: {said}", code=CODE)
 
 
 class _Relayed(Exception):
