@@ -7,9 +7,10 @@ that imports torch). Every fixture is written to be deterministic, so each shoul
 reproducible; a script that is not is listed with its first divergence. Wall and CPU seconds
 (the children's user + system) are both reported: the machine may be shared.
 
-    python benchmarks/verify_fixtures.py [--resumes 2] [--only NAME ...]
+    python benchmarks/verify_fixtures.py [--resumes 2] [--only NAME ...] [--keep]
 
-Writes ``results/verify_fixtures.json`` and ``.png``.
+Writes ``results/verify_fixtures.json`` and ``.png`` after every script (``--keep``: the rows of
+scripts already there, at the same ``--resumes``, are kept and those scripts not run again).
 """
 
 from __future__ import annotations
@@ -128,27 +129,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--resumes", type=int, default=2)
     ap.add_argument("--only", nargs="+", default=None, help="script stems to verify")
+    ap.add_argument("--keep", action="store_true", help="keep the rows already in the results")
     a = ap.parse_args()
     chosen = [s for s in scripts() if a.only is None or s.stem in a.only]
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    rows = []
+    path = OUT / "verify_fixtures.json"
+    rows: list[dict[str, Any]] = []
+    if a.keep and path.exists():
+        old = json.loads(path.read_text())
+        rows = [r for r in old["rows"] if old["resumes"] == a.resumes]
+    done = {r["script"] for r in rows}
     for s in chosen:
+        if str(s.relative_to(ROOT)) in done:
+            continue
         row = verify_one(s, a.resumes)
         print(json.dumps(row), flush=True)
         rows.append(row)
-    res = {
-        "commit": commit,
-        "python": platform.python_version(),
-        "cpus": len(os.sched_getaffinity(0)),
-        "load": os.getloadavg()[0],
-        "resumes": a.resumes,
-        "rows": rows,
-    }
-    OUT.mkdir(exist_ok=True)
-    (OUT / "verify_fixtures.json").write_text(json.dumps(res, indent=1) + "\n")
-    plot(res, OUT / "verify_fixtures.png")
+        res = {
+            "commit": commit,
+            "python": platform.python_version(),
+            "cpus": len(os.sched_getaffinity(0)),
+            "load": os.getloadavg()[0],
+            "resumes": a.resumes,
+            "rows": rows,
+        }
+        OUT.mkdir(exist_ok=True)
+        path.write_text(json.dumps(res, indent=1) + "\n")
+        plot(res, OUT / "verify_fixtures.png")
     ok = sum(1 for r in rows if r.get("reproducible"))
     print(f"{ok} of {len(rows)} reproducible; {sum(r['wall_s'] for r in rows):.0f} s in all")
 
