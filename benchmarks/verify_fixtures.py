@@ -33,10 +33,14 @@ OUT = ROOT / "benchmarks" / "results"
 
 
 def scripts() -> list[Path]:
-    """The fixtures (``fixtures/*.py``) and the real-code fixtures (``fixtures/realcode/*.py``)."""
-    return sorted((ROOT / "fixtures").glob("*.py")) + sorted(
-        (ROOT / "fixtures" / "realcode").glob("*.py")
-    )
+    """The fixtures (``fixtures/*.py``), the real-code fixtures (``fixtures/realcode/*.py``) and
+    the hazard fixtures (``fixtures/hazards/*.py``: deterministic under ``python``, with what
+    ``flortrain check`` reports)."""
+    return [
+        *sorted((ROOT / "fixtures").glob("*.py")),
+        *sorted((ROOT / "fixtures" / "realcode").glob("*.py")),
+        *sorted((ROOT / "fixtures" / "hazards").glob("*.py")),
+    ]
 
 
 def _env() -> dict[str, str]:

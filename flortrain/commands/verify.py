@@ -161,9 +161,11 @@ def _protocol(
 
 
 def _no_boundaries(store: Store, run: Run) -> str:
+    """Why the first record has no boundary checkpoint to resume from."""
     if not store.iteration_hashes(run.id):
         return "the script has no main loop (see `flortrain instrument --explain`)"
-    return "the main loop took no boundary checkpoint (its state could not be captured)"
+    why = next((b.note for b in store.blocks(run.id) if b.note), None)
+    return "the main loop took no boundary checkpoint" + (f": {why}" if why else "")
 
 
 def verify(
