@@ -408,7 +408,8 @@ def test_diff_reports_a_nondeterministic_script(work: Path) -> None:
     assert d.exit_code == 1
     # Every block was skipped and restored, so the printed losses agree; the RNG digests taken at
     # each main-loop boundary still expose the unseeded stream from the first iteration on.
-    assert "RNG streams differ at the start of M9 iteration 0" in d.stdout
+    # ... and name it: Python's global stream, the one the script draws from
+    assert "RNG streams differ at the start of M9 iteration 0 (entry 0): `rng.random`" in d.stdout
 
 
 def test_a_replay_that_finds_itself_unfaithful_exits_1(
