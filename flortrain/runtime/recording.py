@@ -215,6 +215,7 @@ class RecordSession(JumpingSession):
             raise RuntimeError(
                 f"flortrain: cannot resume at {main_id} iteration {k}: its boundary checkpoint did not load"
             )
+        self.note_streams_before_restore()
         b.restore(self, objects, names)
         b.jumped_to = k
         self.main[2] = k

@@ -64,6 +64,7 @@ class ReplaySession(JumpingSession):
             if found is None:
                 return None
             b = found
+        self.note_streams_before_restore()
         b.restore(self, objects, names)
         self.restore_files(f"{main_id}@{main_id}.{entry}.{j}#0")
         b.jumped_to = j

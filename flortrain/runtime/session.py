@@ -283,6 +283,14 @@ class Session:
         (torch's, numpy's and ``random``'s unseeded state differ in every process)."""
         self._initial_digests = rng.digest_map(rng.capture())
 
+    def note_streams_before_restore(self) -> None:
+        """A jump restores the record's streams. A stream this process has not captured yet (a
+        worker's numpy, imported since its session began) takes its own state as its initial one
+        first: the record's would otherwise count as this process's start (``untouched``), and
+        the boundary jumped to would differ from the record's in ``diff``."""
+        for stream, digest in rng.digest_map(rng.capture()).items():
+            self._initial_digests.setdefault(stream, digest)
+
     def _boundary_digests(self, state: dict[str, Any]) -> str:
         """Per-stream digests at a main-loop boundary, with a stream the script has not touched
         since the process started marked ``untouched``: its entropy-derived state differs between
