@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,40 +132,8 @@ def _inputs(cmd: list[str], cwd: Path, environ: dict[str, str] | None = None) ->
     return h.hexdigest()
 
 
-#: The commands that only read a store and never import torch, which :func:`flortrain` runs in
-#: this process through the CLI (as tests/test_cli.py runs every command): a process of theirs is
-#: ~0.4 s of CPU for the interpreter and flortrain's imports, and the suite runs a few hundred
-#: (a ``diff`` after each replay, ``runs --json`` to find a run). The fault-injection harness
-#: (tests/faults.py) still runs them as processes, against stores a killed record left.
-IN_PROCESS = frozenset({"diff", "runs"})
-
-
 def flortrain(cwd: Path, *args: str, env: dict[str, str] | None = None) -> Result:
-    """``flortrain ARGS`` in ``cwd``: a process, or for :data:`IN_PROCESS` commands the same
-    CLI called here, in ``cwd`` with ``env`` added to the environment for the call."""
-    if args and args[0] in IN_PROCESS:
-        return _in_process(cwd, list(args), env)
     return run([sys.executable, "-m", "flortrain", *args], cwd, env)
-
-
-def _in_process(cwd: Path, args: list[str], env: dict[str, str] | None) -> Result:
-    """What ``python -m flortrain ARGS`` prints and exits with; an exception that escaped the
-    CLI's own handling comes back as the process would show it, a traceback and exit 1."""
-    from click.testing import CliRunner
-
-    from flortrain.cli import cli
-
-    here = os.getcwd()
-    t0 = time.perf_counter()
-    os.chdir(cwd)
-    try:
-        r = CliRunner().invoke(cli, args, env=env, prog_name="flortrain")
-    finally:
-        os.chdir(here)
-    err = r.stderr
-    if r.exc_info is not None and not isinstance(r.exception, SystemExit):
-        err += "".join(traceback.format_exception(*r.exc_info))
-    return Result(r.exit_code, r.stdout, err, time.perf_counter() - t0)
 
 
 #: where :func:`record` keeps the records of this test session (set by conftest, as PLAIN_RUNS)
