@@ -277,3 +277,21 @@ def test_a_signal_during_a_checkpoint_stops_the_script_as_under_python(tmp_path:
     assert rec.out == truth.out, rec.err
     assert "not checkpointed" not in rec.err, rec.err
     assert "1 of 1 block instances checkpointed" in rec.err, rec.err
+
+
+def test_once_the_script_is_over_a_ctrl_c_only_cuts_a_wait_short() -> None:
+    """While the run is being finished a Ctrl-C must not unwind the finish (the run would be
+    left unfinished, incomplete); it cuts a wait for the writer short, and is otherwise noted."""
+    interrupt = signals.Interrupt()
+    interrupt.over = True
+    old = signal.signal(signal.SIGINT, interrupt)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        _busy()
+        assert interrupt.noted
+        interrupt.last = None  # a Ctrl-C of its own, not the same one forwarded
+        with pytest.raises(KeyboardInterrupt), signals.waiting():
+            os.kill(os.getpid(), signal.SIGINT)
+            _busy()
+    finally:
+        signal.signal(signal.SIGINT, old)
