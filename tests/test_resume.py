@@ -297,9 +297,14 @@ def test_a_record_stopped_by_a_signal_resumes_after_its_last_checkpointed_epoch(
     k = int(
         res.err.split("resumes at main loop ")[1].split(" iteration ")[1].split()[0].rstrip(":,.")
     )
-    # the epoch the signal interrupted, whose boundary checkpoint was handed to the writer (a
-    # signal that lands in that boundary's own hook is raised once the boundary is staged)
-    assert k == len(printed), (k, printed, res.err)
+    # the epoch the signal interrupted, whose boundary checkpoint was handed to the writer; a
+    # Ctrl-C that lands between an epoch's last line and the next iteration's boundary hook
+    # (one that lands in the hook is raised once the boundary is staged) leaves the one before
+    assert k == len(printed) or (sig == signal.SIGINT and k == len(printed) - 1), (
+        k,
+        printed,
+        res.err,
+    )
     assert res.out == truth[truth.index(f"epoch {k} loss") :]
     assert latest_run(tmp_path)["status"] == "complete"
     assert _log(tmp_path, 1) == truth.splitlines()
