@@ -406,6 +406,11 @@ def test_a_ctrl_c_during_a_checkpoint_is_raised_once_the_checkpoint_is_staged(
     rec = _interruptible(tmp_path, sys.executable, "-m", "flortrain", "record", "train.py", env=env)
     assert rec.code == -signal.SIGINT and rec.out == "", rec.err
     assert "KeyboardInterrupt" in rec.err and "internal error" not in rec.err, rec.err
+    # the traceback python would print: the script's frames only, none of the hook's
+    shown = rec.err.split("Traceback (most recent call last):\n")[1].split("KeyboardInterrupt")[0]
+    assert [ln for ln in shown.splitlines() if ln.startswith("  File ")] == [
+        f'  File "{script}", line 25, in <module>'
+    ], rec.err
     assert latest_run(tmp_path)["status"] == "interrupted", rec.err
     assert "1 of 1 block instances checkpointed" in rec.err, rec.err
     assert (

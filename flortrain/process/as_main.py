@@ -37,8 +37,8 @@ _LINE_OF_LASTI = -1
 
 def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
     """The traceback without flortrain's frames: those above the script (the runner) and those
-    the script's own calls pass through (the stdout tee a ``print`` writes to), so the user sees
-    what ``python`` would show. ``FLORTRAIN_DEBUG=1`` keeps them, for flortrain's own bugs.
+    the script's own calls pass through (the stdout tee a ``print`` writes to, a hook's
+    ``contextlib`` frame), so the user sees what ``python`` would show. ``FLORTRAIN_DEBUG=1`` keeps them, for flortrain's own bugs.
 
     An entry's line is passed on as "the line of its instruction", not as its ``tb_lineno``: a
     signal handled at an instruction that has no line (the backward jump of ``for x in it: if x:
@@ -48,13 +48,21 @@ def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
         return tb
     frames: list[TracebackType] = []
     while tb is not None:
-        if not tb.tb_frame.f_code.co_filename.startswith(_PKG):
-            frames.append(tb)
+        if not _ours(tb) and not (_contextlib(tb) and tb.tb_next is not None and _ours(tb.tb_next)):
+            frames.append(tb)  # (a ``with`` of flortrain's, as a hook raises what it deferred)
         tb = tb.tb_next
     out: TracebackType | None = None
     for t in reversed(frames):
         out = TracebackType(out, t.tb_frame, t.tb_lasti, _LINE_OF_LASTI)
     return out
+
+
+def _ours(tb: TracebackType) -> bool:
+    return tb.tb_frame.f_code.co_filename.startswith(_PKG)
+
+
+def _contextlib(tb: TracebackType) -> bool:
+    return tb.tb_frame.f_globals.get("__name__") == "contextlib"
 
 
 def _print_exception(e: BaseException) -> None:
