@@ -19,6 +19,7 @@ import pytest
 import torch
 import xxhash
 
+from flortrain.checkpoint.key import CheckpointKey
 from flortrain.runtime.materializer import (
     EXTERNAL_MIN,
     BackgroundMaterializer,
@@ -122,6 +123,31 @@ def test_objects_go_around_the_page_cache_whether_training_runs_or_the_run_waits
     assert [d for pid, d in writes if int(pid) == writer] == ["1", "1"]  # not the calibration's
     for key in ("k0", "k1"):
         assert torch.is_tensor(_load(store, key)["objects"]["t"]["value"])  # type: ignore[index]
+
+
+def test_a_prepared_checkpoint_is_priced_before_anything_is_staged_and_may_be_dropped(
+    tmp_path: Path,
+) -> None:
+    """``prepare`` lays a checkpoint out and prices it (the bytes staging copies, the seconds it
+    holds training and the writer's) without copying a byte: one the caller drops is never
+    written, and the tensor it would have staged is staged, in full, by the next checkpoint."""
+    store = Store(tmp_path / "s")
+    run = store.begin_run("record", "x.py", [], "", None, None, {})
+    results = Outcomes()
+    m = BackgroundMaterializer(store, run, results.callbacks())
+    t = torch.randn(EXTERNAL_MIN)
+    payload = {"objects": {"t": {"kind": "tensor", "value": t}}}
+    dropped = m.prepare("k0", "B", payload)
+    est = dropped.estimate
+    assert est is not None and est.staged == t.nbytes and est.hashed == 0
+    assert est.blocked_s > 0 and est.writer_s > 0 and not m.inflight
+    kept = m.prepare("k1", "B", payload)
+    assert kept.estimate is not None and kept.estimate.staged == t.nbytes
+    assert m.stage(kept) == pytest.approx(kept.estimate.writer_s)
+    m.flush()
+    assert list(results.committed) == ["k1"] and results.warnings == []
+    assert store.checkpoints(run).keys() == {"k1"}
+    assert torch.equal(_load(store, "k1")["objects"]["t"]["value"], t)  # type: ignore[index]
 
 
 def test_the_writer_is_reaped_by_pid_after_its_goodbye_and_the_scripts_children_are_left_alone(
@@ -654,7 +680,7 @@ def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
     """A boundary whose estimated cost does not fit the run's budget is not staged at all (the
     first boundary of a fine-tuning run holds a frozen table no block writes); once training
     has earned the budget, the same boundary is taken."""
-    from flortrain.runtime.adaptive import AdaptivePeriod
+    from flortrain.checkpoint.period import AdaptivePeriod
     from flortrain.runtime.recording import RecordSession
 
     store = Store(tmp_path / "s")
@@ -688,7 +714,9 @@ def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
         s.main_exit("M1")
     finally:
         s.flush()
-    assert [k.split("@")[1] for k in store.checkpoints(run)] == ["M1.0.3#0"]
+    assert [CheckpointKey.parse(k) for k in store.checkpoints(run)] == [
+        CheckpointKey.boundary("M1", 0, 3)
+    ]
     assert (
         s.adaptive.costs["M1"].k == 1
         and s.adaptive.costs["M1"].materialize > 0

@@ -84,10 +84,6 @@ class WriterSpeed:
         return self.per_item + self.per_object * objects + self.per_byte * staged
 
 
-class Declined(Exception):
-    """A checkpoint whose estimated cost the caller would not afford: nothing was staged."""
-
-
 #: tries of each of :func:`writer_speed`'s copies, the fastest kept (about 1.5 ms a try)
 SPEED_TRIES = 6
 
@@ -141,21 +137,62 @@ def writer_speed(blobs: Path) -> WriterSpeed:
 _ALIGN = 64
 
 Committed = Callable[[str, dict[str, str]], None]
-#: whether a checkpoint is worth its estimated cost: (seconds staging holds training up, seconds
-#: the writer will take)
-Afford = Callable[[float, float], bool]
 Lost = Callable[[str, str], None]
 
 
+@dataclass(frozen=True)
+class Estimate:
+    """What staging a prepared checkpoint will cost, known before anything is copied: the bytes
+    staging copies and those it hashes here, the seconds that holds training, and the seconds
+    the writer will take (:func:`writer_speed`)."""
+
+    staged: int
+    hashed: int
+    blocked_s: float
+    writer_s: float
+
+
+@dataclass
+class Layout:
+    """Where a payload's tensors go in the arena (:meth:`BackgroundMaterializer.prepare`)."""
+
+    st: blobformat.Staged
+    places: list[Any]
+    seen: list[tuple[Any, int]]  # large tensors staged or referred to, with their tokens
+    copies: list[tuple[int, int]]  # (tensor, offset within the region) to copy
+    kept: list[tuple[int, tuple[Any, ...]]]  # unchanged since the loop's entry: named, not staged
+    n: int  # the region's bytes
+
+
+@dataclass
+class Prepared:
+    """A checkpoint laid out, not staged: :meth:`Materializer.stage` executes it. ``estimate``
+    is None where nothing tells the cost short of writing it (the training thread writes it)."""
+
+    key: str
+    block_id: str
+    payload: dict[str, Any]
+    estimate: Estimate | None = None
+    layout: Layout | None = None
+    fallback: bool = False  # a payload flortrain's format cannot hold: ``torch.save`` it
+
+
 class Materializer(Protocol):
-    def submit(
-        self, key: str, block_id: str, payload: dict[str, Any], afford: Afford | None = None
-    ) -> float:
-        """Stage a checkpoint; when this returns, training may change anything the payload refers
-        to. The checkpoint is committed later, or reported lost. Returns the seconds the writer
-        will take for it (an estimate, :func:`writer_speed`; 0 when it was written here).
-        ``afford``: asked with the estimated costs once the changed bytes are known, before
-        anything is copied; :class:`Declined` is raised if it says no."""
+    """Executes checkpoints; deciding whether to take one is the caller's (``period.py``):
+    :meth:`prepare` says what it will cost, :meth:`stage` does it."""
+
+    def prepare(self, key: str, block_id: str, payload: dict[str, Any]) -> Prepared:
+        """Lay a checkpoint out; its :class:`Estimate` once the changed bytes are known, before
+        anything is copied. Nothing is staged: a prepared checkpoint may be dropped."""
+
+    def stage(self, prepared: Prepared) -> float:
+        """Stage a prepared checkpoint; when this returns, training may change anything the
+        payload refers to. The checkpoint is committed later, or reported lost. Returns the
+        seconds the writer will take for it (an estimate, :func:`writer_speed`; 0 when it was
+        written here)."""
+
+    def submit(self, key: str, block_id: str, payload: dict[str, Any]) -> float:
+        """:meth:`prepare` and :meth:`stage`, for a checkpoint taken whatever it costs."""
 
     def poll(self) -> None:
         """Commit what the writer has finished (cheap: called at every main-loop iteration)."""
@@ -243,10 +280,14 @@ class SyncMaterializer:
         self.run_id = run_id
         self.cb = callbacks
 
-    def submit(
-        self, key: str, block_id: str, payload: dict[str, Any], afford: Afford | None = None
-    ) -> float:
-        """``afford`` is not asked: only serializing would tell the size, and that is the cost."""
+    def prepare(self, key: str, block_id: str, payload: dict[str, Any]) -> Prepared:
+        """No estimate: only serializing would tell the size, and that is the cost."""
+        return Prepared(key, block_id, payload)
+
+    def stage(self, prepared: Prepared) -> float:
+        return self.submit(prepared.key, prepared.block_id, prepared.payload)
+
+    def submit(self, key: str, block_id: str, payload: dict[str, Any]) -> float:
         data, dig = serialize(payload)
         self.write(key, data, dig)
         return 0.0
@@ -526,74 +567,95 @@ class BackgroundMaterializer:
             self._take(None)
         return start
 
-    def submit(
-        self, key: str, block_id: str, payload: dict[str, Any], afford: Afford | None = None
-    ) -> float:
+    def submit(self, key: str, block_id: str, payload: dict[str, Any]) -> float:
+        return self.stage(self.prepare(key, block_id, payload))
+
+    def prepare(self, key: str, block_id: str, payload: dict[str, Any]) -> Prepared:
+        """Lay the checkpoint out in the arena without copying anything: which tensors are
+        unchanged since staged or since the loop's entry, how many bytes staging copies and
+        hashes, and what that and the writer will cost (:class:`Estimate`)."""
         torch = sys.modules.get("torch")
         if self.ch is None:
             self._start()
         self.poll()
         if torch is None:
-            return self._submit_bytes(key, *serialize(payload))
+            return Prepared(key, block_id, payload)
         try:
             st = blobformat.stage(payload, torch)
         except blobformat.Unsupported:
-            return self._submit_bytes(key, _torch_save(payload, torch), state_digests(payload))
-        places: list[Any] = [None] * len(st.tensors)
-        seen: list[tuple[Any, int]] = []
-        layout: list[tuple[int, int]] = []  # (tensor, offset within the region) to copy
-        kept: list[
-            tuple[int, tuple[Any, ...]]
-        ] = []  # unchanged since the loop's entry: named, not staged
-        n = _up(len(st.parts))
+            return Prepared(key, block_id, payload, fallback=True)
+        lay = self._lay_out(st)
+        if lay.n > self.size:
+            return Prepared(key, block_id, payload, layout=lay)
+        staged = sum(st.metas[g][2] for g, _ in lay.copies)
+        objects = sum(1 for g, _ in lay.copies if lay.places[g][2])
+        hashed = sum(st.metas[g][2] for g, where in lay.kept if self.tracker.unhashed(where))
+        start = self._fit(lay.n)
+        warm = start is not None and self.warmer.covers(start + lay.n)
+        per_byte = self.speed.warm_stage_per_byte if warm else self.speed.stage_per_byte
+        blocked = per_byte * staged + self.speed.hash_per_byte * hashed
+        writer = self.speed.seconds(staged, objects)
+        estimate = Estimate(staged, hashed, blocked, writer)
+        return Prepared(key, block_id, payload, estimate, layout=lay)
+
+    def _lay_out(self, st: blobformat.Staged) -> Layout:
+        """Where each tensor of a staged payload goes: referred to by token (unchanged since
+        staged), by name (unchanged since the loop's entry), or copied at an offset."""
+        lay = Layout(st, [None] * len(st.tensors), [], [], [], _up(len(st.parts)))
         for g, t in enumerate(st.tensors):
             nbytes = st.metas[g][2]
             external = nbytes >= EXTERNAL_MIN
             if external:
                 tok = self.tracker.unchanged(t)
                 if tok is not None:
-                    places[g] = ("t", tok)
-                    seen.append((t, tok))
+                    lay.places[g] = ("t", tok)
+                    lay.seen.append((t, tok))
                     continue
                 where = self.tracker.since_entry(t)
                 if where is not None:
-                    kept.append((g, where))
+                    lay.kept.append((g, where))
                     continue
                 tok = self.tracker.token()
-                seen.append((t, tok))
-                n = direct.aligned(n)  # the writer hands its pages to the disk as they are
+                lay.seen.append((t, tok))
+                lay.n = direct.aligned(lay.n)  # the writer hands its pages to the disk as they are
             else:
                 tok = None
-            places[g] = ("a", n, external, tok)
-            layout.append((g, n))
-            n += _up(nbytes)
-        n = direct.aligned(n)  # the next region starts aligned too
-        if n > self.size:
+            lay.places[g] = ("a", lay.n, external, tok)
+            lay.copies.append((g, lay.n))
+            lay.n += _up(nbytes)
+        lay.n = direct.aligned(lay.n)  # the next region starts aligned too
+        return lay
+
+    def stage(self, prepared: Prepared) -> float:
+        key, block_id, payload, lay = (
+            prepared.key,
+            prepared.block_id,
+            prepared.payload,
+            prepared.layout,
+        )
+        torch = sys.modules.get("torch")
+        if lay is None or torch is None:
+            if prepared.fallback and torch is not None:
+                return self._submit_bytes(key, _torch_save(payload, torch), state_digests(payload))
+            return self._submit_bytes(key, *serialize(payload))
+        if lay.n > self.size:
             if not self._too_big_warned:
                 self._too_big_warned = True
                 self.cb.warn(
-                    f"a checkpoint of {n / 2**20:.0f} MB does not fit the {self.size / 2**20:.0f} MB staging"
+                    f"a checkpoint of {lay.n / 2**20:.0f} MB does not fit the {self.size / 2**20:.0f} MB staging"
                     f" buffer; such checkpoints are written on the training thread (raise {knobs.BUFFER_ENV})"
                 )
             return self.sync.submit(key, block_id, payload)
-        staged = sum(st.metas[g][2] for g, _ in layout)
-        objects = sum(1 for g, _ in layout if places[g][2])
-        hashed = sum(st.metas[g][2] for g, where in kept if self.tracker.unhashed(where))
-        start = self._fit(n)
-        warm = start is not None and self.warmer.covers(start + n)
-        per_byte = self.speed.warm_stage_per_byte if warm else self.speed.stage_per_byte
-        blocked = per_byte * staged + self.speed.hash_per_byte * hashed
-        if afford is not None and not afford(blocked, self.speed.seconds(staged, objects)):
-            raise Declined(f"{staged} bytes to stage and write, {hashed} to hash")
-        for g, where in kept:
+        st, places = lay.st, lay.places
+        for g, where in lay.kept:
             places[g] = ("k", self.tracker.kept(where, torch))
-        start = self._alloc(n)
-        if self.ch is None:  # the writer died while we waited: start afresh
+        start = self._alloc(lay.n)
+        if self.ch is None:  # the writer died while we waited: start afresh, laid out anew
             self._start()
-            return self.submit(key, block_id, payload, afford)
+            return self.submit(key, block_id, payload)
         self.view[start : start + len(st.parts)] = st.parts
         arena = self._arena_tensor(torch)
-        for g, off in layout:
+        for g, off in lay.copies:
             t = st.tensors[g]
             nbytes = st.metas[g][2]
             if nbytes:
@@ -601,7 +663,7 @@ class BackgroundMaterializer:
                 dst.copy_(t)
             p = places[g]
             places[g] = (p[0], start + p[1], p[2], p[3])
-        forget = self.tracker.update(seen)
+        forget = self.tracker.update(lay.seen)
         item = {
             "key": key,
             "kind": "blob",
@@ -612,7 +674,9 @@ class BackgroundMaterializer:
             "places": places,
             "forget": forget,
         }
-        return self._send(key, item, start, start + n, staged, objects)
+        staged = prepared.estimate.staged if prepared.estimate is not None else 0
+        objects = sum(1 for g, _ in lay.copies if places[g][2])
+        return self._send(key, item, start, start + lay.n, staged, objects)
 
     def _submit_bytes(self, key: str, data: bytes, dig: dict[str, str]) -> float:
         n = direct.aligned(len(data))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import FrameType
 
+from flortrain.checkpoint.key import CheckpointKey, block_of
 from flortrain.runtime.blobformat import object_refs
 from flortrain.runtime.boundaries import MainBoundary
 from flortrain.runtime.checkpointable import Getters
@@ -27,7 +28,7 @@ class ReplaySession(JumpingSession):
                 [
                     ck
                     for key, ck in self.replay.checkpoints.items()
-                    if key.partition("@")[0] not in execute
+                    if block_of(key) not in execute
                 ],
                 object_refs,
             )
@@ -65,7 +66,7 @@ class ReplaySession(JumpingSession):
                 return None
             b = found
         b.restore(self, objects, names)
-        self.restore_files(f"{main_id}@{main_id}.{entry}.{j}#0")
+        self.restore_files(str(CheckpointKey.boundary(main_id, entry, j)))
         b.jumped_to = j
         self.main[2] = j
         self.store.put_jump(self.run_id, main_id, entry, i, j)

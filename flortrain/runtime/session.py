@@ -23,8 +23,9 @@ from types import FrameType
 from typing import Any
 
 from flortrain import knobs
+from flortrain.checkpoint.key import CheckpointKey
+from flortrain.checkpoint.period import AdaptivePeriod
 from flortrain.runtime import audit, rng, signals
-from flortrain.runtime.adaptive import AdaptivePeriod
 from flortrain.runtime.audit import Image
 from flortrain.runtime.augmentation import Augmented, augmentation
 from flortrain.runtime.boundaries import MainBoundary
@@ -260,7 +261,7 @@ class Session:
     def _load_boundary(self, main_id: str, entry: int, j: int, i: int) -> MainBoundary | None:
         """Boundary ``j`` of the main loop, loaded for a jump from iteration ``i``."""
         assert self.replay is not None
-        key = f"{main_id}@{main_id}.{entry}.{j}#0"
+        key = str(CheckpointKey.boundary(main_id, entry, j))
         ck = self.replay.checkpoints.get(key)
         data = self.store.read_blob(ck) if ck is not None else None
         if data is None:
@@ -325,7 +326,7 @@ class Session:
         occ = self.occurrences.get(block_id, 0)
         self.occurrences[block_id] = occ + 1
         m, entry, it = self.main
-        return f"{block_id}@{m}.{entry}.{it}#{occ}"
+        return str(CheckpointKey(block_id, m, entry, it, occ))
 
     # -- blocks ------------------------------------------------------------------------------------
 
@@ -387,7 +388,7 @@ class Session:
             return  # the killed run's row of the instance is kept
         assert self.main is not None
         m, entry, it = self.main
-        occ = int(block.key.rsplit("#", 1)[1])
+        occ = CheckpointKey.parse(block.key).occurrence
         # written with the iterations, once per commit interval: the row describes the run, and
         # no checkpoint hangs on it
         self._blocks.append(
