@@ -612,7 +612,7 @@ def test_the_registry_knows_copies_and_unpickled_objects() -> None:
 
     import torch
 
-    from flortrain.runtime import versions
+    from flortrain.checkpoint import versions
     from flortrain.runtime.registry import Registry
 
     reg = Registry()

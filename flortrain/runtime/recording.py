@@ -16,15 +16,15 @@ from types import FrameType
 from typing import Any
 
 from flortrain import knobs
+from flortrain.checkpoint import materializer as _materializer
+from flortrain.checkpoint.interface import Callbacks, Materializer, Prepared
 from flortrain.checkpoint.key import CheckpointKey
 from flortrain.runtime import audit, identity
-from flortrain.runtime import materializer as _materializer
 from flortrain.runtime.audit import Image
 from flortrain.runtime.boundaries import MainBoundary, scalars_json
 from flortrain.runtime.checkpointable import Getters, bound, resolve
 from flortrain.runtime.host import Instance, Outcome, State
 from flortrain.runtime.jumping import JumpingSession
-from flortrain.runtime.materializer import Callbacks, Materializer, Prepared
 from flortrain.runtime.session import IterationStart, Step
 from flortrain.store.db import Store
 from flortrain.store.records import BlockRow, BlockState

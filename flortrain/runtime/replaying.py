@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import FrameType
 
+from flortrain.checkpoint.codec import object_refs
 from flortrain.checkpoint.key import CheckpointKey, block_of
-from flortrain.runtime.blobformat import object_refs
 from flortrain.runtime.boundaries import MainBoundary
 from flortrain.runtime.checkpointable import Getters
 from flortrain.runtime.jumping import JumpingSession
@@ -25,11 +25,7 @@ class ReplaySession(JumpingSession):
             # (a boundary's key begins with its main loop's id, never among them)
             execute = self.replay.execute
             self.store.read_ahead(
-                [
-                    ck
-                    for key, ck in self.replay.checkpoints.items()
-                    if block_of(key) not in execute
-                ],
+                [ck for key, ck in self.replay.checkpoints.items() if block_of(key) not in execute],
                 object_refs,
             )
 

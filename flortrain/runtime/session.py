@@ -29,13 +29,13 @@ from flortrain.runtime import audit, rng, signals
 from flortrain.runtime.audit import Image
 from flortrain.runtime.augmentation import Augmented, augmentation
 from flortrain.runtime.boundaries import MainBoundary
-from flortrain.runtime.capture import Tee
 from flortrain.runtime.checkpointable import Getters
 from flortrain.runtime.files import Watch, put_back
 from flortrain.runtime.host import Instance, Outcome, State
 from flortrain.runtime.jumps import SpanReplay
 from flortrain.runtime.live_tensors import LiveTensors
 from flortrain.runtime.registry import Registry
+from flortrain.runtime.tee import Tee
 from flortrain.store.iterations import IterationRow
 from flortrain.store.records import BlockRow, BlockState, Checkpoint
 from flortrain.store.rows import RecordSink, RunSink
