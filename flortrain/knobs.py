@@ -116,13 +116,13 @@ _buffer_mb = Number(BUFFER_ENV, 2048, _at_least_0, "a number of MB >= 0 (default
 
 #: The backlog, in MB staged and not yet written, at which the writer stops waiting for idle CPU
 #: and competes with training (at a low priority) until it has written all it holds
-#: (``writer.Pace``). At most half the staging buffer.
+#: (``pace.Pace``). At most half the staging buffer.
 _writer_backlog_mb = Number(
     "FLORTRAIN_WRITER_BACKLOG_MB", 256, _at_least_0, "a number of MB >= 0 (default 256)"
 )
 
 #: How much of the staging buffer, in MB, is mapped before the script runs, so that staging a
-#: checkpoint does not pay a page fault per 4 KB (``runtime/arena.py``). By default as much as
+#: checkpoint does not pay a page fault per 4 KB (``checkpoint/arena.py``). By default as much as
 #: the writer's backlog: the buffer's ring seldom goes further. At most the buffer, and at most an
 #: eighth of the memory available; 0 turns it off.
 ARENA_WARM_ENV = "FLORTRAIN_ARENA_WARM_MB"

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
+from flortrain.checkpoint.period import HEADROOM, AdaptivePeriod, BlockCosts, contention
 from flortrain.errors import FlortrainError
-from flortrain.runtime.adaptive import HEADROOM, AdaptivePeriod, BlockCosts, contention
 
 
 def _checkpoint(

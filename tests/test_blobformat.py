@@ -1,5 +1,5 @@
 """The checkpoint blob format: exact round trips, shared tensors stored once, digests that
-depend on values only (runtime/blobformat.py)."""
+depend on values only (checkpoint/codec.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from flortrain.checkpoint import codec, skeleton
+from flortrain.checkpoint.blob import deserialize, serialize
 from flortrain.replay.divergence import state_differences
-from flortrain.runtime import blobformat
-from flortrain.runtime.materializer import deserialize, serialize
 
 
 def _payload(seed: int = 0) -> dict[str, object]:
@@ -71,7 +71,7 @@ def _equal(a: object, b: object) -> bool:
 def test_round_trip_is_exact_for_every_dtype_layout_and_container() -> None:
     payload = _payload()
     data, digests = serialize(payload)
-    assert data[:1] == blobformat.MAGIC
+    assert data[:1] == codec.MAGIC
     assert _equal(deserialize(data), payload)
     assert {k for k in digests if "/" not in k} == {
         "objects:model",
@@ -145,12 +145,12 @@ def test_library_modules_in_containers_come_back_as_the_modules_themselves() -> 
     """A module object cannot be pickled, so ``cfg = {"lib": math}`` would keep its loop from
     ever being checkpointed. A library module is stored by name in flortrain's format, in the
     ``torch.save`` fallback (a sparse tensor beside it) and in plain pickle (no torch)."""
-    from flortrain.runtime import materializer
+    from flortrain.checkpoint import blob
 
     cfg = {"lib": math, "all": [json, os.path], "pair": (cmath, 1)}
     fallback = {"names": {"cfg": cfg, "odd": torch.eye(2).to_sparse()}, "registry": {}}
     for payload, magic in (
-        ({"names": {"cfg": cfg}, "registry": {}}, blobformat.MAGIC),
+        ({"names": {"cfg": cfg}, "registry": {}}, codec.MAGIC),
         (fallback, b"T"),
     ):
         data, _ = serialize(payload)
@@ -162,8 +162,8 @@ def test_library_modules_in_containers_come_back_as_the_modules_themselves() -> 
             and back["all"][1] is os.path
             and back["pair"][0] is cmath
         )
-    plain = b"P" + blobformat.pickle_dumps({"names": {"cfg": cfg}})
-    assert materializer.deserialize(plain)["names"]["cfg"]["lib"] is math
+    plain = b"P" + codec.pickle_dumps({"names": {"cfg": cfg}})
+    assert blob.deserialize(plain)["names"]["cfg"]["lib"] is math
 
 
 def test_a_project_module_is_not_stored_by_name(
@@ -176,11 +176,11 @@ def test_a_project_module_is_not_stored_by_name(
     import helpers  # type: ignore[import-not-found]
 
     try:
-        with pytest.raises(blobformat.Unsupported):
-            blobformat.stage({"names": {"cfg": {"h": helpers}}, "registry": {}}, torch)
+        with pytest.raises(skeleton.Unsupported):
+            skeleton.stage({"names": {"cfg": {"h": helpers}}, "registry": {}}, torch)
         lazy = types.ModuleType("not_registered")
-        with pytest.raises(blobformat.Unsupported):  # not in sys.modules under its name
-            blobformat.stage({"names": {"cfg": {"m": lazy}}, "registry": {}}, torch)
+        with pytest.raises(skeleton.Unsupported):  # not in sys.modules under its name
+            skeleton.stage({"names": {"cfg": {"m": lazy}}, "registry": {}}, torch)
     finally:
         sys.modules.pop("helpers", None)
 
@@ -190,9 +190,9 @@ def test_a_set_of_modules_digests_the_same_in_any_process() -> None:
     (or different import orders would give different digests)."""
     code = (
         "import {order}, torch\n"
-        "from flortrain.runtime import blobformat\n"
+        "from flortrain.checkpoint import skeleton\n"
         "import cmath, json, math, os\n"
-        "print(blobformat.stage({{'names': {{'s': {{math, cmath, json, os}}}}, 'registry': {{}}}}, torch).skeletons)"
+        "print(skeleton.stage({{'names': {{'s': {{math, cmath, json, os}}}}, 'registry': {{}}}}, torch).skeletons)"
     )
     outs = {
         subprocess.run(

@@ -729,7 +729,7 @@ def test_a_broken_install_is_one_line_not_a_traceback(work: Path) -> None:
 
         class Broken(MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
-                if name == "flortrain.runtime.writer":
+                if name == "flortrain.checkpoint.writer":
                     raise SyntaxError("'(' was never closed")
                 return None
 

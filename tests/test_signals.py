@@ -1,5 +1,5 @@
 """A signal whose handler raises, arriving while a hook holds the training thread, reaches the
-script as the hook returns (``flortrain/runtime/signals.py``): not swallowed by flortrain's
+script as the hook returns (``flortrain/signals.py``): not swallowed by flortrain's
 guards, not raised half-way through a checkpoint."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flortrain.runtime import signals
+from flortrain import signals
 from tests.protocol import flortrain, plain
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flortrain.runtime import state
+from flortrain.checkpoint import capture, kinds, restore
 from flortrain.runtime.checkpointable import Logger, _rebound_channel
 from flortrain.static.plan import Restore
 from tests.protocol import (
@@ -104,13 +104,13 @@ class Holder:
 
 
 def test_a_capture_that_fails_names_the_object_and_its_type() -> None:
-    with pytest.raises(state.Unrestorable) as e:
-        state.capture_named("stats", Holder(), {})
+    with pytest.raises(kinds.Unrestorable) as e:
+        capture.capture_named("stats", Holder(), {})
     assert str(e.value) == (
         f"cannot capture `stats` ({Holder.__module__}.Holder): holds a _thread.lock at `stats.guard['lock']`"
     )
-    with pytest.raises(state.Unrestorable) as e:
-        state.capture_named("lock", threading.Lock(), {})
+    with pytest.raises(kinds.Unrestorable) as e:
+        capture.capture_named("lock", threading.Lock(), {})
     assert str(e.value).startswith("cannot capture `lock` (_thread.lock): "), e.value
 
 
@@ -118,7 +118,7 @@ def test_a_state_pickle_refuses_is_named_by_what_holds_it() -> None:
     roots = {"cfg": {"a": [1, threading.Lock()]}, "n": 3}
     with pytest.raises(TypeError) as e:
         pickle.dumps(roots)
-    assert state.unpicklable(e.value, roots) == (
+    assert capture.unpicklable(e.value, roots) == (
         "cannot capture `cfg` (dict): holds a _thread.lock at `cfg['a'][1]`, which cannot be pickled"
     )
 
@@ -162,12 +162,12 @@ def test_channels_are_neither_captured_nor_replaced(tmp_path: Path) -> None:
             "rows": csv.writer(io.StringIO()),
             "dict_rows": csv.DictWriter(io.StringIO(), ["a"]),
         }
-        captured = state.capture_named("sinks", sinks, {})
+        captured = capture.capture_named("sinks", sinks, {})
         kinds = {k: s["kind"] for k, s in captured["items"].items()}
         assert kinds == dict.fromkeys(sinks, "channel")
         before = dict(sinks)
         log.setLevel(logging.DEBUG)
-        state.restore_into(sinks, captured)
+        restore.restore_into(sinks, captured)
         assert all(sinks[k] is before[k] for k in sinks)
         assert log.level == logging.INFO
 
@@ -176,7 +176,7 @@ def test_a_library_module_held_by_an_object_is_named_not_walked() -> None:
     """``torch.ops`` (whose ``__file__`` is not a path) is torch's, like ``torch.nn``."""
     import torch
 
-    captured = state.capture_named("cfg", {"ops": torch.ops, "nn": torch.nn}, {})
+    captured = capture.capture_named("cfg", {"ops": torch.ops, "nn": torch.nn}, {})
     assert captured["items"]["ops"] == {"kind": "value", "value": torch.ops}
 
 
@@ -304,7 +304,7 @@ def test_a_rebound_channel_is_named_and_a_logger_restored_by_name(tmp_path: Path
     log = logging.getLogger("train")
     held = _rebound_channel("log", log)
     assert isinstance(held, Logger) and logging.getLogger(held.name) is log
-    with open(tmp_path / "out.txt", "w") as f, pytest.raises(state.Unrestorable) as e:
+    with open(tmp_path / "out.txt", "w") as f, pytest.raises(kinds.Unrestorable) as e:
         _rebound_channel("f", f)
     assert str(e.value).startswith(
         "cannot capture `f` (_io.TextIOWrapper): an output channel the loop binds"

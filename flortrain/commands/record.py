@@ -11,6 +11,7 @@ from typing import Any
 
 from flortrain import knobs
 from flortrain.check.before_record import warn
+from flortrain.checkpoint.key import CheckpointKey
 from flortrain.errors import FlortrainError, Located
 from flortrain.process import as_main, launcher, stopping
 from flortrain.process.launcher import Summary
@@ -180,7 +181,7 @@ def record(
         killed, point, until = _resumable(store, resume, script, text, args)
         run_id, args, threads = killed.id, killed.argv, killed.threads
         pin_threads(threads)
-        boundary = f"{point[0]}@{point[0]}.{point[1]}.{point[2]}#0"  # its checkpoint's key
+        boundary = str(CheckpointKey.boundary(*point))
         kept, t = store.truncate_for_resume(run_id, point[0], point[1], until, boundary)
         resumed: list[Any] = [
             *killed.meta.get("resumed", []),

@@ -6,11 +6,11 @@ hands, the rows held for the next commit), and a Ctrl-C left the run ``failed``,
 be resumed. So in a record's training process:
 
 - **SIGINT** is Python's ``KeyboardInterrupt``, raised once per Ctrl-C
-  (:class:`~flortrain.runtime.signals.Interrupt`: a signal sent to the process group reaches this
+  (:class:`~flortrain.signals.Interrupt`: a signal sent to the process group reaches this
   process directly and through the launcher). The script unwinds as under ``python``; the run is
   finished as ``interrupted`` and the command dies of SIGINT (``flortrain.cli.main``). One that
   falls in a hook is raised as the hook returns (or from its wait for the writer:
-  :mod:`~flortrain.runtime.signals`); one that comes once the script has ended only cuts the
+  :mod:`~flortrain.signals`); one that comes once the script has ended only cuts the
   wait for the writer short, and the run is finished as the script ended it.
 - **SIGTERM**, whose default is to die at once, runs no more of the script either: the handler
   (:class:`Terminate`) ends the run where the script stands, as the script's end would (the
@@ -36,8 +36,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
+from flortrain import signals
 from flortrain.process.as_main import run_as_main
-from flortrain.runtime import signals
 
 _RUNNER = run_as_main.__code__
 #: how long a SIGTERM that fell in flortrain's code waits to be sent again

@@ -6,7 +6,7 @@ did not jump over, and block instances it re-executed), probe output excluded. R
 main-loop iteration boundary are compared too: a skipped block that restored the wrong state
 shows up there even when nothing printed differs. And where the replay executed an instance the
 record checkpointed, the digests of the state each left behind are compared part by part
-(:mod:`flortrain.runtime.digest`). What differs is named (:mod:`flortrain.replay.divergence`):
+(:mod:`flortrain.checkpoint.digest`). What differs is named (:mod:`flortrain.replay.divergence`):
 the random stream, the part and the first tensor in it.
 """
 

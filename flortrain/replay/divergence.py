@@ -1,7 +1,7 @@
 """What diverged between two runs of one script, by name: the state part and the tensor in it,
 or the random stream.
 
-A checkpoint's digests (:mod:`flortrain.runtime.blobformat`) hold one entry per part
+A checkpoint's digests (:mod:`flortrain.checkpoint.codec`) hold one entry per part
 (``extra:module#0``) and one per tensor below it (``extra:module#0/weight``); a main-loop
 boundary's hold one per global random stream. ``diff`` compares a replay with its record and
 ``verify`` two records and their resumes, both through these functions, so both name a
@@ -22,7 +22,7 @@ Boundary = tuple[str, int, int]
 def part_name(key: str) -> str:
     """How a digest's key is shown: ``extra:module#0/state.weight`` as ``module#0.weight``,
     ``.../grads.weight`` as ``module#0.weight.grad`` (a captured object's ``state`` and
-    ``grads``, :mod:`flortrain.runtime.state`)."""
+    ``grads``, :mod:`flortrain.checkpoint.capture`)."""
     name = key.split(":", 1)[1] if ":" in key else key
     part, _, path = name.partition("/")
     if path.startswith("state."):

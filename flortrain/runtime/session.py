@@ -22,19 +22,20 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from flortrain import knobs
-from flortrain.runtime import audit, rng, signals
-from flortrain.runtime.adaptive import AdaptivePeriod
+from flortrain import knobs, signals
+from flortrain.checkpoint.key import CheckpointKey
+from flortrain.checkpoint.period import AdaptivePeriod
+from flortrain.runtime import audit, rng
 from flortrain.runtime.audit import Image
 from flortrain.runtime.augmentation import Augmented, augmentation
 from flortrain.runtime.boundaries import MainBoundary
-from flortrain.runtime.capture import Tee
 from flortrain.runtime.checkpointable import Getters
 from flortrain.runtime.files import Watch, put_back
 from flortrain.runtime.host import Instance, Outcome, State
 from flortrain.runtime.jumps import SpanReplay
 from flortrain.runtime.live_tensors import LiveTensors
 from flortrain.runtime.registry import Registry
+from flortrain.runtime.tee import Tee
 from flortrain.store.iterations import IterationRow
 from flortrain.store.records import BlockRow, BlockState, Checkpoint
 from flortrain.store.rows import RecordSink, RunSink
@@ -260,7 +261,7 @@ class Session:
     def _load_boundary(self, main_id: str, entry: int, j: int, i: int) -> MainBoundary | None:
         """Boundary ``j`` of the main loop, loaded for a jump from iteration ``i``."""
         assert self.replay is not None
-        key = f"{main_id}@{main_id}.{entry}.{j}#0"
+        key = str(CheckpointKey.boundary(main_id, entry, j))
         ck = self.replay.checkpoints.get(key)
         data = self.store.read_blob(ck) if ck is not None else None
         if data is None:
@@ -333,7 +334,7 @@ class Session:
         occ = self.occurrences.get(block_id, 0)
         self.occurrences[block_id] = occ + 1
         m, entry, it = self.main
-        return f"{block_id}@{m}.{entry}.{it}#{occ}"
+        return str(CheckpointKey(block_id, m, entry, it, occ))
 
     # -- blocks ------------------------------------------------------------------------------------
 
@@ -395,7 +396,7 @@ class Session:
             return  # the killed run's row of the instance is kept
         assert self.main is not None
         m, entry, it = self.main
-        occ = int(block.key.rsplit("#", 1)[1])
+        occ = CheckpointKey.parse(block.key).occurrence
         # written with the iterations, once per commit interval: the row describes the run, and
         # no checkpoint hangs on it
         self._blocks.append(
@@ -482,7 +483,7 @@ class Session:
         plain or recorded (0.2 s each in a nanoGPT-shaped script); one that fell into a
         checkpoint would be charged to it as M, and Eq. 4 and the run's budget would then refuse
         checkpoints for the rest of the run. It runs at the script's next allocation instead.
-        The script's signal handlers are deferred too (:mod:`~flortrain.runtime.signals`): what
+        The script's signal handlers are deferred too (:mod:`~flortrain.signals`): what
         one raises reaches the script as the hook returns, not flortrain's code half-way."""
         if self._hold_t0 is not None:  # within a hook already: its time is counted there
             yield
