@@ -6,8 +6,9 @@ whose output nobody reads, only to arrive at a later iteration in the record's s
 top-level statements of the main loop's body, with the loop's carried names, the names read
 after the loop and the global RNG streams as state:
 
-- a statement is **needed** when it writes a name a later statement, a later iteration (a name
-  read before it is bound: carried) or the code after the loop reads, or when it may do anything
+- a statement is **needed** when it writes a name the code after the loop reads, or one an
+  iteration reads before binding it (carried: the iterations after the pseudoresume run every
+  statement, the skippable ones too), or one a needed statement reads, or when it may do anything
   beyond binding names: a call the pass cannot prove pure (an optimizer or scheduler ``step``, a
   shuffle, a function of the script), an RNG draw, an attribute or item assigned, a file opened,
   control flow (``break``, ``return``, ``raise``). Its reads are then needed in turn, to a fixpoint
@@ -40,6 +41,7 @@ from flortrain.static.liveness import liveness_of
 from flortrain.static.plan import FastForward
 from flortrain.static.program import Loop, Program, Scope
 from flortrain.static.sinks import output_call
+from flortrain.static.spans import read_before_bound
 
 #: Builtins that only read their arguments and call nothing the script passes them (no ``map``,
 #: ``filter``, ``iter(f, sentinel)``; ``key=`` is refused where it is accepted).
@@ -433,6 +435,10 @@ def fast_forward(prog: Program, loop: Loop) -> tuple[tuple[FastForward, ...], tu
         line = prog.line(body.body[0]) if body.body else prog.line(loop)
         return (), (Verdict(line, "the scope reads its own variables (locals(), eval)", None),)
     needed = set(live) | set(scope.declared_global) | set(scope.declared_nonlocal)
+    # the iterations after the pseudoresume run every statement: what any of them reads before
+    # binding it (carried, ``best = min(best, val)``) is needed, whoever reads it
+    bound = set().union(*(writes(s) for s in body.body))
+    needed |= {n for n in bound if read_before_bound(loop, n)}
     if isinstance(loop, cst.While):
         needed |= reads(loop.test)
     if loop.orelse is not None:
