@@ -18,7 +18,7 @@ import pytest
 
 from flortrain.static.analysis import analyse
 from flortrain.static.source import parse
-from tests.protocol import flortrain, plain
+from tests.protocol import flortrain, latest_run, plain
 
 PRELUDE = """\
 import logging
@@ -213,14 +213,21 @@ def _record_then_probe(tmp_path: Path, text: str, probe: str) -> str:
 def test_a_pseudoresuming_worker_leaves_out_the_evaluation_and_replays_exactly(
     tmp_path: Path,
 ) -> None:
-    # the probe reads `val`: the evaluation pass then runs in every worker (a probe reads what
-    # it binds); the print beside it is still left out
-    want = _record_then_probe(tmp_path, SCRIPT, 'print(f"PROBE {epoch} {step} {jitter:.8f}")')
+    # The probe is in the training loop, so the second worker's segment executes it: nothing
+    # restores the state the pseudoresume left there. Had fast-forward left out the scheduler's
+    # step, the draw of `jitter` or `best`, the segment would train at another learning rate,
+    # draw other numbers or print another best, and the output would differ.
+    text = SCRIPT.replace("    #PROBE\n", "").replace(
+        "        step += 1\n", "        step += 1\n        #PROBE\n"
+    )
+    assert text.count("#PROBE") == 1
+    want = _record_then_probe(tmp_path, text, 'print(f"PROBE {epoch} {i} {loss.item():.8f}")')
     par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=PSEUDO)
     assert par.code == 0, par.err
     assert par.out == want
-    assert "pseudoresume from the loop's start, fast-forward left out" in par.err, par.err
-    assert "while pseudoresuming, a worker leaves out (fast-forward) lines 25-28" in par.err
+    # the evaluation (lines 25-28, once the probe is in: 26-29) and the print, in 3 iterations
+    assert "fast-forward left out 6 statement(s) at line(s) 26, 31" in par.err, par.err
+    assert "while pseudoresuming, a worker leaves out (fast-forward) lines 26-29" in par.err
     d = flortrain(tmp_path, "diff")
     assert d.code == 0, d.out + d.err
 
@@ -242,3 +249,36 @@ def test_off_runs_every_statement(tmp_path: Path) -> None:
     assert par.out == want
     assert "fast-forward left out" not in par.err, par.err
     assert "a worker runs every statement (FLORTRAIN_FAST_FORWARD=off)" in par.err, par.err
+
+
+KILLED = {
+    "FLORTRAIN_PERIOD": "every",
+    "FLORTRAIN_COMMIT_INTERVAL": "0",
+    "FLORTRAIN_MATERIALIZER": "sync",
+    "FLORTRAIN_BOUNDARY_EVERY": "100",  # no boundary: the resume runs iterations 0..3 again
+}
+
+
+def test_a_resumed_record_leaves_out_the_evaluation_of_the_iterations_it_replays(
+    tmp_path: Path,
+) -> None:
+    # SIGTERM as epoch 4 starts: the resume records from iteration 4, replaying 0..3
+    text = "import os, signal\n" + SCRIPT.replace("    #PROBE\n", "").replace(
+        "for epoch in range(6):\n",
+        "for epoch in range(6):\n"
+        "    if epoch == 4 and os.path.exists('KILL'):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n",
+    )
+    script = tmp_path / "train.py"
+    script.write_text(text)
+    truth = plain(script).out
+    (tmp_path / "KILL").touch()
+    rec = flortrain(tmp_path, "record", "train.py", env=KILLED)
+    assert rec.code != 0 and truth.startswith(rec.out), rec.err
+    (tmp_path / "KILL").unlink()
+    res = flortrain(tmp_path, "record", "--resume", "1", "train.py", env=KILLED)
+    assert res.code == 0, res.err
+    assert res.out == truth[truth.index("epoch 4 val") :]
+    # the evaluation (lines 28-31) and the print (33) of iterations 0..3
+    assert "fast-forward left out 8 statement(s) at line(s) 28, 33" in res.err, res.err
+    assert latest_run(tmp_path)["status"] == "complete"
