@@ -197,13 +197,11 @@ class Plan:
                 out.append(f"  iteration boundary state (iteration spans): {held}")
             else:
                 out.append(f"  {no_iteration_spans(m.no_boundary)}")
-            if m.fast_forward:
+            if m.fast_forward:  # and why the others run; nothing when every statement runs
                 skipped = "; ".join(fast_forward_line(f) for f in m.fast_forward)
                 out.append(f"  fast-forward (left out while pseudoresuming): {skipped}")
-            else:
-                out.append("  fast-forward: every statement runs while pseudoresuming")
-            for line, why in m.kept:
-                out.append(f"    runs while pseudoresuming: line {line}: {why}")
+                for line, why in m.kept:
+                    out.append(f"    runs while pseudoresuming: line {line}: {why}")
             for b in (b for b in self.blocks if b.main == m.id):
                 out.append(
                     f"  {self.path}:{b.span.line}:{b.span.col} memoized {b.kind} loop {b.id} in {b.function}"
