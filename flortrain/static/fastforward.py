@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from flortrain.static.expressions import dotted, names_of, preorder
-from flortrain.static.library import MUTATED_KEYWORDS, PURE_METHODS
-from flortrain.static.liveness import liveness_of
+from flortrain.static.library import MUTATED_KEYWORDS, PURE_BUILTINS, PURE_METHODS
+from flortrain.static.liveness import liveness_of, uses
 from flortrain.static.plan import FastForward
 from flortrain.static.program import Loop, Program, Scope
 from flortrain.static.sinks import output_call
@@ -45,38 +45,11 @@ from flortrain.static.spans import read_before_bound
 
 #: Builtins that only read their arguments and call nothing the script passes them (no ``map``,
 #: ``filter``, ``iter(f, sentinel)``; ``key=`` is refused where it is accepted).
-BUILTINS = frozenset(
-    {
-        "print",
-        "len",
-        "range",
-        "enumerate",
-        "zip",
-        "min",
-        "max",
-        "sum",
-        "abs",
-        "round",
-        "float",
-        "int",
-        "str",
-        "bool",
-        "list",
-        "dict",
-        "tuple",
-        "set",
-        "frozenset",
-        "sorted",
-        "reversed",
-        "isinstance",
-        "repr",
-        "format",
-        "any",
-        "all",
-        "divmod",
-        "pow",
-    }
+BUILTINS = PURE_BUILTINS - frozenset(
+    "getattr hasattr map filter iter callable vars dir locals globals super object input open"
+    " id type hash issubclass slice bytes bytearray complex chr ord hex oct bin".split()
 )
+
 
 #: PyTorch functions (last dotted component, from a module imported from ``torch``) that compute
 #: from their arguments and draw no random number: what an evaluation pass calls.
@@ -368,26 +341,6 @@ def _fresh_value(v: cst.BaseExpression) -> bool:
     return False
 
 
-def reads(node: cst.CSTNode) -> set[str]:
-    """Every name ``node`` mentions as a variable (attribute names and keywords left out):
-    more than it reads, which only makes more statements needed."""
-    out: set[str] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, cst.Name):
-            out.add(n.value)
-            continue
-        if isinstance(n, cst.Attribute):
-            stack.append(n.value)
-            continue
-        if isinstance(n, cst.Arg):
-            stack.append(n.value)
-            continue
-        stack.extend(n.children)
-    return out
-
-
 def bound_here(node: cst.CSTNode) -> set[str]:
     """The names ``node`` binds, comprehension variables included."""
     out = writes(node)
@@ -440,9 +393,9 @@ def fast_forward(prog: Program, loop: Loop) -> tuple[tuple[FastForward, ...], tu
     bound = set().union(*(writes(s) for s in body.body))
     needed |= {n for n in bound if read_before_bound(loop, n)}
     if isinstance(loop, cst.While):
-        needed |= reads(loop.test)
+        needed |= set(uses(prog, loop.test))
     if loop.orelse is not None:
-        needed |= reads(loop.orelse)
+        needed |= set(uses(prog, loop.orelse))
     judged: list[tuple[cst.BaseStatement, str | None, _Judge]] = []
     for s in body.body:
         j = _Judge(prog, scope, local=bound_here(s))
@@ -453,7 +406,7 @@ def fast_forward(prog: Program, loop: Loop) -> tuple[tuple[FastForward, ...], tu
         for s, why, _ in reversed(judged):
             if why is None and not writes(s) & needed:
                 continue
-            new = reads(s)
+            new = set(uses(prog, s))
             if not new <= needed:
                 needed |= new
                 changed = True
@@ -478,4 +431,4 @@ def fast_forward(prog: Program, loop: Loop) -> tuple[tuple[FastForward, ...], tu
     return tuple(steps), tuple(verdicts)
 
 
-__all__ = ["BUILTINS", "TORCH_FUNCTIONS", "Verdict", "fast_forward", "reads", "writes"]
+__all__ = ["BUILTINS", "TORCH_FUNCTIONS", "Verdict", "fast_forward", "writes"]
