@@ -43,13 +43,16 @@ from flortrain.static.program import Loop, Program, Scope
 from flortrain.static.sinks import output_call
 from flortrain.static.spans import read_before_bound
 
+#: Builtins the pure ones (``library.PURE_BUILTINS``) include that an evaluation pass has no use
+#: for or that do more than read: call what they are given, look at frames, read input, open.
+_CALLING = frozenset({"map", "filter", "iter", "callable", "getattr", "hasattr"})
+_INTROSPECTING = frozenset({"vars", "dir", "locals", "globals", "super", "type", "id", "hash"})
+_OTHERS = frozenset({"input", "open", "object", "issubclass", "slice", "bytes", "bytearray"})
+_NUMERALS = frozenset({"complex", "chr", "ord", "hex", "oct", "bin"})
+
 #: Builtins that only read their arguments and call nothing the script passes them (no ``map``,
 #: ``filter``, ``iter(f, sentinel)``; ``key=`` is refused where it is accepted).
-BUILTINS = PURE_BUILTINS - frozenset(
-    "getattr hasattr map filter iter callable vars dir locals globals super object input open"
-    " id type hash issubclass slice bytes bytearray complex chr ord hex oct bin".split()
-)
-
+BUILTINS = PURE_BUILTINS - _CALLING - _INTROSPECTING - _OTHERS - _NUMERALS
 
 #: PyTorch functions (last dotted component, from a module imported from ``torch``) that compute
 #: from their arguments and draw no random number: what an evaluation pass calls.
