@@ -282,3 +282,22 @@ def test_a_resumed_record_leaves_out_the_evaluation_of_the_iterations_it_replays
     # the evaluation (lines 28-31) and the print (33) of iterations 0..3
     assert "fast-forward left out 8 statement(s) at line(s) 28, 33" in res.err, res.err
     assert latest_run(tmp_path)["status"] == "complete"
+
+
+def test_a_gated_statement_keeps_its_line_and_column_in_tracebacks() -> None:
+    from flortrain.instrument import instrument_file
+    from flortrain.static.linemap import line_map
+
+    text = PRELUDE + CASES[EVALUATION]
+    code = instrument_file("train.py", text).code_text
+    assert 'if __flortrain__.forward("M' in code
+    mapping = line_map(text, code)
+    original = text.splitlines()
+    for j, line in enumerate(code.splitlines()):
+        if line.strip().startswith('print(f"epoch'):
+            at, shift = mapping[j]
+            assert original[at - 1].strip() == line.strip()
+            assert shift == 4  # one level deeper, under the gate
+            break
+    else:
+        raise AssertionError(code)
