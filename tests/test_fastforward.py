@@ -87,6 +87,15 @@ for epoch in range(3):
     best = min(best, model(x).sum().item())  # run
     print(best)  # skip
 """,
+    "iterating is checked: what the pass cannot check runs, the rest waits for the run": """\
+for epoch in range(3):
+    for i in range(2):  # run
+        opt.step()
+    first = next(iter(xs))  # run
+    print(*helper(xs))  # run
+    print(*xs, epoch in order)  # skip
+    h, w = model.weight.shape  # skip
+""",
     "a value the code after the loop reads is needed": """\
 for epoch in range(3):
     for i in range(2):  # run

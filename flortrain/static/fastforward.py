@@ -172,7 +172,8 @@ class _Judge:
         if isinstance(s, cst.Assign):
             if not all(isinstance(t.target, cst.Name | cst.Tuple | cst.List) for t in s.targets):
                 return "assigns an attribute or an item"
-            why = self.expr(s.value)
+            unpacks = any(isinstance(t.target, cst.Tuple | cst.List) for t in s.targets)
+            why = (self.iterated(s.value) if unpacks else None) or self.expr(s.value)
             bound = {n for t in s.targets for n in names_of(t.target)}
             if _fresh_value(s.value) and len(bound) == 1:
                 self.fresh |= bound
@@ -241,6 +242,14 @@ class _Judge:
                 why = self.iterated(n.iter)
                 if why is not None:
                     return why
+            elif isinstance(n, cst.StarredElement | cst.StarredDictElement):
+                why = self.iterated(n.value)  # `[*xs]`, `{**d}` iterate
+                if why is not None:
+                    return why
+            elif isinstance(n, cst.ComparisonTarget) and isinstance(n.operator, cst.In | cst.NotIn):
+                why = self.iterated(n.comparator)  # `x in xs` may iterate `xs`
+                if why is not None:
+                    return why
             elif isinstance(n, cst.Yield | cst.Await | cst.NamedExpr):
                 return f"evaluates a `{type(n).__name__}`"
             stack.extend(n.children)
@@ -250,6 +259,10 @@ class _Judge:
         for a in c.args:
             if a.keyword is not None and a.keyword.value in MUTATED_KEYWORDS:
                 return f"passes `{a.keyword.value}=`, which a call writes into"
+            if a.star:  # `f(*xs)` iterates `xs`
+                why = self.iterated(a.value)
+                if why is not None:
+                    return why
         func = c.func
         if isinstance(func, cst.Name):
             return self.name_call(func.value, c)
@@ -393,15 +406,19 @@ def fast_forward(prog: Program, loop: Loop) -> tuple[tuple[FastForward, ...], tu
     needed = set(live) | set(scope.declared_global) | set(scope.declared_nonlocal)
     # the iterations after the pseudoresume run every statement: what any of them reads before
     # binding it (carried, ``best = min(best, val)``) is needed, whoever reads it
-    bound = set().union(*(writes(s) for s in body.body))
-    needed |= {n for n in bound if read_before_bound(loop, n)}
+    binds = [bound_here(s) for s in body.body]
+    carried = {n for n in set().union(*binds) if read_before_bound(loop, n)}
+    needed |= carried
     if isinstance(loop, cst.While):
         needed |= set(uses(prog, loop.test))
     if loop.orelse is not None:
         needed |= set(uses(prog, loop.orelse))
     judged: list[tuple[cst.BaseStatement, str | None, _Judge]] = []
-    for s in body.body:
-        j = _Judge(prog, scope, local=bound_here(s))
+    for k, s in enumerate(body.body):
+        # a name only this statement binds, and no iteration reads before binding it, holds
+        # what this statement made from checked values (its last run, or none yet)
+        others = set().union(*(b for i, b in enumerate(binds) if i != k))
+        j = _Judge(prog, scope, local=binds[k] - others - carried)
         judged.append((s, j.statement(s), j))
     changed = True
     while changed:  # the body's top feeds its end through the back edge: to a fixpoint
