@@ -17,7 +17,14 @@ import pytest
 from flortrain.runtime import state
 from flortrain.runtime.checkpointable import Logger, _rebound_channel
 from flortrain.static.plan import Restore
-from tests.protocol import block_states, flortrain, latest_run, plain, record_and_replay_match_plain
+from tests.protocol import (
+    block_states,
+    flortrain,
+    latest_run,
+    plain,
+    record_and_replay_match_plain,
+    toy_prelude,
+)
 from tests.test_changeset import check
 
 P = Restore.IN_PLACE
@@ -25,12 +32,13 @@ R = Restore.REBOUND
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
 
-SINKS = """\
+#: the toy script's model, optimizer and batches, then the channels a training script writes to
+SINKS = (
+    toy_prelude()
+    + """\
 import csv
 import logging
 import sys
-
-import torch
 
 logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(name)s %(message)s")
 log = logging.getLogger("train")
@@ -47,10 +55,6 @@ class Tracker:
         self.out.write(f"{self.seen} {loss:.6f}\\n")
 
 
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-train = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]
 f = open("log.txt", "w")
 rows = csv.writer(open("metrics.csv", "w", newline=""))
 tracker = Tracker("batches.txt")
@@ -72,6 +76,7 @@ for epoch in range(3):
     print(epoch, f"{total:.6f}", tracker.seen)
 f.close()
 """
+)
 
 
 def test_a_loop_writing_to_loggers_files_and_csv_stays_memoized(tmp_path: Path) -> None:
@@ -118,14 +123,11 @@ def test_a_state_pickle_refuses_is_named_by_what_holds_it() -> None:
     )
 
 
-LOCK = """\
+LOCK = (
+    toy_prelude()
+    + """\
 import threading
-import torch
 
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-train = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]
 for epoch in range(3):
     for x, y in train:
         opt.zero_grad()
@@ -134,6 +136,7 @@ for epoch in range(3):
         guard = threading.Lock()
     print(epoch, guard.locked())
 """
+)
 
 
 def test_a_record_names_the_object_it_cannot_checkpoint(tmp_path: Path) -> None:

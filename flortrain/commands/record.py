@@ -87,7 +87,7 @@ def _untracked(shown: str, plan: Plan, session: RecordSession) -> None:
 def _note_load(store: Store, run_id: int, session: RecordSession) -> None:
     """Keep, per main loop, the cores its iterations kept busy (CPU over wall seconds): a
     parallel replay's workers each need that many, so on a small machine they may only queue
-    (:func:`flortrain.replay.parallel.cores_per_worker`)."""
+    (:func:`flortrain.replay.sharing.loop_load`)."""
     load = {m: round(cpu / wall, 3) for m, (wall, cpu) in session.loop_load.items() if wall > 0}
     if load and store.owned() and store.failed is None:
         store.set_meta(run_id, {**store.run(run_id).meta, "load": load})

@@ -50,7 +50,7 @@ from typing import Any, Protocol
 from flortrain import channel as link
 from flortrain import knobs
 from flortrain.channel import Channel
-from flortrain.runtime import blobformat, versions
+from flortrain.runtime import blobformat, signals, versions
 from flortrain.runtime.arena import Warmer, resident_budget
 from flortrain.runtime.digest import state_digests
 from flortrain.runtime.writer import Objects, run_child
@@ -483,7 +483,11 @@ class BackgroundMaterializer:
         """Handle one message from the writer; False if none came within ``timeout``."""
         assert self.ch is not None
         try:
-            msg = self.ch.recv(timeout)
+            if timeout == 0:
+                msg = self.ch.recv(0)
+            else:  # a wait: a Ctrl-C cuts it short (``signals.waiting``)
+                with signals.waiting():
+                    msg = self.ch.recv(timeout)
         except EOFError:
             self._died("died")
             return True
@@ -710,7 +714,14 @@ class BackgroundMaterializer:
                 self.cb.warn(
                     f"waiting for {len(self.inflight)} of {pending} checkpoint(s) to be written"
                 )
-            self._take(1.0)
+            try:
+                self._take(1.0)
+            except KeyboardInterrupt:  # Ctrl-C: the run is finished without what is not written
+                if self.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self.pid, 9)
+                self._died("stopped by Ctrl-C")
+                return
             if self._bye:
                 break  # everything before "bye" was handled
         if self.ch is not None:
