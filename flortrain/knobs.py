@@ -148,6 +148,12 @@ segments = Choice("FLORTRAIN_SEGMENTS", "estimated", "even")
 #: pseudoresume from the loop's start, blocks restored: the baseline benchmarks compare against).
 resume = Choice("FLORTRAIN_RESUME", "direct", "pseudo")
 
+#: Whether a pseudoresume (a parallel-replay worker before its segment, ``record --resume``
+#: before the iteration it records from) leaves out the main loop's statements that nothing
+#: later needs ("on", the default: :mod:`flortrain.static.fastforward`) or runs them all ("off":
+#: the baseline the fast-forward benchmark compares against).
+fast_forward = Choice("FLORTRAIN_FAST_FORWARD", "on", "off")
+
 #: Whether ``replay --jobs N`` on local workers starts them before it plans ("on", the
 #: default: their start-up overlaps planning) or once the plan is made ("off": for measuring
 #: what prestarting saves).
@@ -249,6 +255,7 @@ def validate() -> None:
         flush_timeout,
         segments,
         resume,
+        fast_forward,
         prestart,
         static_overlap,
         check,

@@ -207,9 +207,16 @@ def _resume(seg: Segment, r: WorkerResult) -> str:
     resumed = max((j[3] for j in before), default=-1)
     if resumed == seg.start:
         return f"direct resume at iteration {seg.start}"
-    if resumed > 0:
-        return f"pseudoresume from the boundary at iteration {resumed}"
-    return "pseudoresume from the loop's start"
+    how = (
+        f"pseudoresume from the boundary at iteration {resumed}"
+        if resumed > 0
+        else "pseudoresume from the loop's start"
+    )
+    if r.forwarded:
+        lines = ", ".join(str(line) for line in sorted(r.forwarded))
+        left = sum(r.forwarded.values())
+        how += f", fast-forward left out {left} statement(s) at line(s) {lines}"
+    return how
 
 
 class _Printer:
@@ -349,6 +356,14 @@ def replay_parallel(
     )
     for k, w in enumerate(plan.workers):
         _say(f"  segment {k + 1}: {w.describe()}")
+    left = p.rplan.fast_forward(plan.loop.main_id)
+    if left is not None and any(w.resume == "pseudo" for w in plan.workers):
+        if knobs.fast_forward() == "on":
+            _say(f"  while pseudoresuming, a worker leaves out (fast-forward) {left}")
+        else:
+            _say(
+                "  while pseudoresuming, a worker runs every statement (FLORTRAIN_FAST_FORWARD=off)"
+            )
     location = blobs or str(p.store.blobs)
     if backend_name == "ray" and blobs is None:
         _say(

@@ -254,6 +254,12 @@ class RecordSession(JumpingSession):
         """A resumed record has reached the iteration it records from: an ordinary record from
         here on, printing and capturing its output again (the Tee was muted until here)."""
         self.replay = None
+        if self.forwarded:
+            lines = ", ".join(str(line) for line in sorted(self.forwarded))
+            self.warn(
+                f"fast-forward left out {sum(self.forwarded.values())} statement(s) at line(s)"
+                f" {lines} of the iterations it replayed"
+            )
         if self.tee is not None:
             self.tee.muted = False
 

@@ -25,7 +25,7 @@ from typing import Any
 from flortrain import knobs, signals
 from flortrain.checkpoint.key import CheckpointKey
 from flortrain.checkpoint.period import AdaptivePeriod
-from flortrain.runtime import audit, rng
+from flortrain.runtime import audit, fastforward, rng
 from flortrain.runtime.audit import Image
 from flortrain.runtime.augmentation import Augmented, augmentation
 from flortrain.runtime.boundaries import MainBoundary
@@ -114,6 +114,10 @@ class Session:
     _pid: int = field(default_factory=os.getpid)  # the training process's (``signals.defer``)
     #: record: the files the script reads and writes (``runtime/files.py``)
     files: Watch | None = None
+    #: whether a pseudoresume leaves out what the static pass found nothing later needs
+    fast_forward: bool = field(default_factory=lambda: knobs.fast_forward() == "on")
+    #: statement line -> how many times a pseudoresume left it out
+    forwarded: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.replay is not None and self.replay.spans is not None:
@@ -200,6 +204,28 @@ class Session:
     def main_items(self, main_id: str, iterable: Iterable[Any], frame: FrameType) -> Iterable[Any]:
         """A main ``for`` loop's iterable, run in ``frame`` (a replay may skip items)."""
         return iterable
+
+    def fast_forwarding(self, main_id: str) -> bool:
+        """Whether the current iteration of main loop ``main_id`` is one a pseudoresume runs only
+        to reach a later one (a worker before its segment, a resumed record before the
+        iteration it records from), with fast-forward on."""
+        return (
+            self.fast_forward
+            and not self.probe_depth
+            and self.main is not None
+            and self.main[0] == main_id
+            and (self.before_segment() or self.replaying_here())
+        )
+
+    def leave_out(
+        self, line: int, modules: tuple[str, ...], containers: tuple[str, ...], frame: FrameType
+    ) -> bool:
+        """Whether the statement at ``line`` is left out: what its static verdict assumed holds
+        in ``frame`` (``runtime/fastforward``)."""
+        if not fastforward.skippable(frame, modules, containers):
+            return False
+        self.forwarded[line] = self.forwarded.get(line, 0) + 1
+        return True
 
     def replaying_here(self) -> bool:
         """Whether the current iteration is one a resumed record runs as a replay (its rows kept)."""
