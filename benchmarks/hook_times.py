@@ -58,8 +58,8 @@ HOOKS: tuple[tuple[str, str, str, int], ...] = (
     ("checkpoint", "flortrain.runtime.recording", "RecordSession.checkpoint", 1),
     ("payload", "flortrain.runtime.checkpointable", "Checkpointable._payload", 2),
     ("state capture", "flortrain.runtime.checkpointable", "capture_named", 3),
-    ("submit", "flortrain.runtime.materializer", "BackgroundMaterializer.submit", 2),
-    ("stage (split, pickle)", "flortrain.runtime.blobformat", "stage", 3),
+    ("submit", "flortrain.checkpoint.materializer", "BackgroundMaterializer.submit", 2),
+    ("stage (split, pickle)", "flortrain.checkpoint.skeleton", "stage", 3),
     ("send to writer", "flortrain.channel", "Channel.send", 3),
 )
 

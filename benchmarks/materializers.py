@@ -54,7 +54,7 @@ kind, rounds, steps, outdir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), s
 torch.manual_seed(0)
 session = None
 if kind == "flortrain":  # started before the model exists, as `flortrain record` does
-    from flortrain.runtime.materializer import BackgroundMaterializer, Callbacks
+    from flortrain.checkpoint.materializer import BackgroundMaterializer, Callbacks
     from flortrain.store.db import Store
     store = Store(__import__("pathlib").Path(outdir) / "store")
     run = store.begin_run("record", "bench.py", [], "", None, None, {})

@@ -86,7 +86,7 @@ class Stager:
     time what that costs the training thread."""
 
     def __init__(self, ns: dict[str, Any]) -> None:
-        from flortrain.runtime import arena
+        from flortrain.checkpoint import arena
 
         self.ns = ns
         self.area = mmap.mmap(-1, ARENA, flags=mmap.MAP_SHARED)

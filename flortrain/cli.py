@@ -303,6 +303,42 @@ def diff(ctx: click.Context, run_id: int | None) -> None:
     sys.exit(0 if result.identical else 1)
 
 
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option(
+    "-k",
+    "--resumes",
+    type=click.IntRange(min=0),
+    default=4,
+    show_default=True,
+    help="Boundary checkpoints of the first record to resume from, spread over the run.",
+)
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON (docs/determinism.md).")
+@click.option(
+    "--keep",
+    metavar="DIR",
+    default=None,
+    help="Keep the two records' store in DIR (default: a temporary store, removed at the end).",
+)
+@click.pass_context
+@_one_line_errors
+def verify(
+    ctx: click.Context,
+    script: str,
+    args: tuple[str, ...],
+    resumes: int,
+    as_json: bool,
+    keep: str | None,
+) -> None:
+    """Check that SCRIPT is reproducible: record it twice, resume it from recorded checkpoints,
+    and compare the state and random streams of every run at every main-loop boundary and
+    checkpoint. Exit 0 reproducible, 1 not (the first divergence is named), 2 bad input."""
+    from flortrain.commands.verify import verify as do_verify
+
+    sys.exit(do_verify(script, list(args), resumes, as_json, ctx.obj["trust"], keep))
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run, as a list.")
 @click.pass_context

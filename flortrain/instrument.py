@@ -18,6 +18,7 @@ def for_record(source: Source, prefix: str = "") -> Instrumented:
     inst = Instrumentation(
         blocks={b.span.line: b for b in plan.blocks},
         mains={m.span.line: m for m in plan.main_loops},
+        forward={f.line: (m.id, f) for m in plan.main_loops for f in m.fast_forward},
     )
     return Instrumented(plan, transform(source, inst))
 

@@ -116,13 +116,13 @@ _buffer_mb = Number(BUFFER_ENV, 2048, _at_least_0, "a number of MB >= 0 (default
 
 #: The backlog, in MB staged and not yet written, at which the writer stops waiting for idle CPU
 #: and competes with training (at a low priority) until it has written all it holds
-#: (``writer.Pace``). At most half the staging buffer.
+#: (``pace.Pace``). At most half the staging buffer.
 _writer_backlog_mb = Number(
     "FLORTRAIN_WRITER_BACKLOG_MB", 256, _at_least_0, "a number of MB >= 0 (default 256)"
 )
 
 #: How much of the staging buffer, in MB, is mapped before the script runs, so that staging a
-#: checkpoint does not pay a page fault per 4 KB (``runtime/arena.py``). By default as much as
+#: checkpoint does not pay a page fault per 4 KB (``checkpoint/arena.py``). By default as much as
 #: the writer's backlog: the buffer's ring seldom goes further. At most the buffer, and at most an
 #: eighth of the memory available; 0 turns it off.
 ARENA_WARM_ENV = "FLORTRAIN_ARENA_WARM_MB"
@@ -147,6 +147,12 @@ segments = Choice("FLORTRAIN_SEGMENTS", "estimated", "even")
 #: boundary checkpoint at the segment's start where there is one) or "pseudo" (Flor's
 #: pseudoresume from the loop's start, blocks restored: the baseline benchmarks compare against).
 resume = Choice("FLORTRAIN_RESUME", "direct", "pseudo")
+
+#: Whether a pseudoresume (a parallel-replay worker before its segment, ``record --resume``
+#: before the iteration it records from) leaves out the main loop's statements that nothing
+#: later needs ("on", the default: :mod:`flortrain.static.fastforward`) or runs them all ("off":
+#: the baseline the fast-forward benchmark compares against).
+fast_forward = Choice("FLORTRAIN_FAST_FORWARD", "on", "off")
 
 #: Whether ``replay --jobs N`` on local workers starts them before it plans ("on", the
 #: default: their start-up overlaps planning) or once the plan is made ("off": for measuring
@@ -249,6 +255,7 @@ def validate() -> None:
         flush_timeout,
         segments,
         resume,
+        fast_forward,
         prestart,
         static_overlap,
         check,

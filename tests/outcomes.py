@@ -4,7 +4,7 @@ the reason, and the warnings it printed."""
 
 from __future__ import annotations
 
-from flortrain.runtime.materializer import Callbacks
+from flortrain.checkpoint.interface import Callbacks
 
 
 class Outcomes:

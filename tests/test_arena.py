@@ -1,5 +1,5 @@
-"""The staging arena's warm pages (``runtime/arena.py``) and the writer's look at idle cores
-before it starts an item on idle CPU (``writer.IdleCores``). Page faults are counted by the
+"""The staging arena's warm pages (``checkpoint/arena.py``) and the writer's look at idle cores
+before it starts an item on idle CPU (``pace.IdleCores``). Page faults are counted by the
 kernel (``getrusage``), not timed, so these do not depend on the machine's speed."""
 
 from __future__ import annotations
@@ -12,16 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from flortrain.runtime import arena
-from flortrain.runtime.arena import Warmer, populate, resident_budget
-from flortrain.runtime.materializer import BackgroundMaterializer
-from flortrain.runtime.writer import (
-    IDLE_LOOK,
-    SMALL_ITEM,
-    IdleCores,
-    map_until_asked,
-    may_start_idle,
-)
+from flortrain.checkpoint import arena
+from flortrain.checkpoint.arena import Warmer, populate, resident_budget
+from flortrain.checkpoint.materializer import BackgroundMaterializer
+from flortrain.checkpoint.pace import IDLE_LOOK, SMALL_ITEM, IdleCores, may_start_idle
+from flortrain.checkpoint.writer import map_until_asked
 from flortrain.store.db import Store
 from tests.outcomes import Outcomes
 

@@ -1,5 +1,5 @@
 """The checkpoint blob format: exact round trips, shared tensors stored once, digests that
-depend on values only (runtime/blobformat.py)."""
+depend on values only (checkpoint/codec.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flortrain.runtime import blobformat
-from flortrain.runtime.materializer import deserialize, serialize
+from flortrain.checkpoint import codec, skeleton
+from flortrain.checkpoint.blob import deserialize, serialize
+from flortrain.replay.divergence import state_differences
 
 
 def _payload(seed: int = 0) -> dict[str, object]:
@@ -70,9 +71,9 @@ def _equal(a: object, b: object) -> bool:
 def test_round_trip_is_exact_for_every_dtype_layout_and_container() -> None:
     payload = _payload()
     data, digests = serialize(payload)
-    assert data[:1] == blobformat.MAGIC
+    assert data[:1] == codec.MAGIC
     assert _equal(deserialize(data), payload)
-    assert set(digests) == {
+    assert {k for k in digests if "/" not in k} == {
         "objects:model",
         "objects:tags",
         "extra:optimizer#1",
@@ -83,6 +84,20 @@ def test_round_trip_is_exact_for_every_dtype_layout_and_container() -> None:
         "names:strided",
         "names:plain",
     }
+
+
+def test_each_tensor_of_a_part_has_a_digest_naming_it() -> None:
+    """A part that differs is named by the tensor in it that does (``diff``, ``verify``)."""
+    a, b = _payload(), _payload()
+    b["objects"]["model"]["state"]["bias"] = torch.ones(3)  # type: ignore[index]
+    da, db = serialize(a)[1], serialize(b)[1]
+    assert {"objects:model/state.weight", "extra:optimizer#1/params.0.0"} <= set(da)
+    assert state_differences(da, db) == ["model.bias"]
+    # a step count (no tensor of the part differs) names the part
+    b = _payload()
+    b["extra"]["optimizer#1"]["lr"] = 0.5  # type: ignore[index]
+    assert state_differences(da, serialize(b)[1]) == ["optimizer#1"]
+    assert state_differences(da, da) == []
 
 
 def test_tensors_sharing_memory_are_stored_once() -> None:
@@ -102,10 +117,12 @@ def test_digests_follow_values_not_object_identity() -> None:
     assert serialize(shared)[1] == serialize(copies)[1]
     c = _payload(0)
     c["objects"]["model"]["state"]["bias"][1] = 1e-7  # type: ignore[index]
-    changed = serialize(c)[1]
-    assert changed["objects:model"] != serialize(a)[1]["objects:model"]
-    assert {k: v for k, v in changed.items() if k != "objects:model"} == {
-        k: v for k, v in serialize(a)[1].items() if k != "objects:model"
+    changed, before = serialize(c)[1], serialize(a)[1]
+    # the part and its one tensor that changed, nothing else
+    assert changed.keys() == before.keys()
+    assert {k for k in changed if changed[k] != before[k]} == {
+        "objects:model",
+        "objects:model/state.bias",
     }
 
 
@@ -128,12 +145,12 @@ def test_library_modules_in_containers_come_back_as_the_modules_themselves() -> 
     """A module object cannot be pickled, so ``cfg = {"lib": math}`` would keep its loop from
     ever being checkpointed. A library module is stored by name in flortrain's format, in the
     ``torch.save`` fallback (a sparse tensor beside it) and in plain pickle (no torch)."""
-    from flortrain.runtime import materializer
+    from flortrain.checkpoint import blob
 
     cfg = {"lib": math, "all": [json, os.path], "pair": (cmath, 1)}
     fallback = {"names": {"cfg": cfg, "odd": torch.eye(2).to_sparse()}, "registry": {}}
     for payload, magic in (
-        ({"names": {"cfg": cfg}, "registry": {}}, blobformat.MAGIC),
+        ({"names": {"cfg": cfg}, "registry": {}}, codec.MAGIC),
         (fallback, b"T"),
     ):
         data, _ = serialize(payload)
@@ -145,8 +162,8 @@ def test_library_modules_in_containers_come_back_as_the_modules_themselves() -> 
             and back["all"][1] is os.path
             and back["pair"][0] is cmath
         )
-    plain = b"P" + blobformat.pickle_dumps({"names": {"cfg": cfg}})
-    assert materializer.deserialize(plain)["names"]["cfg"]["lib"] is math
+    plain = b"P" + codec.pickle_dumps({"names": {"cfg": cfg}})
+    assert blob.deserialize(plain)["names"]["cfg"]["lib"] is math
 
 
 def test_a_project_module_is_not_stored_by_name(
@@ -159,11 +176,11 @@ def test_a_project_module_is_not_stored_by_name(
     import helpers  # type: ignore[import-not-found]
 
     try:
-        with pytest.raises(blobformat.Unsupported):
-            blobformat.stage({"names": {"cfg": {"h": helpers}}, "registry": {}}, torch)
+        with pytest.raises(skeleton.Unsupported):
+            skeleton.stage({"names": {"cfg": {"h": helpers}}, "registry": {}}, torch)
         lazy = types.ModuleType("not_registered")
-        with pytest.raises(blobformat.Unsupported):  # not in sys.modules under its name
-            blobformat.stage({"names": {"cfg": {"m": lazy}}, "registry": {}}, torch)
+        with pytest.raises(skeleton.Unsupported):  # not in sys.modules under its name
+            skeleton.stage({"names": {"cfg": {"m": lazy}}, "registry": {}}, torch)
     finally:
         sys.modules.pop("helpers", None)
 
@@ -173,9 +190,9 @@ def test_a_set_of_modules_digests_the_same_in_any_process() -> None:
     (or different import orders would give different digests)."""
     code = (
         "import {order}, torch\n"
-        "from flortrain.runtime import blobformat\n"
+        "from flortrain.checkpoint import skeleton\n"
         "import cmath, json, math, os\n"
-        "print(blobformat.stage({{'names': {{'s': {{math, cmath, json, os}}}}, 'registry': {{}}}}, torch).skeletons)"
+        "print(skeleton.stage({{'names': {{'s': {{math, cmath, json, os}}}}, 'registry': {{}}}}, torch).skeletons)"
     )
     outs = {
         subprocess.run(

@@ -1,4 +1,4 @@
-"""Identity across a restore (``runtime/identity.py``, ``state.Restorer``): objects the loop
+"""Identity across a restore (``runtime/identity.py``, ``restore.Restorer``): objects the loop
 replaced are made anew, objects it kept are restored in place, and an object held in two places
 is one object afterwards. The end-to-end shapes are in ``test_real_patterns.py``."""
 
@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from flortrain.checkpoint.capture import capture
+from flortrain.checkpoint.kinds import Unrestorable
+from flortrain.checkpoint.restore import Restorer, why_unrestorable
 from flortrain.runtime.identity import BoundaryMarks, InstanceMarks, entry_table, identities
-from flortrain.runtime.state import Restorer, Unrestorable, capture, why_unrestorable
 from tests.protocol import replay_matches_plain
 
 

@@ -1,4 +1,4 @@
-"""The background materializer (runtime/materializer.py, runtime/writer.py): staged checkpoints
+"""The background materializer (checkpoint/materializer.py, checkpoint/writer.py): staged checkpoints
 written by a forked writer, unchanged large tensors written once, failures that lose a checkpoint
 and never a run, and a DataLoader's workers unaffected."""
 
@@ -19,12 +19,10 @@ import pytest
 import torch
 import xxhash
 
-from flortrain.runtime.materializer import (
-    EXTERNAL_MIN,
-    BackgroundMaterializer,
-    deserialize,
-    digests,
-)
+from flortrain.checkpoint.blob import deserialize, digests
+from flortrain.checkpoint.key import CheckpointKey
+from flortrain.checkpoint.materializer import BackgroundMaterializer
+from flortrain.checkpoint.staging import EXTERNAL_MIN
 from flortrain.store.db import Store
 from flortrain.store.records import BlockRow, BlockState, RunStatus
 from tests.outcomes import Outcomes
@@ -122,6 +120,31 @@ def test_objects_go_around_the_page_cache_whether_training_runs_or_the_run_waits
     assert [d for pid, d in writes if int(pid) == writer] == ["1", "1"]  # not the calibration's
     for key in ("k0", "k1"):
         assert torch.is_tensor(_load(store, key)["objects"]["t"]["value"])  # type: ignore[index]
+
+
+def test_a_prepared_checkpoint_is_priced_before_anything_is_staged_and_may_be_dropped(
+    tmp_path: Path,
+) -> None:
+    """``prepare`` lays a checkpoint out and prices it (the bytes staging copies, the seconds it
+    holds training and the writer's) without copying a byte: one the caller drops is never
+    written, and the tensor it would have staged is staged, in full, by the next checkpoint."""
+    store = Store(tmp_path / "s")
+    run = store.begin_run("record", "x.py", [], "", None, None, {})
+    results = Outcomes()
+    m = BackgroundMaterializer(store, run, results.callbacks())
+    t = torch.randn(EXTERNAL_MIN)
+    payload = {"objects": {"t": {"kind": "tensor", "value": t}}}
+    dropped = m.prepare("k0", "B", payload)
+    est = dropped.estimate
+    assert est is not None and est.staged == t.nbytes and est.hashed == 0
+    assert est.blocked_s > 0 and est.writer_s > 0 and not m.inflight
+    kept = m.prepare("k1", "B", payload)
+    assert kept.estimate is not None and kept.estimate.staged == t.nbytes
+    assert m.stage(kept) == pytest.approx(kept.estimate.writer_s)
+    m.flush()
+    assert list(results.committed) == ["k1"] and results.warnings == []
+    assert store.checkpoints(run).keys() == {"k1"}
+    assert torch.equal(_load(store, "k1")["objects"]["t"]["value"], t)  # type: ignore[index]
 
 
 def test_the_writer_is_reaped_by_pid_after_its_goodbye_and_the_scripts_children_are_left_alone(
@@ -592,7 +615,7 @@ def test_epsilon_is_settable_and_c_is_refined_from_the_last_replay(tmp_path: Pat
 def test_objects_of_an_item_are_hashed_and_written_once_each(tmp_path: Path) -> None:
     """The writer's threads: every view gets its name (XXH3-128) and its file; a view whose bytes repeat
     within the item or exist already is not written again; no temporary file is left."""
-    from flortrain.runtime.writer import Objects
+    from flortrain.checkpoint.writer import Objects
     from flortrain.store.checkpoints import object_path
 
     blobs = tmp_path / "blobs"
@@ -614,7 +637,7 @@ def test_objects_of_an_item_are_hashed_and_written_once_each(tmp_path: Path) -> 
 
 
 def test_writer_speed_is_timed_on_scratch_objects_it_removes(tmp_path: Path) -> None:
-    from flortrain.runtime.materializer import writer_speed
+    from flortrain.checkpoint.speed import writer_speed
 
     blobs = tmp_path / "blobs"
     blobs.mkdir()
@@ -630,7 +653,7 @@ def test_writer_speed_keeps_the_fastest_of_its_tries(
     """One slow try (here the first hash, held up 50 ms: 25 ns a byte of its 2 MB) is the
     machine's moment, not what a byte costs: the fastest try is kept, so that one outlier does
     not price checkpoints too high and halve them."""
-    from flortrain.runtime import materializer
+    from flortrain.checkpoint.speed import SPEED_TRIES, writer_speed
     from flortrain.store import content
 
     real = content.name
@@ -645,8 +668,8 @@ def test_writer_speed_keeps_the_fastest_of_its_tries(
     monkeypatch.setattr(content, "name", first_slow)
     blobs = tmp_path / "blobs"
     blobs.mkdir()
-    speed = materializer.writer_speed(blobs)
-    assert len(calls) >= materializer.SPEED_TRIES >= 3
+    speed = writer_speed(blobs)
+    assert len(calls) >= SPEED_TRIES >= 3
     assert speed.hash_per_byte < 1e-8, speed
 
 
@@ -654,7 +677,7 @@ def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
     """A boundary whose estimated cost does not fit the run's budget is not staged at all (the
     first boundary of a fine-tuning run holds a frozen table no block writes); once training
     has earned the budget, the same boundary is taken."""
-    from flortrain.runtime.adaptive import AdaptivePeriod
+    from flortrain.checkpoint.period import AdaptivePeriod
     from flortrain.runtime.recording import RecordSession
 
     store = Store(tmp_path / "s")
@@ -688,7 +711,9 @@ def test_a_boundary_is_priced_before_it_is_staged(tmp_path: Path) -> None:
         s.main_exit("M1")
     finally:
         s.flush()
-    assert [k.split("@")[1] for k in store.checkpoints(run)] == ["M1.0.3#0"]
+    assert [CheckpointKey.parse(k) for k in store.checkpoints(run)] == [
+        CheckpointKey.boundary("M1", 0, 3)
+    ]
     assert (
         s.adaptive.costs["M1"].k == 1
         and s.adaptive.costs["M1"].materialize > 0
@@ -809,7 +834,7 @@ def test_the_writer_competes_for_the_cpu_once_its_backlog_reaches_the_threshold(
     """``Pace``: idle CPU only while the backlog is small; at the threshold, busy until nothing
     is left (hysteresis: the staging buffer then drains and its pages are reused); busy when
     training is over, whatever it holds."""
-    from flortrain.runtime.writer import Pace
+    from flortrain.checkpoint.pace import Pace
 
     pace = Pace(threshold=100)
     assert not pace.update(60, stopping=False)
@@ -823,7 +848,7 @@ def test_the_writer_competes_for_the_cpu_once_its_backlog_reaches_the_threshold(
 def test_the_idle_lane_runs_under_sched_idle_and_the_busy_and_drain_lanes_do_not(
     tmp_path: Path,
 ) -> None:
-    from flortrain.runtime.writer import BUSY, DRAIN, Objects
+    from flortrain.checkpoint.writer import BUSY, DRAIN, Objects
 
     objects = Objects(tmp_path / "blobs", threads=2)
     try:
@@ -939,11 +964,11 @@ def test_a_region_that_fills_the_ring_up_to_its_head_leaves_no_room() -> None:
     whose bytes the writer had not read yet (a replay then restored a later epoch's state)."""
     from collections import deque
 
-    from flortrain.runtime.materializer import _Flight, ring_fit
+    from flortrain.checkpoint.staging import Flight, ring_fit
 
-    flights = deque([_Flight("a", 100, 1000, 0)])
+    flights = deque([Flight("a", 100, 1000, 0)])
     assert ring_fit(flights, 1000, 100) == 0
-    flights.append(_Flight("b", 0, 100, 0))
+    flights.append(Flight("b", 0, 100, 0))
     assert ring_fit(flights, 1000, 64) is None
 
 
@@ -953,12 +978,12 @@ def test_regions_the_ring_hands_out_never_overlap_one_in_flight() -> None:
     import random
     from collections import deque
 
-    from flortrain.runtime.materializer import _Flight, ring_fit
+    from flortrain.checkpoint.staging import Flight, ring_fit
 
     rng = random.Random(0)
     size = 4096
     for _ in range(200):
-        flights: deque[_Flight] = deque()
+        flights: deque[Flight] = deque()
         placed = 0
         for step in range(200):
             if flights and rng.random() < 0.4:
@@ -976,7 +1001,7 @@ def test_regions_the_ring_hands_out_never_overlap_one_in_flight() -> None:
                 n,
                 flights,
             )
-            flights.append(_Flight(f"k{step}", start, start + n, 0))
+            flights.append(Flight(f"k{step}", start, start + n, 0))
             placed += 1
         assert placed > 50
 
@@ -1038,7 +1063,7 @@ def test_an_item_whose_object_fails_ends_only_after_its_other_objects_are_done(
     first one's name."""
     import errno
 
-    from flortrain.runtime.writer import BUSY, Objects
+    from flortrain.checkpoint.writer import BUSY, Objects
     from flortrain.store import direct
 
     real = direct.write_object

@@ -29,7 +29,7 @@ from flortrain.replay.segments import divide, even
 from flortrain.store.blobs import BlobReader, object_rel
 from flortrain.store.db import open_store
 from flortrain.store.records import BlockRow, BlockState
-from tests.protocol import Result, flortrain, plain
+from tests.protocol import Result, copy_fixture, flortrain, plain
 
 EVERY = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_SEGMENTS": "even"}
 
@@ -527,3 +527,25 @@ def test_blob_reader_verifies_what_it_reads(tmp_path: Path, as_url: bool) -> Non
     assert reader.read_blob(Checkpoint("k", "1/missing.ft", sha, len(data))) is None
     (tmp_path / "1" / "k.ft").write_bytes(b"checkpoint bytez")  # a flipped byte
     assert reader.read_blob(ck) is None
+
+
+def test_a_stream_a_worker_first_captures_at_its_resumed_boundary_is_compared(
+    tmp_path: Path,
+) -> None:
+    """numpy's stream is imported after the worker's session began and first captured at the
+    boundary the worker resumes at, restored: its own state before the restore is its initial
+    one, not the record's (which would read as "untouched" and differ from the record's)."""
+    script = copy_fixture("numpy_augment", tmp_path)
+    assert flortrain(tmp_path, "record", script.name, env=EVERY).code == 0
+    marker = "        # flortrain-probe outer: "
+    text = script.read_text()
+    assert marker in text
+    probed = text.replace(marker, "        print('PROBE', epoch)  # ", 1)
+    script.write_text(probed)
+    par = flortrain(tmp_path, "replay", script.name, "--jobs", "2", env=EVERY)
+    assert par.code == 0, par.err
+    assert "worker 2/2 done" in par.err, par.err
+    want = [ln for ln in plain(script).out.splitlines() if ln.startswith("PROBE")]
+    assert [ln for ln in par.out.splitlines() if ln.startswith("PROBE")] == want
+    assert len(want) == 4
+    assert flortrain(tmp_path, "diff").code == 0

@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from flortrain.runtime import blobformat
-from flortrain.runtime.materializer import (
-    EXTERNAL_MIN,
-    BackgroundMaterializer,
-    deserialize,
-)
+from flortrain.checkpoint import codec
+from flortrain.checkpoint.blob import deserialize
+from flortrain.checkpoint.key import CheckpointKey
+from flortrain.checkpoint.materializer import BackgroundMaterializer
+from flortrain.checkpoint.staging import EXTERNAL_MIN
 from flortrain.store import blobs
 from flortrain.store.blobs import BlobReader
 from flortrain.store.checkpoints import object_path
@@ -41,9 +40,9 @@ def _record(
         objects = {"t": {"kind": "tensor", "value": v}}
         if shared is not None:
             objects["f"] = {"kind": "tensor", "value": shared}
-        m.submit(f"L1@M1.0.{i}#0", "L1", {"objects": objects})
+        m.submit(str(CheckpointKey("L1", "M1", 0, i)), "L1", {"objects": objects})
     m.flush()
-    assert list(results.committed) == [f"L1@M1.0.{i}#0" for i in range(_N)]
+    assert list(results.committed) == [str(CheckpointKey("L1", "M1", 0, i)) for i in range(_N)]
     checkpoints = store.checkpoints(run)
     assert list(checkpoints) == list(
         results.committed
@@ -54,7 +53,7 @@ def _record(
 def _cached(reader: BlobReader, order: list[Checkpoint], i: int) -> bool:
     data = reader._read_blob(order[i])
     assert data is not None
-    return all(sha in reader._objects for sha in blobformat.object_refs(data))
+    return all(sha in reader._objects for sha in codec.object_refs(data))
 
 
 def _settle(ahead: blobs.ReadAhead) -> None:
@@ -78,7 +77,7 @@ def test_read_ahead_serves_the_same_bytes_from_the_first_one_asked_for_within_it
     one = order[0].nbytes
     monkeypatch.setattr(blobs, "READ_AHEAD_BYTES", int(2.5 * one))
     reader = BlobReader(store.blobs)
-    reader.read_ahead(order, blobformat.object_refs)
+    reader.read_ahead(order, codec.object_refs)
     ahead = reader._ahead
     assert ahead is not None
     time.sleep(0.2)
@@ -107,7 +106,7 @@ def test_a_checkpoint_the_replay_passes_over_is_dropped(
     store, order, values = _record(tmp_path)
     monkeypatch.setattr(blobs, "READ_AHEAD_BYTES", int(1.5 * order[0].nbytes))
     reader = BlobReader(store.blobs)
-    reader.read_ahead(order, blobformat.object_refs)
+    reader.read_ahead(order, codec.object_refs)
     ahead = reader._ahead
     assert ahead is not None
     assert reader.read_blob(order[0]) is not None
@@ -125,19 +124,19 @@ def test_corrupt_bytes_read_ahead_are_never_served(tmp_path: Path) -> None:
     store, order, _ = _record(tmp_path)
     blob2 = store.read_blob(order[2])
     assert blob2 is not None
-    (sha,) = blobformat.object_refs(blob2)
+    (sha,) = codec.object_refs(blob2)
     path = object_path(store.blobs, sha)
     raw = path.read_bytes()
     path.write_bytes(bytes([raw[0] ^ 0xFF]) + raw[1:])  # one byte of checkpoint 2's object
     reader = BlobReader(store.blobs)
-    reader.read_ahead(order, blobformat.object_refs)
+    reader.read_ahead(order, codec.object_refs)
     assert reader._ahead is not None
     assert reader.read_blob(order[1]) is not None
     _settle(reader._ahead)
     assert sha not in reader._objects
     data = reader.read_blob(order[2])
     assert data is not None and reader.read_object(sha) is None
-    with pytest.raises(blobformat.MissingObject):
+    with pytest.raises(codec.MissingObject):
         deserialize(data, reader.read_object)
 
 
@@ -151,11 +150,11 @@ def test_objects_a_restore_used_up_leave_the_cache_and_a_shared_one_stays(
     store, order, values = _record(tmp_path, frozen)
     monkeypatch.setattr(blobs, "READ_AHEAD_BYTES", int(2.5 * order[0].nbytes))
     reader = BlobReader(store.blobs)
-    reader.read_ahead(order, blobformat.object_refs)
+    reader.read_ahead(order, codec.object_refs)
     ahead = reader._ahead
     assert ahead is not None
 
-    shared = blobformat.tensor_name(frozen, torch)
+    shared = codec.tensor_name(frozen, torch)
     own: list[str] = []
     for i in range(_N):
         data = reader.read_blob(order[i])
@@ -164,7 +163,7 @@ def test_objects_a_restore_used_up_leave_the_cache_and_a_shared_one_stays(
         assert torch.equal(objects["t"]["value"], values[i]) and torch.equal(
             objects["f"]["value"], frozen
         )
-        refs = set(blobformat.object_refs(data))
+        refs = set(codec.object_refs(data))
         assert shared in refs and len(refs) == 2
         own.extend(refs - {shared})
         _settle(ahead)

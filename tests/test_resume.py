@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.protocol import copy_fixture, flortrain, latest_run, plain, probe_lines, store_count
+from tests.protocol import (
+    Result,
+    copy_fixture,
+    flortrain,
+    latest_run,
+    plain,
+    probe_lines,
+    store_count,
+)
 
 #: every boundary checkpointed and committed before training goes on, so where the kill leaves
 #: the run does not depend on timing
@@ -290,8 +298,8 @@ def test_a_record_stopped_by_a_signal_resumes_after_its_last_checkpointed_epoch(
         res.err.split("resumes at main loop ")[1].split(" iteration ")[1].split()[0].rstrip(":,.")
     )
     # the epoch the signal interrupted, whose boundary checkpoint was handed to the writer; a
-    # Ctrl-C (not deferred in flortrain's hooks) that lands in that boundary's own hook leaves
-    # the one before
+    # Ctrl-C that lands between an epoch's last line and the next iteration's boundary hook
+    # (one that lands in the hook is raised once the boundary is staged) leaves the one before
     assert k == len(printed) or (sig == signal.SIGINT and k == len(printed) - 1), (
         k,
         printed,
@@ -300,6 +308,118 @@ def test_a_record_stopped_by_a_signal_resumes_after_its_last_checkpointed_epoch(
     assert res.out == truth[truth.index(f"epoch {k} loss") :]
     assert latest_run(tmp_path)["status"] == "complete"
     assert _log(tmp_path, 1) == truth.splitlines()
+
+
+#: Ctrl-C while the script spins in a loop whose only check for a signal is its backward jump,
+#: an instruction without a line: the handler's ``KeyboardInterrupt`` has a traceback entry whose
+#: ``tb_lineno`` is None, wherever the signal arrives within the spin
+LINELESS = textwrap.dedent(
+    """\
+    import os
+    import signal
+    import threading
+
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(32, 8)
+    y = torch.randn(32, 2)
+
+
+    def until_interrupted():
+        for k in range(10**11):
+            if k < 0:
+                k = 0
+
+
+    for epoch in range(4):
+        for i in range(20):
+            loss = (model(x) - y).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        print(f"epoch {epoch} loss {loss.item():.8f}", flush=True)
+        if epoch == 1 and os.path.exists("KILL"):
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+            until_interrupted()
+    print("done")
+    """
+)
+
+
+def _interruptible(tmp: Path, *cmd: str, env: dict[str, str] | None = None) -> Result:
+    """``cmd`` in ``tmp`` with Ctrl-C's default handling (a test runner may start its children
+    with SIGINT ignored, and the script would then spin to its end)."""
+    p = subprocess.run(
+        list(cmd),
+        cwd=tmp,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    return Result(p.returncode, p.stdout, p.stderr)
+
+
+def test_a_ctrl_c_that_lands_where_the_script_has_no_line_ends_the_run_interrupted(
+    tmp_path: Path,
+) -> None:
+    """A Ctrl-C handled at an instruction that has no line leaves a traceback entry without a
+    line number. Trimming flortrain's frames off that traceback used to raise (TypeError), which
+    ended the run as an internal error, left it ``running`` (incomplete) and printed no
+    traceback. The record now prints python's traceback byte for byte, ends ``interrupted``,
+    dies of SIGINT as python does, and ``record --resume`` continues it to python's output."""
+    env = {"FLORTRAIN_PERIOD": "every"}
+    script = tmp_path / "train.py"
+    script.write_text(LINELESS)
+    whole = plain(script).out
+    (tmp_path / "KILL").touch()
+    truth = _interruptible(tmp_path, sys.executable, "train.py")
+    assert truth.code == -signal.SIGINT and "line -1, in until_interrupted" in truth.err, truth
+    rec = _interruptible(tmp_path, sys.executable, "-m", "flortrain", "record", "train.py", env=env)
+    assert rec.code == -signal.SIGINT, rec.err
+    assert rec.out == truth.out == whole[: whole.index("epoch 2")]
+    assert truth.err in rec.err and "internal error" not in rec.err, rec.err
+    assert latest_run(tmp_path)["status"] == "interrupted", rec.err
+    assert "record --resume 1 train.py" in rec.err, rec.err
+    (tmp_path / "KILL").unlink()
+    res = flortrain(tmp_path, "record", "--resume", "1", "train.py", env=env)
+    assert res.code == 0, res.err
+    assert " iteration 1, " in res.err and res.out == whole[whole.index("epoch 1") :], res.err
+    assert _log(tmp_path, 1) == whole.splitlines()
+
+
+def test_a_ctrl_c_during_a_checkpoint_is_raised_once_the_checkpoint_is_staged(
+    tmp_path: Path,
+) -> None:
+    """A Ctrl-C that arrives as the first checkpoint is staged (``checkpoint-signal``: sent
+    from inside the block's end hook) waits for the hook to finish: the checkpoint is written
+    and committed, then the script is interrupted at the hook's call, the run reads
+    ``interrupted``, and ``record --resume`` continues it to python's output. Raised where it
+    arrived, it lost that checkpoint half-staged."""
+    env = {**KILLABLE, "FLORTRAIN_INJECT": f"checkpoint-signal={int(signal.SIGINT)}"}
+    script = tmp_path / "train.py"
+    script.write_text(LINELESS)
+    rec = _interruptible(tmp_path, sys.executable, "-m", "flortrain", "record", "train.py", env=env)
+    assert rec.code == -signal.SIGINT and rec.out == "", rec.err
+    assert "KeyboardInterrupt" in rec.err and "internal error" not in rec.err, rec.err
+    # the traceback python would print: the script's frames only, none of the hook's
+    shown = rec.err.split("Traceback (most recent call last):\n")[1].split("KeyboardInterrupt")[0]
+    assert [ln for ln in shown.splitlines() if ln.startswith("  File ")] == [
+        f'  File "{script}", line 25, in <module>'
+    ], rec.err
+    assert latest_run(tmp_path)["status"] == "interrupted", rec.err
+    assert "1 of 1 block instances checkpointed" in rec.err, rec.err
+    assert (
+        store_count(
+            tmp_path / ".flortrain",
+            "SELECT COUNT(*) FROM blocks WHERE run_id=1 AND iteration=0 AND state='checkpointed'",
+        )
+        == 1
+    )
 
 
 SPACED = textwrap.dedent(

@@ -370,8 +370,8 @@ def test_a_futile_instance_is_neither_walked_nor_watched_nor_checkpointed(
     without Eq. 4 being asked; a block that is not futile, at the same point, is prepared."""
     import torch
 
+    from flortrain.checkpoint.period import BlockCosts
     from flortrain.runtime import identity
-    from flortrain.runtime.adaptive import BlockCosts
     from flortrain.runtime.recording import RecordSession
     from flortrain.runtime.skipblock import SkipBlock
     from flortrain.store.db import Store
@@ -612,7 +612,7 @@ def test_the_registry_knows_copies_and_unpickled_objects() -> None:
 
     import torch
 
-    from flortrain.runtime import versions
+    from flortrain.checkpoint import versions
     from flortrain.runtime.registry import Registry
 
     reg = Registry()

@@ -1,5 +1,5 @@
 """A signal whose handler raises, arriving while a hook holds the training thread, reaches the
-script as the hook returns (``flortrain/runtime/signals.py``): not swallowed by flortrain's
+script as the hook returns (``flortrain/signals.py``): not swallowed by flortrain's
 guards, not raised half-way through a checkpoint."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flortrain.runtime import signals
+from flortrain import signals
 from tests.protocol import flortrain, plain
 
 
@@ -149,15 +149,69 @@ def test_a_note_an_interrupted_put_back_left_hands_the_signal_to_the_script(
     assert signal.getsignal(signal.SIGUSR1) is _stop
 
 
-def test_ctrl_c_is_not_deferred() -> None:
-    """``KeyboardInterrupt`` passes every guard of flortrain's, and must still cut a hook's wait
-    for the writer short."""
+@pytest.fixture
+def ctrl_c() -> Iterator[None]:
+    """Python's own SIGINT handling, whatever the test runner gave this process."""
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_a_ctrl_c_in_a_hook_raises_as_it_returns(ctrl_c: None) -> None:
+    """``KeyboardInterrupt`` passes every guard of flortrain's: raised half-way through a hook
+    it left the hook's work half done. It is raised as the hook returns, as any handler's is."""
+    d = signals.defer(os.getpid())
+    assert d is not None
+    done = False
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        _busy()
+        done = True
+    finally:
+        with pytest.raises(KeyboardInterrupt):
+            signals.resume(d)
+    assert done
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_ctrl_c_cuts_a_hooks_wait_short(ctrl_c: None) -> None:
+    """A hook that waits (for the writer to free the staging buffer) is interrupted from the
+    wait: by a Ctrl-C that arrives during it, and by one that arrived earlier in the hook."""
+    for earlier in (False, True):
+        d = signals.defer(os.getpid())
+        assert d is not None
+        waited = False
+        try:
+            if earlier:
+                os.kill(os.getpid(), signal.SIGINT)
+                _busy()
+            with pytest.raises(KeyboardInterrupt), signals.waiting():
+                waited = True
+                os.kill(os.getpid(), signal.SIGINT)
+                _busy()
+                pytest.fail("the wait was not cut short")
+        finally:
+            signals.resume(d)  # the Ctrl-C was raised from the wait: nothing more to raise
+        assert waited is not earlier and not signals.waiting_now  # earlier: raised as it began
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_scripts_own_ctrl_c_handler_waits_for_the_hooks_end(stop_on_usr1: None) -> None:
+    """A script's own SIGINT handler may raise what flortrain's guards catch: it runs as the
+    hook returns, even when the signal arrives during a wait."""
+    old = signal.signal(signal.SIGINT, _stop)
     try:
         d = signals.defer(os.getpid())
         assert d is not None
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        signals.resume(d)
+        try:
+            with signals.waiting():
+                os.kill(os.getpid(), signal.SIGINT)
+                _busy()
+        finally:
+            with pytest.raises(Stop):
+                signals.resume(d)
     finally:
         signal.signal(signal.SIGINT, old)
 
@@ -223,3 +277,21 @@ def test_a_signal_during_a_checkpoint_stops_the_script_as_under_python(tmp_path:
     assert rec.out == truth.out, rec.err
     assert "not checkpointed" not in rec.err, rec.err
     assert "1 of 1 block instances checkpointed" in rec.err, rec.err
+
+
+def test_once_the_script_is_over_a_ctrl_c_only_cuts_a_wait_short() -> None:
+    """While the run is being finished a Ctrl-C must not unwind the finish (the run would be
+    left unfinished, incomplete); it cuts a wait for the writer short, and is otherwise noted."""
+    interrupt = signals.Interrupt()
+    interrupt.over = True
+    old = signal.signal(signal.SIGINT, interrupt)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        _busy()
+        assert interrupt.noted
+        interrupt.last = None  # a Ctrl-C of its own, not the same one forwarded
+        with pytest.raises(KeyboardInterrupt), signals.waiting():
+            os.kill(os.getpid(), signal.SIGINT)
+            _busy()
+    finally:
+        signal.signal(signal.SIGINT, old)

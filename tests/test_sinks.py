@@ -14,10 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from flortrain.runtime import state
+from flortrain.checkpoint import capture, kinds, restore
 from flortrain.runtime.checkpointable import Logger, _rebound_channel
 from flortrain.static.plan import Restore
-from tests.protocol import block_states, flortrain, latest_run, plain, record_and_replay_match_plain
+from tests.protocol import (
+    block_states,
+    flortrain,
+    latest_run,
+    plain,
+    record_and_replay_match_plain,
+    toy_prelude,
+)
 from tests.test_changeset import check
 
 P = Restore.IN_PLACE
@@ -25,12 +32,13 @@ R = Restore.REBOUND
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
 
-SINKS = """\
+#: the toy script's model, optimizer and batches, then the channels a training script writes to
+SINKS = (
+    toy_prelude()
+    + """\
 import csv
 import logging
 import sys
-
-import torch
 
 logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(name)s %(message)s")
 log = logging.getLogger("train")
@@ -47,10 +55,6 @@ class Tracker:
         self.out.write(f"{self.seen} {loss:.6f}\\n")
 
 
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-train = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]
 f = open("log.txt", "w")
 rows = csv.writer(open("metrics.csv", "w", newline=""))
 tracker = Tracker("batches.txt")
@@ -72,6 +76,7 @@ for epoch in range(3):
     print(epoch, f"{total:.6f}", tracker.seen)
 f.close()
 """
+)
 
 
 def test_a_loop_writing_to_loggers_files_and_csv_stays_memoized(tmp_path: Path) -> None:
@@ -99,13 +104,13 @@ class Holder:
 
 
 def test_a_capture_that_fails_names_the_object_and_its_type() -> None:
-    with pytest.raises(state.Unrestorable) as e:
-        state.capture_named("stats", Holder(), {})
+    with pytest.raises(kinds.Unrestorable) as e:
+        capture.capture_named("stats", Holder(), {})
     assert str(e.value) == (
         f"cannot capture `stats` ({Holder.__module__}.Holder): holds a _thread.lock at `stats.guard['lock']`"
     )
-    with pytest.raises(state.Unrestorable) as e:
-        state.capture_named("lock", threading.Lock(), {})
+    with pytest.raises(kinds.Unrestorable) as e:
+        capture.capture_named("lock", threading.Lock(), {})
     assert str(e.value).startswith("cannot capture `lock` (_thread.lock): "), e.value
 
 
@@ -113,19 +118,16 @@ def test_a_state_pickle_refuses_is_named_by_what_holds_it() -> None:
     roots = {"cfg": {"a": [1, threading.Lock()]}, "n": 3}
     with pytest.raises(TypeError) as e:
         pickle.dumps(roots)
-    assert state.unpicklable(e.value, roots) == (
+    assert capture.unpicklable(e.value, roots) == (
         "cannot capture `cfg` (dict): holds a _thread.lock at `cfg['a'][1]`, which cannot be pickled"
     )
 
 
-LOCK = """\
+LOCK = (
+    toy_prelude()
+    + """\
 import threading
-import torch
 
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-train = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]
 for epoch in range(3):
     for x, y in train:
         opt.zero_grad()
@@ -134,6 +136,7 @@ for epoch in range(3):
         guard = threading.Lock()
     print(epoch, guard.locked())
 """
+)
 
 
 def test_a_record_names_the_object_it_cannot_checkpoint(tmp_path: Path) -> None:
@@ -159,12 +162,12 @@ def test_channels_are_neither_captured_nor_replaced(tmp_path: Path) -> None:
             "rows": csv.writer(io.StringIO()),
             "dict_rows": csv.DictWriter(io.StringIO(), ["a"]),
         }
-        captured = state.capture_named("sinks", sinks, {})
+        captured = capture.capture_named("sinks", sinks, {})
         kinds = {k: s["kind"] for k, s in captured["items"].items()}
         assert kinds == dict.fromkeys(sinks, "channel")
         before = dict(sinks)
         log.setLevel(logging.DEBUG)
-        state.restore_into(sinks, captured)
+        restore.restore_into(sinks, captured)
         assert all(sinks[k] is before[k] for k in sinks)
         assert log.level == logging.INFO
 
@@ -173,7 +176,7 @@ def test_a_library_module_held_by_an_object_is_named_not_walked() -> None:
     """``torch.ops`` (whose ``__file__`` is not a path) is torch's, like ``torch.nn``."""
     import torch
 
-    captured = state.capture_named("cfg", {"ops": torch.ops, "nn": torch.nn}, {})
+    captured = capture.capture_named("cfg", {"ops": torch.ops, "nn": torch.nn}, {})
     assert captured["items"]["ops"] == {"kind": "value", "value": torch.ops}
 
 
@@ -301,7 +304,7 @@ def test_a_rebound_channel_is_named_and_a_logger_restored_by_name(tmp_path: Path
     log = logging.getLogger("train")
     held = _rebound_channel("log", log)
     assert isinstance(held, Logger) and logging.getLogger(held.name) is log
-    with open(tmp_path / "out.txt", "w") as f, pytest.raises(state.Unrestorable) as e:
+    with open(tmp_path / "out.txt", "w") as f, pytest.raises(kinds.Unrestorable) as e:
         _rebound_channel("f", f)
     assert str(e.value).startswith(
         "cannot capture `f` (_io.TextIOWrapper): an output channel the loop binds"

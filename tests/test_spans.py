@@ -7,8 +7,12 @@ replay lands on each iteration a probe fires in, and on the last one.
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from flortrain.static.analysis import analyse
 from flortrain.static.source import parse
@@ -155,7 +159,8 @@ def test_nanogpt_shape_with_a_guarded_outer_probe(tmp_path: Path) -> None:
     detached: read only through `.item()`), ddp-guarded attribute absent, at the adaptive period.
     ε is 0.3, not the default: this run lasts 3 seconds, and at a smaller ε how many boundaries
     its budget affords swings widely with the machine's speed and load; the test is about
-    jumping at the adaptive period, not about that."""
+    jumping at the adaptive period, not about that. The replay jumps over exactly the iterations
+    the committed boundaries and the probe's guard on the recorded scalars say it can."""
     src = (REALCODE / "nanogpt.py").read_text()
     marker = next(ln for ln in src.splitlines() if "# flortrain-probe outer:" in ln)
     text = src.replace(marker, "    #PROBE")
@@ -164,7 +169,50 @@ def test_nanogpt_shape_with_a_guarded_outer_probe(tmp_path: Path) -> None:
         ' f"{sum(p.detach().abs().sum().item() for p in raw_model.parameters()):.10f}")'
     )
     rep = replay_matches_plain(tmp_path, text, probe, env={"FLORTRAIN_EPSILON": "0.3"})
-    assert _jumped(rep.err) > 20, rep.err
+    want = _jumps_over(tmp_path, lambda it: it["iter_num"] % 15 == 0)
+    assert want > 0 and _jumped(rep.err) == want, rep.err
+
+
+def _jumps_over(tmp: Path, fires: Callable[[dict[str, Any]], bool]) -> int:
+    """How many iterations of record run 1's main loop a replay jumps over, derived from the
+    store (``runtime/jumps.py``): at iteration ``i`` where the probe does not fire (``fires``, on
+    the iteration's recorded scalars; none recorded counts as firing), the replay continues at
+    the latest boundary ``j`` with ``i < j <= f``, ``f`` the next iteration that fires (or the
+    last recorded one), and runs iteration ``j``."""
+    db = sqlite3.connect(tmp / ".flortrain" / "flortrain.db")
+    try:
+        scalars = {
+            it: None if raw is None else json.loads(raw)
+            for it, raw in db.execute(
+                "SELECT iteration, scalars FROM iterations WHERE run_id=1 AND main_inst=0"
+            )
+        }
+        marks = sorted(
+            it
+            for (it,) in db.execute(
+                "SELECT b.iteration FROM blocks b JOIN checkpoints c ON c.run_id = b.run_id"
+                " AND c.key = b.key WHERE b.run_id=1 AND b.main_inst=0 AND b.state='boundary'"
+            )
+        )
+    finally:
+        db.close()
+    last = max(scalars)
+    firing = {it for it, sc in scalars.items() if sc is None or _fires(fires, sc)}
+    jumped, i = 0, 0
+    while i <= last:
+        if i not in firing:
+            f = next((it for it in range(i + 1, last + 1) if it in firing), last)
+            j = max((b for b in marks if i < b <= f), default=i)
+            jumped, i = jumped + j - i, j
+        i += 1
+    return jumped
+
+
+def _fires(fires: Callable[[dict[str, Any]], bool], scalars: dict[str, Any]) -> bool:
+    try:
+        return fires(scalars)
+    except KeyError:  # a value the guard reads was not recorded: the iteration runs
+        return True
 
 
 def _boundary(text: str) -> tuple[dict[str, str], tuple[str, ...]]:

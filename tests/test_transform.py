@@ -65,7 +65,8 @@ def test_main_loop_for_block_while_block_and_rebound_names() -> None:
             while _flortrain_L9.live() and (k < 2): k += 1
             if _flortrain_L9.end({}, {"k": lambda: k}):
                 if _flortrain_L9.has("k"): k = _flortrain_L9.value("k")
-            print(epoch, total, k)
+            if __flortrain__.forward("M5", 10, (), ()):
+                print(epoch, total, k)
         __flortrain__.main_exit("M5")
     ''')
     assert instrumented(before) == after

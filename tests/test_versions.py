@@ -1,4 +1,4 @@
-"""Kernels that write tensors behind their version counters (runtime/versions.py): a fused
+"""Kernels that write tensors behind their version counters (checkpoint/versions.py): a fused
 optimizer's step and batch norm's running statistics. Each shortcut that trusts the counters
 must treat what they wrote as changed, and training must not notice anything was done."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from flortrain.runtime import versions
-from flortrain.runtime.materializer import ChangeTracker
+from flortrain.checkpoint import versions
+from flortrain.checkpoint.fingerprint import fingerprint, snapshot_equal
+from flortrain.checkpoint.staging import ChangeTracker
 from flortrain.runtime.registry import Registry
-from flortrain.runtime.state import fingerprint, snapshot_equal
 from tests.protocol import replay_matches_plain
 
 #: Two parameters of 128 KB (large enough to be skipped when unchanged), one stepped by a fused

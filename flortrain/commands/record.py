@@ -11,6 +11,7 @@ from typing import Any
 
 from flortrain import knobs
 from flortrain.check.before_record import warn
+from flortrain.checkpoint.key import CheckpointKey
 from flortrain.determinism.settings import DEFAULT_SEED, Settings, said_rewrite
 from flortrain.determinism.settings import apply as apply_settings
 from flortrain.errors import FlortrainError, Located
@@ -89,7 +90,7 @@ def _untracked(shown: str, plan: Plan, session: RecordSession) -> None:
 def _note_load(store: Store, run_id: int, session: RecordSession) -> None:
     """Keep, per main loop, the cores its iterations kept busy (CPU over wall seconds): a
     parallel replay's workers each need that many, so on a small machine they may only queue
-    (:func:`flortrain.replay.parallel.cores_per_worker`)."""
+    (:func:`flortrain.replay.sharing.loop_load`)."""
     load = {m: round(cpu / wall, 3) for m, (wall, cpu) in session.loop_load.items() if wall > 0}
     if load and store.owned() and store.failed is None:
         store.set_meta(run_id, {**store.run(run_id).meta, "load": load})
@@ -208,7 +209,7 @@ def record(
         settings = _same_mode(killed, script, deterministic, seed)
         run_id, args, threads = killed.id, killed.argv, killed.threads
         pin_threads(threads)
-        boundary = f"{point[0]}@{point[0]}.{point[1]}.{point[2]}#0"  # its checkpoint's key
+        boundary = str(CheckpointKey.boundary(*point))
         kept, t = store.truncate_for_resume(run_id, point[0], point[1], until, boundary)
         resumed: list[Any] = [
             *killed.meta.get("resumed", []),

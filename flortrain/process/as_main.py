@@ -13,7 +13,6 @@ import importlib.machinery
 import os
 import signal
 import sys
-import traceback
 import types
 from pathlib import Path
 from types import CodeType, TracebackType
@@ -32,21 +31,51 @@ interrupted = False
 refusal: FlortrainError | None = None
 
 
+#: what ``TracebackType`` takes for "the line of ``tb_lasti``", found when it is read
+_LINE_OF_LASTI = -1
+
+
 def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
     """The traceback without flortrain's frames: those above the script (the runner) and those
-    the script's own calls pass through (the stdout tee a ``print`` writes to), so the user sees
-    what ``python`` would show. ``FLORTRAIN_DEBUG=1`` keeps them, for flortrain's own bugs."""
+    the script's own calls pass through (the stdout tee a ``print`` writes to, a hook's
+    ``contextlib`` frame), so the user sees what ``python`` would show. ``FLORTRAIN_DEBUG=1`` keeps them, for flortrain's own bugs.
+
+    An entry's line is passed on as "the line of its instruction", not as its ``tb_lineno``: a
+    signal handled at an instruction that has no line (the backward jump of ``for x in it: if x:
+    ...``) leaves ``tb_lineno`` None, which ``TracebackType`` refuses, and a Ctrl-C landing
+    there ended the run as an internal error instead of an interrupted one."""
     if os.environ.get("FLORTRAIN_DEBUG"):
         return tb
     frames: list[TracebackType] = []
     while tb is not None:
-        if not tb.tb_frame.f_code.co_filename.startswith(_PKG):
-            frames.append(tb)
+        if not _ours(tb) and not (_contextlib(tb) and tb.tb_next is not None and _ours(tb.tb_next)):
+            frames.append(tb)  # (a ``with`` of flortrain's, as a hook raises what it deferred)
         tb = tb.tb_next
     out: TracebackType | None = None
     for t in reversed(frames):
-        out = TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+        out = TracebackType(out, t.tb_frame, t.tb_lasti, _LINE_OF_LASTI)
     return out
+
+
+def _ours(tb: TracebackType) -> bool:
+    return tb.tb_frame.f_code.co_filename.startswith(_PKG)
+
+
+def _contextlib(tb: TracebackType) -> bool:
+    return tb.tb_frame.f_globals.get("__name__") == "contextlib"
+
+
+def _print_exception(e: BaseException) -> None:
+    """Print the traceback ``python`` would print, with the printer python uses for an uncaught
+    exception (``sys.__excepthook__``: the ``traceback`` module shows a line-less entry as
+    ``line None`` where python shows ``line -1``). Never raises: the run must still be finished
+    (a traceback that cannot be trimmed is printed whole, flortrain's frames included)."""
+    try:
+        tb = _user_traceback(e.__traceback__)
+    except Exception:
+        tb = e.__traceback__
+    with contextlib.suppress(Exception):
+        sys.__excepthook__(type(e), e.with_traceback(tb), tb)
 
 
 def exit_code(e: SystemExit) -> int:
@@ -105,10 +134,10 @@ def run_as_main(code: CodeType, script: str, args: list[str]) -> int:
         return 2
     except KeyboardInterrupt as e:
         interrupted = True
-        traceback.print_exception(type(e), e, _user_traceback(e.__traceback__))
+        _print_exception(e)
         return 130
     except BaseException as e:
-        traceback.print_exception(type(e), e, _user_traceback(e.__traceback__))
+        _print_exception(e)
         return 1
     finally:
         with contextlib.suppress(Exception):

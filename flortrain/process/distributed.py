@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -85,8 +86,10 @@ def _world_size(bound: inspect.BoundArguments) -> int:
     return int(raw) if raw.isdigit() else 1
 
 
-def _caller() -> Located:
-    f = sys._getframe(2)
+def _caller(frame: FrameType) -> Located:
+    """Where the script called ``init_process_group``: ``frame`` (the guard's caller), or the
+    first frame above it outside flortrain and torch (a call through a torch helper)."""
+    f = frame
     while f.f_back is not None and f.f_globals.get("__name__", "").startswith(
         ("flortrain.", "torch.")
     ):
@@ -104,13 +107,16 @@ def _guarded(original: Callable[..., Any]) -> Callable[..., Any]:
     owner = os.getpid()
 
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        frame = sys._getframe(1)  # the caller's, taken at the entry as the runtime's hooks do
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
             return original(*args, **kwargs)  # torch says what is wrong with the call
         world = _world_size(bound)
         if world > 1:
-            error = FlortrainError(_reason("init_process_group starts", world), _caller(), CODE)
+            error = FlortrainError(
+                _reason("init_process_group starts", world), _caller(frame), CODE
+            )
             if os.getpid() != owner:
                 print(error.one_line(), file=sys.stderr, flush=True)
                 os._exit(_REFUSED_EXIT)

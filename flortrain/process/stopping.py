@@ -6,9 +6,12 @@ hands, the rows held for the next commit), and a Ctrl-C left the run ``failed``,
 be resumed. So in a record's training process:
 
 - **SIGINT** is Python's ``KeyboardInterrupt``, raised once per Ctrl-C
-  (:class:`~flortrain.runtime.signals.Interrupt`: a signal sent to the process group reaches this
+  (:class:`~flortrain.signals.Interrupt`: a signal sent to the process group reaches this
   process directly and through the launcher). The script unwinds as under ``python``; the run is
-  finished as ``interrupted`` and the command dies of SIGINT (``flortrain.cli.main``).
+  finished as ``interrupted`` and the command dies of SIGINT (``flortrain.cli.main``). One that
+  falls in a hook is raised as the hook returns (or from its wait for the writer:
+  :mod:`~flortrain.signals`); one that comes once the script has ended only cuts the
+  wait for the writer short, and the run is finished as the script ended it.
 - **SIGTERM**, whose default is to die at once, runs no more of the script either: the handler
   (:class:`Terminate`) ends the run where the script stands, as the script's end would (the
   checkpoints handed to the writer go to the launcher to commit, or are waited for; the held
@@ -33,8 +36,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
+from flortrain import signals
 from flortrain.process.as_main import run_as_main
-from flortrain.runtime import signals
 
 _RUNNER = run_as_main.__code__
 #: how long a SIGTERM that fell in flortrain's code waits to be sent again
@@ -124,9 +127,13 @@ class Stoppable:
         self.terminate: Terminate | None = None
 
     def script_over(self) -> None:
-        """The script has ended and the run is being finished: a SIGTERM is noted, not acted on."""
+        """The script has ended and the run is being finished: a SIGTERM is noted, not acted on,
+        and a Ctrl-C only cuts a wait for the writer short (:class:`~signals.Interrupt`)."""
         if self.terminate is not None:
             self.terminate.over = True
+        interrupt = signal.getsignal(signal.SIGINT)
+        if isinstance(interrupt, signals.Interrupt):
+            interrupt.over = True
 
     def close(self) -> None:
         """The run is finished: put back the handlers replaced (unless the script set its own

@@ -12,9 +12,9 @@ from types import CodeType
 from flortrain.process import distributed, stopping
 from flortrain.process.as_main import run_as_main
 from flortrain.runtime import session as _session
-from flortrain.runtime.capture import Tee
 from flortrain.runtime.importhook import installed
 from flortrain.runtime.session import Session
+from flortrain.runtime.tee import Tee
 from flortrain.static.text import torch_available
 
 

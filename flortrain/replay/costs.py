@@ -11,7 +11,8 @@ workers, whether dividing can pay at all) starts from these figures, so they are
 - a main-loop iteration costs its wall time at record, less what restoring its checkpointed
   blocks saves (:func:`loop_costs`).
 
-A leaf: it reads rows already fetched and imports nothing from the runtime or the store.
+A leaf: it reads rows already fetched and imports nothing from the runtime; the restore price is
+the record period's own (``checkpoint/cost.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from flortrain.checkpoint.cost import restore_price
 from flortrain.store.records import BlockRow, BlockState
 
 #: a parallel plan must beat the serial estimate by this much to be worth the extra processes
@@ -29,12 +31,6 @@ WORTHWHILE = 0.9
 #: seconds a worker process takes to start before the script runs (interpreter, flortrain's
 #: imports, reading the task) and to hand its result back
 WORKER_STARTUP_S = 0.5
-
-
-def restore_price(ratio: float, materialize_s: float | None) -> float:
-    """Seconds to restore a checkpoint that held the record ``materialize_s`` seconds: ``c``
-    times that (Eq. 3), ``c`` being the restore/materialize ratio a replay measured."""
-    return ratio * (materialize_s or 0.0)
 
 
 class BlockCost(NamedTuple):

@@ -6,18 +6,18 @@ did not jump over, and block instances it re-executed), probe output excluded. R
 main-loop iteration boundary are compared too: a skipped block that restored the wrong state
 shows up there even when nothing printed differs. And where the replay executed an instance the
 record checkpointed, the digests of the state each left behind are compared part by part
-(:mod:`flortrain.runtime.digest`).
+(:mod:`flortrain.checkpoint.digest`). What differs is named (:mod:`flortrain.replay.divergence`):
+the random stream, the part and the first tensor in it.
 """
 
 from __future__ import annotations
 
 import difflib
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from flortrain.errors import FlortrainError
-from flortrain.runtime import rng
+from flortrain.replay.divergence import loads_boundaries, state_differences, stream_differences
 from flortrain.store.db import Store
 from flortrain.store.logs import LogEntry
 from flortrain.store.records import INCOMPLETE, BlockState, Run, RunStatus
@@ -30,10 +30,12 @@ class DiffResult:
     compared: int = 0
     differences: list[tuple[LogEntry | None, LogEntry | None]] = field(default_factory=list)
     rng_checked: int = 0
-    rng_mismatches: list[tuple[str, int, int]] = field(default_factory=list)
+    #: (main id, entry, iteration) and the streams that differ at its start
+    rng_mismatches: list[tuple[tuple[str, int, int], list[str]]] = field(default_factory=list)
     beyond_record: int = 0  # replay lines past the end of a record that ended early
     states_checked: int = 0
-    state_mismatches: list[tuple[str, str]] = field(default_factory=list)  # (block key, part)
+    #: (block key, the part or tensor that differs, as shown: ``module#0.weight``)
+    state_mismatches: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def identical(self) -> bool:
@@ -65,12 +67,13 @@ class DiffResult:
             out.append(f"    replay: {b.text if b else '(no line)'}")
         if len(self.differences) > limit:
             out.append(f"  ... {len(self.differences) - limit} more differing lines")
-        for m, entry, it in self.rng_mismatches[:limit]:
-            out.append(f"  RNG streams differ at the start of {m} iteration {it} (entry {entry})")
-        for key, part in self.state_mismatches[:limit]:
+        for (m, entry, it), streams in self.rng_mismatches[:limit]:
             out.append(
-                f"  state differs from the record's checkpoint after {key}: `{part.split(':', 1)[1]}`"
+                f"  RNG streams differ at the start of {m} iteration {it} (entry {entry}): "
+                + ", ".join(f"`{s}`" for s in streams)
             )
+        for key, part in self.state_mismatches[:limit]:
+            out.append(f"  state differs from the record's checkpoint after {key}: `{part}`")
         return out
 
 
@@ -148,19 +151,15 @@ def line_differences(
 
 def _state_differences(store: Store, record: int, replay: int) -> tuple[int, list[tuple[str, str]]]:
     """Checkpoint state digests: at each instance the replay executed where the record took a
-    checkpoint, every part both digested must be equal."""
+    checkpoint, every part both digested must be equal; the first differing per instance is named."""
     recorded = {b.key: b.state_sha for b in store.blocks(record) if b.state_sha}
-    checked, mismatches = 0, []
+    checked = 0
+    mismatches: list[tuple[str, str]] = []
     for b in store.blocks(replay):
         if b.state != BlockState.EXECUTED or not b.state_sha or b.key not in recorded:
             continue
-        ra, rb = recorded[b.key], b.state_sha
         checked += 1
-        for part in sorted(set(ra) & set(rb)):
-            # digests made different ways (the blob format's, or the fallback walk's when one run's
-            # payload held something the format does not take) are not comparable
-            if ra[part][:1] == rb[part][:1] and ra[part] != rb[part]:
-                mismatches.append((b.key, part))
+        mismatches.extend((b.key, part) for part in state_differences(recorded[b.key], b.state_sha))
     return checked, mismatches
 
 
@@ -185,25 +184,8 @@ def diff_runs(store: Store, replay: Run) -> DiffResult:
         b = b[: len(a)]
     result.differences = line_differences(a, b)
     result.states_checked, result.state_mismatches = _state_differences(store, record.id, replay.id)
-    ra = {k: json.loads(v) for k, v in store.iteration_hashes(record.id).items()}
-    rb = {k: json.loads(v) for k, v in store.iteration_hashes(replay.id).items()}
-    # A stream counts once it moves during the record. It is not compared at a boundary where it
-    # is absent (its module was not imported yet) or where the record had not touched it since
-    # the process started: that state is OS entropy, different in every process, and a script
-    # that seeds inside its main loop (`random.seed(run)`) never draws from it.
-    moving = {
-        s
-        for s in {s for d in ra.values() for s in d}
-        if len({d[s] for d in ra.values() if s in d}) > 1
-    }
-    for key in sorted(set(ra) & set(rb)):
-        result.rng_checked += 1
-        if any(
-            s in ra[key]
-            and s in rb[key]
-            and ra[key][s] != rng.UNTOUCHED
-            and ra[key][s] != rb[key][s]
-            for s in moving
-        ):
-            result.rng_mismatches.append(key)
+    result.rng_checked, result.rng_mismatches = stream_differences(
+        loads_boundaries(store.iteration_hashes(record.id)),
+        loads_boundaries(store.iteration_hashes(replay.id)),
+    )
     return result

@@ -35,7 +35,7 @@ from flortrain.replay.files import begin_files, end_files
 from flortrain.replay.preparation import Prepared
 from flortrain.replay.segments import SegmentPlan, divide, even
 from flortrain.replay.sharing import slowdown
-from flortrain.replay.worker import WorkerResult, WorkerTask
+from flortrain.replay.worker import GuardSpec, WorkerResult, WorkerTask
 from flortrain.runtime.jumps import Segment
 from flortrain.store.logs import LogEntry
 from flortrain.store.records import RunStatus
@@ -114,34 +114,48 @@ def plan_segments(p: Prepared, jobs: int, backend: str = "local") -> tuple[Segme
     return plan, ""
 
 
+def worker_task(
+    p: Prepared,
+    index: int,
+    segment: Segment,
+    blobs: str,
+    execute: frozenset[str],
+    guards: dict[str, list[GuardSpec]],
+    marks: dict[tuple[str, int], list[int]],
+) -> WorkerTask:
+    """The task of a worker replaying ``segment`` of the prepared replay, ``execute`` the
+    blocks it runs (``verify``'s resumes run every block, with no guards)."""
+    return WorkerTask(
+        index,
+        p.script,
+        os.getcwd(),
+        p.args,
+        p.record.threads,
+        p.uses_torch,
+        p.code_text,
+        p.disk_text,
+        p.modules,
+        p.record.id,
+        execute,
+        p.checkpoints,
+        guards,
+        p.store.iteration_scalars(p.record.id),
+        marks,
+        segment,
+        blobs,
+        {k: v for k, v in p.record.meta.items() if k == "deterministic"},
+    )
+
+
 def _tasks(p: Prepared, plan: SegmentPlan, blobs: str) -> list[WorkerTask]:
     marks = {k: v for k, v in p.boundaries.items() if _resumable(p, k[0])}
     guards = {
         m: [(g.source, g.recorded, g.live, g.through) for g in gs]
         for m, gs in p.rplan.spans.items()
     }
-    scalars = p.store.iteration_scalars(p.record.id)
+    execute = frozenset(p.rplan.execute)
     return [
-        WorkerTask(
-            k,
-            p.script,
-            os.getcwd(),
-            p.args,
-            p.record.threads,
-            p.uses_torch,
-            p.code_text,
-            p.disk_text,
-            p.modules,
-            p.record.id,
-            frozenset(p.rplan.execute),
-            p.checkpoints,
-            guards,
-            scalars,
-            marks,
-            w.segment,
-            blobs,
-            {k: v for k, v in p.record.meta.items() if k == "deterministic"},
-        )
+        worker_task(p, k, w.segment, blobs, execute, guards, marks)
         for k, w in enumerate(plan.workers)
     ]
 
@@ -194,9 +208,16 @@ def _resume(seg: Segment, r: WorkerResult) -> str:
     resumed = max((j[3] for j in before), default=-1)
     if resumed == seg.start:
         return f"direct resume at iteration {seg.start}"
-    if resumed > 0:
-        return f"pseudoresume from the boundary at iteration {resumed}"
-    return "pseudoresume from the loop's start"
+    how = (
+        f"pseudoresume from the boundary at iteration {resumed}"
+        if resumed > 0
+        else "pseudoresume from the loop's start"
+    )
+    if r.forwarded:
+        lines = ", ".join(str(line) for line in sorted(r.forwarded))
+        left = sum(r.forwarded.values())
+        how += f", fast-forward left out {left} statement(s) at line(s) {lines}"
+    return how
 
 
 class _Printer:
@@ -336,6 +357,14 @@ def replay_parallel(
     )
     for k, w in enumerate(plan.workers):
         _say(f"  segment {k + 1}: {w.describe()}")
+    left = p.rplan.fast_forward(plan.loop.main_id)
+    if left is not None and any(w.resume == "pseudo" for w in plan.workers):
+        if knobs.fast_forward() == "on":
+            _say(f"  while pseudoresuming, a worker leaves out (fast-forward) {left}")
+        else:
+            _say(
+                "  while pseudoresuming, a worker runs every statement (FLORTRAIN_FAST_FORWARD=off)"
+            )
     location = blobs or str(p.store.blobs)
     if backend_name == "ray" and blobs is None:
         _say(

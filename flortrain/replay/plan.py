@@ -7,10 +7,10 @@ that never imports libcst.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from flortrain.replay.costs import NO_COST, BlockCost
-from flortrain.static.plan import Guard, Instrumentation, Plan
+from flortrain.static.plan import Guard, Instrumentation, Plan, fast_forward_line
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,16 @@ class ReplayPlan:
     #: main id -> the probe state its iterations carry, which no checkpoint holds: a parallel
     #: replay does not divide it (:mod:`flortrain.replay.probestate`)
     carried: dict[str, str] = field(default_factory=dict)
+
+    def fast_forward(self, main_id: str) -> str | None:
+        """The statements of main loop ``main_id`` a pseudoresume leaves out, at their lines in
+        the current file (None: none)."""
+        steps = sorted(
+            replace(f, line=at, end_line=at + f.end_line - f.line)
+            for at, (m, f) in self.instrumentation.forward.items()
+            if m == main_id
+        )
+        return "; ".join(fast_forward_line(f) for f in steps) or None
 
     def describe(
         self,

@@ -21,7 +21,7 @@ from flortrain.replay.observation import callee
 from flortrain.replay.plan import ReplayPlan
 from flortrain.replay.probes import Probe, ProbeSet
 from flortrain.replay.probestate import carried_by_probes, walk
-from flortrain.static.plan import Block, Guard, Instrumentation, MainLoop, Plan
+from flortrain.static.plan import Block, FastForward, Guard, Instrumentation, MainLoop, Plan
 from flortrain.static.program import MODULE
 from flortrain.static.spans import probe_guard, read_before_bound
 from flortrain.static.values import reads_only_values
@@ -139,6 +139,7 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
         blocks=blocks_at,
         mains=mains_at,
         probes={p.line: p.number for p in probes.probes},
+        forward=_forward_at(plan, probes),
     )
     spans, no_spans, unresumable = _span_guards(probes, mains_at, parents, pos)
     main_nodes = [
@@ -150,6 +151,26 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
     return ReplayPlan(
         inst, execute, len(probes.probes), in_probes, spans, no_spans, unresumable, carried
     )
+
+
+def _forward_at(plan: Plan, probes: ProbeSet) -> dict[int, tuple[str, FastForward]]:
+    """The recorded plan's fast-forward statements at their lines in the current file, less
+    those a probe is inside or reads a name of: a worker before its segment runs its probes
+    (their output dropped), and they must find what the record's iteration had."""
+    to_cur = probes.line_map
+    reads: set[str] = set()
+    for p in probes.probes:
+        reads |= _names_read(p.node)
+    out: dict[int, tuple[str, FastForward]] = {}
+    for m in plan.main_loops:
+        for f in m.fast_forward:
+            start, end = to_cur.get(f.line), to_cur.get(f.end_line)
+            if start is None or end is None or set(f.binds) & reads:
+                continue
+            if any(start <= p.line <= end for p in probes.probes):
+                continue
+            out[start] = (m.id, f)
+    return out
 
 
 def _span_guards(

@@ -64,6 +64,8 @@ class WorkerResult:
     iterations: list[IterationRow] = field(default_factory=list)
     jumps: list[JumpRow] = field(default_factory=list)
     logs: list[LogEntry] = field(default_factory=list)
+    #: statement line -> times fast-forward left it out before the segment
+    forwarded: dict[int, int] = field(default_factory=dict)
 
 
 def run_task(task: WorkerTask) -> WorkerResult:
@@ -104,6 +106,7 @@ def run_task(task: WorkerTask) -> WorkerResult:
         rows.iterations,
         rows.jumps,
         rows.logs,
+        dict(session.forwarded),
     )
 
 

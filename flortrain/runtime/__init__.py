@@ -1,4 +1,4 @@
-"""What instrumented scripts call. Six names, no torch import at load time.
+"""What instrumented scripts call. Seven names, no torch import at load time.
 
 With no active session (instrumented code run by plain ``python``) every hook is a no-op and the
 script behaves exactly as written. A hook that needs the user's frame (the one running the loop)
@@ -20,7 +20,7 @@ from flortrain.runtime.skipblock import SkipBlock
 
 T = TypeVar("T")
 
-__all__ = ["block", "main_enter", "main_exit", "main_iter", "main_iteration", "probe"]
+__all__ = ["block", "forward", "main_enter", "main_exit", "main_iter", "main_iteration", "probe"]
 
 
 def block(
@@ -89,6 +89,19 @@ def main_iter(main_id: str, iterable: Iterable[T]) -> Iterable[T]:
 def main_exit(main_id: str) -> None:
     if _session.current is not None:
         _session.current.main_exit(main_id)
+
+
+def forward(
+    main_id: str, line: int, modules: tuple[str, ...] = (), containers: tuple[str, ...] = ()
+) -> bool:
+    """Whether to run the main-loop statement at ``line``: always, except while a pseudoresume
+    fast-forwards through iterations nobody reports and the run-time check of what the static
+    pass assumed passes (:mod:`flortrain.runtime.fastforward`)."""
+    s = _session.current
+    if s is None or not s.fast_forwarding(main_id):
+        return True
+    with s.holding():
+        return not s.leave_out(line, modules, containers, sys._getframe(1))
 
 
 def probe(number: int) -> AbstractContextManager[None]:

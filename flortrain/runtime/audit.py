@@ -49,8 +49,8 @@ from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import Any
 
-from flortrain.runtime import versions
-from flortrain.runtime.channels import is_channel
+from flortrain.checkpoint import versions
+from flortrain.checkpoint.channels import is_channel
 
 #: Objects walked per image, at most (a dataset held as a Python list of samples is large).
 BUDGET = 200_000

@@ -15,26 +15,22 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flortrain.runtime import identity, rng
-from flortrain.runtime.blobformat import MissingObject
-from flortrain.runtime.channels import is_channel, type_name
-from flortrain.runtime.host import CheckpointHost
-from flortrain.runtime.materializer import deserialize
-from flortrain.runtime.state import (
-    _IMMUTABLE,
-    _MISSING,
+from flortrain.checkpoint.blob import deserialize
+from flortrain.checkpoint.capture import capture_named, unpicklable
+from flortrain.checkpoint.channels import is_channel, type_name
+from flortrain.checkpoint.codec import MissingObject
+from flortrain.checkpoint.kinds import (
+    IMMUTABLE,
     Mark,
-    Restorer,
     Unrestorable,
-    assign_into,
     attr,
-    capture_named,
     carries_graph,
     graph_of,
     item,
-    unpicklable,
-    why_unrestorable,
 )
+from flortrain.checkpoint.restore import MISSING, Restorer, assign_into, why_unrestorable
+from flortrain.runtime import identity, rng
+from flortrain.runtime.host import CheckpointHost
 
 Getters = Mapping[str, Callable[[], Any]]
 
@@ -48,7 +44,7 @@ class _Absent:
 ABSENT = _Absent()
 
 #: Rebound values that are not objects with an identity worth keeping (two names holding 3)
-_VALUES = _IMMUTABLE
+_VALUES = IMMUTABLE
 
 
 class Captured:
@@ -273,7 +269,7 @@ class Checkpointable:
 
     def failure(self, error: Exception, objects: Getters, names: Getters) -> str:
         """Why a checkpoint of this state failed, naming what holds an object pickle refused
-        (:func:`state.unpicklable`)."""
+        (:func:`capture.unpicklable`)."""
         if isinstance(error, Unrestorable):
             return str(error)
         try:
@@ -364,7 +360,7 @@ class Checkpointable:
                     v = s.registry.get(_registry_id(v.where))
             elif isinstance(v, Captured):
                 held = live.get(expr, ABSENT)
-                v = r.child(_MISSING if held is ABSENT else held, v.state, identity.NAME + expr)
+                v = r.child(MISSING if held is ABSENT else held, v.state, identity.NAME + expr)
             elif (
                 live.get(expr, ABSENT) is not ABSENT
                 and not r.replaced(identity.NAME + expr)

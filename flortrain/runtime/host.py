@@ -14,7 +14,7 @@ from enum import StrEnum
 from types import FrameType
 from typing import Any, Protocol
 
-from flortrain.runtime.adaptive import AdaptivePeriod
+from flortrain.checkpoint.period import AdaptivePeriod
 from flortrain.runtime.audit import Image
 from flortrain.runtime.files import Watch
 from flortrain.runtime.registry import Registry

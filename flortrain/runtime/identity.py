@@ -20,7 +20,7 @@ is the one that was there before:
 
 The marks (``since``: path to position; absent means "there from the start") travel in the
 payload's undigested part: they describe how the record's objects relate, not state ``diff``
-compares. :class:`flortrain.runtime.state.Restorer` reads them. Paths are :func:`capture`'s
+compares. :class:`flortrain.checkpoint.restore.Restorer` reads them. Paths are :func:`capture`'s
 (``rows[3]``, ``tracker['best']``, ``trainer.stats``), and :func:`identities` walks the objects
 the way :func:`capture` does, so that the two name the same object alike
 (``test_identity.py`` holds them to it).
@@ -46,8 +46,8 @@ import sys
 import types
 from typing import Any
 
-from flortrain.runtime.channels import is_channel
-from flortrain.runtime.state import _IMMUTABLE, _is_numpy_value, _is_rng, attr, is_stateful, item
+from flortrain.checkpoint.channels import is_channel
+from flortrain.checkpoint.kinds import IMMUTABLE, attr, is_numpy_value, is_rng, is_stateful, item
 
 
 def identities(roots: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +63,7 @@ def identities(roots: dict[str, Any]) -> dict[str, Any]:
     ]
     while stack:
         path, obj, root = stack.pop()
-        if isinstance(obj, _IMMUTABLE) or _is_numpy_value(obj) or id(obj) in seen:
+        if isinstance(obj, IMMUTABLE) or is_numpy_value(obj) or id(obj) in seen:
             continue
         seen.add(id(obj))
         if not root:  # a root is restored in place by its own name: never replaced
@@ -88,7 +88,7 @@ def name_identities(values: dict[str, Any]) -> dict[str, Any]:
     return {
         NAME + k: v
         for k, v in values.items()
-        if not (isinstance(v, _IMMUTABLE) or _is_numpy_value(v))
+        if not (isinstance(v, IMMUTABLE) or is_numpy_value(v))
     }
 
 
@@ -121,7 +121,7 @@ def _inside(obj: Any, path: str, torch: Any) -> list[tuple[str, Any]]:
         return [(item(path, k), x) for k, x in obj.items()]
     if (
         isinstance(obj, set | io.IOBase | types.ModuleType)
-        or _is_rng(obj)
+        or is_rng(obj)
         or is_channel(obj)
         or is_stateful(obj)
     ):

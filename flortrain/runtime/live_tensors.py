@@ -12,8 +12,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from flortrain.runtime import versions
-from flortrain.runtime.blobformat import tensor_bytes, tensor_name
+from flortrain.checkpoint import versions
+from flortrain.checkpoint.codec import tensor_bytes, tensor_name
 
 
 class LiveTensors:

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from flortrain.runtime import rng, state
+from flortrain.checkpoint import capture, restore
+from flortrain.runtime import rng
 from flortrain.runtime.session import Session
 
 
@@ -40,7 +41,7 @@ def isolated(session: Session | None) -> Iterator[None]:
         if outer is not None:
             outer(loader)
         if id(loader) not in loaders:
-            loaders[id(loader)] = (loader, state.capture(loader))
+            loaders[id(loader)] = (loader, capture.capture(loader))
 
     session.registry.on_iterate = on_iterate
     session.probe_depth += 1
@@ -52,7 +53,7 @@ def isolated(session: Session | None) -> Iterator[None]:
         session.registry.paused -= 1
         session.registry.on_iterate = outer
         for loader, st in loaders.values():
-            state.restore_into(loader, st)
+            restore.restore_into(loader, st)
         rng.restore(saved)
         for m, flags in modes:
             for sub, flag in zip(m.modules(), flags, strict=False):

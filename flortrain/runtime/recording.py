@@ -16,14 +16,15 @@ from types import FrameType
 from typing import Any
 
 from flortrain import knobs
+from flortrain.checkpoint import materializer as _materializer
+from flortrain.checkpoint.interface import Callbacks, Materializer, Prepared
+from flortrain.checkpoint.key import CheckpointKey
 from flortrain.runtime import audit, identity
-from flortrain.runtime import materializer as _materializer
 from flortrain.runtime.audit import Image
 from flortrain.runtime.boundaries import MainBoundary, scalars_json
 from flortrain.runtime.checkpointable import Getters, bound, resolve
 from flortrain.runtime.host import Instance, Outcome, State
 from flortrain.runtime.jumping import JumpingSession
-from flortrain.runtime.materializer import Afford, Callbacks, Declined, Materializer
 from flortrain.runtime.session import IterationStart, Step
 from flortrain.store.db import Store
 from flortrain.store.records import BlockRow, BlockState
@@ -215,6 +216,7 @@ class RecordSession(JumpingSession):
             raise RuntimeError(
                 f"flortrain: cannot resume at {main_id} iteration {k}: its boundary checkpoint did not load"
             )
+        self.note_streams_before_restore()
         b.restore(self, objects, names)
         b.jumped_to = k
         self.main[2] = k
@@ -252,6 +254,12 @@ class RecordSession(JumpingSession):
         """A resumed record has reached the iteration it records from: an ordinary record from
         here on, printing and capturing its output again (the Tee was muted until here)."""
         self.replay = None
+        if self.forwarded:
+            lines = ", ".join(str(line) for line in sorted(self.forwarded))
+            self.warn(
+                f"fast-forward left out {sum(self.forwarded.values())} statement(s) at line(s)"
+                f" {lines} of the iterations it replayed"
+            )
         if self.tee is not None:
             self.tee.muted = False
 
@@ -310,19 +318,16 @@ class RecordSession(JumpingSession):
             return None
         assert self.main is not None
         b = MainBoundary(self, main_id, values, i, self.identity_tables.get(main_id))
-        b.key = f"{main_id}@{main_id}.{self.main[1]}.{i}#0"
-
-        def afford(blocked: float, writer: float) -> bool:
-            return self.adaptive.affords(main_id, blocked, writer)
-
+        b.key = str(CheckpointKey.boundary(main_id, self.main[1], i))
         try:
-            outcome = self.checkpoint(
-                b.key, main_id, lambda: b._payload(self, objects, names), afford
-            )
-        except Declined:
-            self.adaptive.declined(main_id, time.perf_counter() - now)
-            self._iteration_begins(main_id)  # the capture is not the next iteration's
-            return None
+            prepared = self.prepare(b.key, main_id, lambda: b._payload(self, objects, names))
+            # a boundary's cost varies most: the period decides again on the estimate
+            est = prepared.estimate
+            if est is not None and not self.adaptive.affords(main_id, est.blocked_s, est.writer_s):
+                self.adaptive.declined(main_id, time.perf_counter() - now)
+                self._iteration_begins(main_id)  # the capture is not the next iteration's
+                return None
+            outcome = self.stage(prepared)
         except Exception as e:  # the iterations still run and record; only jumping is lost
             self._no_boundary.add(main_id)
             self.warn(
@@ -356,25 +361,31 @@ class RecordSession(JumpingSession):
     # -- checkpoints -------------------------------------------------------------------------------
 
     def checkpoint(
-        self,
-        key: str,
-        block_id: str,
-        payload: Callable[[], dict[str, Any]],
-        afford: Afford | None = None,
+        self, key: str, block_id: str, payload: Callable[[], dict[str, Any]]
     ) -> tuple[str, Any] | None:
-        """Capture and stage a checkpoint. Returns ``("committed", digests)`` or ``("lost",
-        reason)`` when the materializer finished it at once, None while it is pending (its row is
-        updated when the writer reports). Raises when the state cannot be captured, and
-        :class:`Declined` when ``afford`` turned down its estimated cost."""
+        """Capture and stage a checkpoint, whatever it costs (a block's, which the period
+        decided on before capturing it). See :meth:`stage`."""
+        return self.stage(self.prepare(key, block_id, payload))
+
+    def prepare(self, key: str, block_id: str, payload: Callable[[], dict[str, Any]]) -> Prepared:
+        """Capture a checkpoint and lay it out: its :class:`Estimate` is what the period
+        decides on before anything is staged. Raises when the state cannot be captured."""
         materializer = self.start_materializer()
-        self._submitting, self._outcome = key, None
         self.background = 0.0
         if self._signal_injected is None:  # fault injection: a signal arrives mid-checkpoint, once
             self._signal_injected = int(knobs.injected("checkpoint-signal"))
             if self._signal_injected:
                 os.kill(os.getpid(), self._signal_injected)
+        return materializer.prepare(key, block_id, payload())
+
+    def stage(self, prepared: Prepared) -> tuple[str, Any] | None:
+        """Stage a prepared checkpoint. Returns ``("committed", digests)`` or ``("lost",
+        reason)`` when the materializer finished it at once, None while it is pending (its row is
+        updated when the writer reports)."""
+        materializer = self.start_materializer()
+        self._submitting, self._outcome = prepared.key, None
         try:
-            self.background = materializer.submit(key, block_id, payload(), afford)
+            self.background = materializer.stage(prepared)
         finally:
             self._submitting = None
         return self._outcome
@@ -391,7 +402,7 @@ class RecordSession(JumpingSession):
         iteration; ``state`` is what it becomes once committed (``checkpointed`` or
         ``boundary``)."""
         assert self.main is not None
-        occurrence = int(key.rsplit("#", 1)[1])
+        occurrence = CheckpointKey.parse(key).occurrence
         digests, note = None, None
         if outcome is None:
             self._pending[key] = state

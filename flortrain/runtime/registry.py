@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from flortrain.runtime import versions
+from flortrain.checkpoint import versions
 
 
 class _Dead:

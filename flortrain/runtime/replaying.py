@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import FrameType
 
-from flortrain.runtime.blobformat import object_refs
+from flortrain.checkpoint.codec import object_refs
+from flortrain.checkpoint.key import CheckpointKey, block_of
 from flortrain.runtime.boundaries import MainBoundary
 from flortrain.runtime.checkpointable import Getters
 from flortrain.runtime.jumping import JumpingSession
@@ -24,11 +25,7 @@ class ReplaySession(JumpingSession):
             # (a boundary's key begins with its main loop's id, never among them)
             execute = self.replay.execute
             self.store.read_ahead(
-                [
-                    ck
-                    for key, ck in self.replay.checkpoints.items()
-                    if key.partition("@")[0] not in execute
-                ],
+                [ck for key, ck in self.replay.checkpoints.items() if block_of(key) not in execute],
                 object_refs,
             )
 
@@ -64,8 +61,9 @@ class ReplaySession(JumpingSession):
             if found is None:
                 return None
             b = found
+        self.note_streams_before_restore()
         b.restore(self, objects, names)
-        self.restore_files(f"{main_id}@{main_id}.{entry}.{j}#0")
+        self.restore_files(str(CheckpointKey.boundary(main_id, entry, j)))
         b.jumped_to = j
         self.main[2] = j
         self.store.put_jump(self.run_id, main_id, entry, i, j)

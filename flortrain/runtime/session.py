@@ -22,19 +22,20 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from flortrain import knobs
-from flortrain.runtime import audit, rng, signals
-from flortrain.runtime.adaptive import AdaptivePeriod
+from flortrain import knobs, signals
+from flortrain.checkpoint.key import CheckpointKey
+from flortrain.checkpoint.period import AdaptivePeriod
+from flortrain.runtime import audit, fastforward, rng
 from flortrain.runtime.audit import Image
 from flortrain.runtime.augmentation import Augmented, augmentation
 from flortrain.runtime.boundaries import MainBoundary
-from flortrain.runtime.capture import Tee
 from flortrain.runtime.checkpointable import Getters
 from flortrain.runtime.files import Watch, put_back
 from flortrain.runtime.host import Instance, Outcome, State
 from flortrain.runtime.jumps import SpanReplay
 from flortrain.runtime.live_tensors import LiveTensors
 from flortrain.runtime.registry import Registry
+from flortrain.runtime.tee import Tee
 from flortrain.store.iterations import IterationRow
 from flortrain.store.records import BlockRow, BlockState, Checkpoint
 from flortrain.store.rows import RecordSink, RunSink
@@ -113,6 +114,10 @@ class Session:
     _pid: int = field(default_factory=os.getpid)  # the training process's (``signals.defer``)
     #: record: the files the script reads and writes (``runtime/files.py``)
     files: Watch | None = None
+    #: whether a pseudoresume leaves out what the static pass found nothing later needs
+    fast_forward: bool = field(default_factory=lambda: knobs.fast_forward() == "on")
+    #: statement line -> how many times a pseudoresume left it out
+    forwarded: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.replay is not None and self.replay.spans is not None:
@@ -200,6 +205,28 @@ class Session:
         """A main ``for`` loop's iterable, run in ``frame`` (a replay may skip items)."""
         return iterable
 
+    def fast_forwarding(self, main_id: str) -> bool:
+        """Whether the current iteration of main loop ``main_id`` is one a pseudoresume runs only
+        to reach a later one (a worker before its segment, a resumed record before the
+        iteration it records from), with fast-forward on."""
+        return (
+            self.fast_forward
+            and not self.probe_depth
+            and self.main is not None
+            and self.main[0] == main_id
+            and (self.before_segment() or self.replaying_here())
+        )
+
+    def leave_out(
+        self, line: int, modules: tuple[str, ...], containers: tuple[str, ...], frame: FrameType
+    ) -> bool:
+        """Whether the statement at ``line`` is left out: what its static verdict assumed holds
+        in ``frame`` (``runtime/fastforward``)."""
+        if not fastforward.skippable(frame, modules, containers):
+            return False
+        self.forwarded[line] = self.forwarded.get(line, 0) + 1
+        return True
+
     def replaying_here(self) -> bool:
         """Whether the current iteration is one a resumed record runs as a replay (its rows kept)."""
         return False
@@ -260,7 +287,7 @@ class Session:
     def _load_boundary(self, main_id: str, entry: int, j: int, i: int) -> MainBoundary | None:
         """Boundary ``j`` of the main loop, loaded for a jump from iteration ``i``."""
         assert self.replay is not None
-        key = f"{main_id}@{main_id}.{entry}.{j}#0"
+        key = str(CheckpointKey.boundary(main_id, entry, j))
         ck = self.replay.checkpoints.get(key)
         data = self.store.read_blob(ck) if ck is not None else None
         if data is None:
@@ -282,6 +309,14 @@ class Session:
         """Remember each global stream's state before the script runs: it comes from OS entropy
         (torch's, numpy's and ``random``'s unseeded state differ in every process)."""
         self._initial_digests = rng.digest_map(rng.capture())
+
+    def note_streams_before_restore(self) -> None:
+        """A jump restores the record's streams. A stream this process has not captured yet (a
+        worker's numpy, imported since its session began) takes its own state as its initial one
+        first: the record's would otherwise count as this process's start (``untouched``), and
+        the boundary jumped to would differ from the record's in ``diff``."""
+        for stream, digest in rng.digest_map(rng.capture()).items():
+            self._initial_digests.setdefault(stream, digest)
 
     def _boundary_digests(self, state: dict[str, Any]) -> str:
         """Per-stream digests at a main-loop boundary, with a stream the script has not touched
@@ -325,7 +360,7 @@ class Session:
         occ = self.occurrences.get(block_id, 0)
         self.occurrences[block_id] = occ + 1
         m, entry, it = self.main
-        return f"{block_id}@{m}.{entry}.{it}#{occ}"
+        return str(CheckpointKey(block_id, m, entry, it, occ))
 
     # -- blocks ------------------------------------------------------------------------------------
 
@@ -387,7 +422,7 @@ class Session:
             return  # the killed run's row of the instance is kept
         assert self.main is not None
         m, entry, it = self.main
-        occ = int(block.key.rsplit("#", 1)[1])
+        occ = CheckpointKey.parse(block.key).occurrence
         # written with the iterations, once per commit interval: the row describes the run, and
         # no checkpoint hangs on it
         self._blocks.append(
@@ -474,7 +509,7 @@ class Session:
         plain or recorded (0.2 s each in a nanoGPT-shaped script); one that fell into a
         checkpoint would be charged to it as M, and Eq. 4 and the run's budget would then refuse
         checkpoints for the rest of the run. It runs at the script's next allocation instead.
-        The script's signal handlers are deferred too (:mod:`~flortrain.runtime.signals`): what
+        The script's signal handlers are deferred too (:mod:`~flortrain.signals`): what
         one raises reaches the script as the hook returns, not flortrain's code half-way."""
         if self._hold_t0 is not None:  # within a hook already: its time is counted there
             yield

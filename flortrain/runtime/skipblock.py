@@ -20,11 +20,13 @@ from types import FrameType
 from typing import Any
 
 from flortrain import knobs
-from flortrain.runtime import audit, identity, versions
+from flortrain.checkpoint import versions
+from flortrain.checkpoint.blob import digests
+from flortrain.checkpoint.fingerprint import clone_state, fingerprint, snapshot_equal
+from flortrain.checkpoint.kinds import Unrestorable
+from flortrain.runtime import audit, identity
 from flortrain.runtime.checkpointable import Checkpointable, Getters, bound
 from flortrain.runtime.host import BlockHost, CheckpointHost, State
-from flortrain.runtime.materializer import digests
-from flortrain.runtime.state import Unrestorable, clone_state, fingerprint, snapshot_equal
 from flortrain.static.plan import outside_iterator
 from flortrain.store.records import BlockState
 

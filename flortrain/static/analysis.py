@@ -9,6 +9,7 @@ from flortrain.errors import FlortrainError, Located
 from flortrain.static.changeset.loop import loop_changeset
 from flortrain.static.clocks import clock_names
 from flortrain.static.effects import NoEstimate
+from flortrain.static.fastforward import fast_forward
 from flortrain.static.indexing import index
 from flortrain.static.loops import LoopForest
 from flortrain.static.plan import (
@@ -84,6 +85,7 @@ def _analyse(source: Source, prefix: str, prog: Program | None) -> Plan:
             boundary, no_boundary = boundary_state(prog, m), ""
         except NoEstimate as e:
             boundary, no_boundary = None, str(e)
+        steps, verdicts = fast_forward(prog, m)
         main = MainLoop(
             loop_id(prefix + "M", prog.line(m)),
             _kind(m),
@@ -92,6 +94,8 @@ def _analyse(source: Source, prefix: str, prog: Program | None) -> Plan:
             forest.why.get(m, ""),
             boundary,
             no_boundary,
+            steps,
+            tuple((v.line, v.why) for v in verdicts if v.step is None),
         )
         mains.append(main)
         for cand in forest.candidates(m):

@@ -230,7 +230,7 @@ def mutating_library_arg(func_name: str) -> int | None:
     return None
 
 
-#: Library constructors of output channels (``runtime/channels``), by their dotted import name,
+#: Library constructors of output channels (``checkpoint/channels``), by their dotted import name,
 #: and the kind of channel each makes. ``open`` in a write-only mode makes a ``file``.
 SINK_CONSTRUCTORS = {
     "logging.getLogger": "logger",

@@ -28,6 +28,7 @@ _INJECTED = re.compile(
       | (?:globals\(\)\[".*"\]|[\w.]+)\ =\ _flortrain_\w+\.value\(
       | __flortrain__\.main_(?:enter|iteration|exit)\(
       | with\ __flortrain__\.probe\(
+      | if\ __flortrain__\.forward\(
       | import\ flortrain\.runtime\ as\ __flortrain__$
     )""",
     re.VERBOSE,
@@ -40,10 +41,10 @@ _WRAPPER = re.compile(
 )
 
 #: Inserted lines that open something (mapped to the next original line): the runtime import,
-#: a block's enter line, main-loop enter/iteration hooks, a probe's ``with``.
+#: a block's enter line, main-loop enter/iteration hooks, a probe's ``with``, a fast-forward gate.
 _OPENS = re.compile(
     r"^(?:_flortrain_\w+ = __flortrain__\.(?:block|main_iteration)\(|__flortrain__\.main_(?:enter|iteration)\("
-    r"|with __flortrain__\.probe\(|import flortrain\.runtime as __flortrain__$)"
+    r"|with __flortrain__\.probe\(|if __flortrain__\.forward\(|import flortrain\.runtime as __flortrain__$)"
 )
 
 

@@ -89,31 +89,8 @@ class _Scope:
 
     # -- reads -----------------------------------------------------------------------------------
     def uses(self, node: cst.CSTNode | None) -> Live:
-        """The names an expression or statement part reads (over-approximated: a comprehension's
-        own variables count as reads), not entering nested function bodies."""
-        out: Live = {}
-        if node is None:
-            return out
-        stack: list[cst.CSTNode] = [node]
-        while stack:
-            n = stack.pop()
-            if isinstance(n, cst.Name):
-                out.setdefault(n.value, self.prog.line(n))
-                continue
-            if isinstance(n, cst.Attribute):
-                stack.append(n.value)
-                continue
-            if isinstance(n, cst.Arg):
-                stack.append(n.value)
-                continue
-            if isinstance(n, cst.FunctionDef):
-                stack.extend(n.decorators)
-                stack.extend(_param_parts(n.params))
-                if n.returns is not None:
-                    stack.append(n.returns)
-                continue
-            stack.extend(n.children)
-        return out
+        """The names an expression or statement part reads (:func:`uses`)."""
+        return uses(self.prog, node)
 
     def target_uses(self, t: cst.BaseExpression) -> Live:
         """What binding to ``t`` reads: the object and index of ``a.b`` and ``a[i]``."""
@@ -266,6 +243,35 @@ class _Scope:
         return _union(self.uses(s), out)  # an expression, an assert
 
 
+def uses(prog: Program, node: cst.CSTNode | None) -> Live:
+    """The names an expression or statement part reads, each with the line of a read
+    (over-approximated: a comprehension's own variables count as reads), not entering nested
+    function bodies."""
+    out: Live = {}
+    if node is None:
+        return out
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, cst.Name):
+            out.setdefault(n.value, prog.line(n))
+            continue
+        if isinstance(n, cst.Attribute):
+            stack.append(n.value)
+            continue
+        if isinstance(n, cst.Arg):
+            stack.append(n.value)
+            continue
+        if isinstance(n, cst.FunctionDef):
+            stack.extend(n.decorators)
+            stack.extend(_param_parts(n.params))
+            if n.returns is not None:
+                stack.append(n.returns)
+            continue
+        stack.extend(n.children)
+    return out
+
+
 def _never_swallows(item: cst.BaseExpression) -> bool:
     """A context manager known to let every exception through (grad modes, autocast, files)."""
     if not isinstance(item, cst.Call):
@@ -394,7 +400,7 @@ def inner_reads(prog: Program, scope: Scope) -> Live:
     return out
 
 
-__all__ = ["Live", "Liveness", "inner_reads", "liveness_of"]
+__all__ = ["Live", "Liveness", "inner_reads", "liveness_of", "uses"]
 
 
 _cache: weakref.WeakKeyDictionary[Program, Liveness] = weakref.WeakKeyDictionary()

@@ -122,6 +122,31 @@ class Boundary:
     bound: tuple[str, ...] = ()  # every name an iteration binds (a probe reading one is checked)
 
 
+@dataclass(frozen=True, order=True)
+class FastForward:
+    """A top-level statement of a main loop's body that a pseudoresume leaves out
+    (:mod:`flortrain.static.fastforward`), with what the run-time check must see first."""
+
+    line: int
+    end_line: int
+    #: names the statement calls as modules: each must hold a module in eval mode whose
+    #: submodules all run PyTorch's own ``forward``, with no hooks
+    modules: tuple[str, ...] = ()
+    #: names it iterates, indexes or calls a pure method of: each must hold plain values
+    #: (numbers, strings, tensors, in lists, tuples and dicts) or a module as above
+    containers: tuple[str, ...] = ()
+    #: the names it binds (a probe reading one makes a replay run it)
+    binds: tuple[str, ...] = ()
+
+
+def fast_forward_line(f: FastForward) -> str:
+    """One skipped statement as ``--explain`` and the replay plan name it."""
+    lines = f"line {f.line}" if f.end_line == f.line else f"lines {f.line}-{f.end_line}"
+    checks = [f"`{m}` a module in eval mode" for m in f.modules]
+    checks += [f"`{c}` plain values or a module in eval mode" for c in f.containers]
+    return lines + (f" (if {', '.join(checks)})" if checks else "")
+
+
 @dataclass(frozen=True)
 class MainLoop:
     id: str
@@ -131,6 +156,10 @@ class MainLoop:
     why: str = ""  # why this loop was chosen as a main loop (``--explain``)
     boundary: Boundary | None = None
     no_boundary: str = ""  # why there is no boundary state (then no iteration spans)
+    #: the body's statements a pseudoresume leaves out (:mod:`flortrain.static.fastforward`)
+    fast_forward: tuple[FastForward, ...] = ()
+    #: the body's other statements, each with why a pseudoresume runs it
+    kept: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -168,6 +197,11 @@ class Plan:
                 out.append(f"  iteration boundary state (iteration spans): {held}")
             else:
                 out.append(f"  {no_iteration_spans(m.no_boundary)}")
+            if m.fast_forward:  # and why the others run; nothing when every statement runs
+                skipped = "; ".join(fast_forward_line(f) for f in m.fast_forward)
+                out.append(f"  fast-forward (left out while pseudoresuming): {skipped}")
+                for line, why in m.kept:
+                    out.append(f"    runs while pseudoresuming: line {line}: {why}")
             for b in (b for b in self.blocks if b.main == m.id):
                 out.append(
                     f"  {self.path}:{b.span.line}:{b.span.col} memoized {b.kind} loop {b.id} in {b.function}"
@@ -236,6 +270,9 @@ class Instrumentation:
     blocks: Mapping[int, Block] = field(default_factory=dict)
     mains: Mapping[int, MainLoop] = field(default_factory=dict)
     probes: Mapping[int, int] = field(default_factory=dict)  # statement line -> probe number
+    #: statement line -> (main id, the statement's fast-forward facts): left out while
+    #: pseudoresuming, when the run-time check passes
+    forward: Mapping[int, tuple[str, FastForward]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

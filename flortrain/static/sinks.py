@@ -8,7 +8,7 @@ output, as ``print`` is, and puts nothing in the changeset. A name counts only w
 binding of it in its scope is such a constructor; an attribute, when every assignment to
 ``self.<attr>`` in its class is (the index notes each binding's value: ``Scope.assigned``,
 ``ClassInfo.attr_assigned``). Anything else stays with the rules, and at run time an object of a
-channel type is not captured however it was reached (``runtime/channels``).
+channel type is not captured however it was reached (``checkpoint/channels``).
 """
 
 from __future__ import annotations

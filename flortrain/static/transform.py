@@ -9,7 +9,8 @@ Memoized loops become SkipBlocks without re-indenting the user's code::
         if _flortrain_L24.has("total"): total = _flortrain_L24.value("total")  # by assignment
 
 ``while`` loops test ``_flortrain_L24.live() and (cond)``. The main loop is bracketed by
-``main_enter``/``main_exit`` and its body starts with ``main_iteration``. Probes (statements added
+``main_enter``/``main_exit`` and its body starts with ``main_iteration``. A statement of its body
+that a pseudoresume may leave out (fast-forward) runs under ``if __flortrain__.forward(..):``. Probes (statements added
 since the record) run inside ``with __flortrain__.probe(n):``. Lambdas defer reading each
 changeset element to block end, so a name the loop left unbound (assigned only under ``if ddp:``)
 is recorded as absent and stays unbound on replay, not a crash.
@@ -25,7 +26,14 @@ from libcst.metadata import PositionProvider
 
 from flortrain.errors import FlortrainError, Located
 from flortrain.static.expressions import impurity
-from flortrain.static.plan import Block, Change, Instrumentation, MainLoop, Restore
+from flortrain.static.plan import (
+    Block,
+    Change,
+    FastForward,
+    Instrumentation,
+    MainLoop,
+    Restore,
+)
 from flortrain.static.source import TOO_DEEP, Source
 
 RUNTIME = "__flortrain__"
@@ -96,6 +104,14 @@ def _iteration_statements(main: MainLoop) -> list[cst.BaseStatement]:
     return out
 
 
+def _gate(main_id: str, line: int, step: FastForward) -> str:
+    """``__flortrain__.forward("M12", 34, ("model",), ("xs",))``: true unless a pseudoresume
+    leaves the statement out."""
+    modules = "".join(f'"{m}", ' for m in step.modules)
+    containers = "".join(f'"{c}", ' for c in step.containers)
+    return f'{RUNTIME}.forward("{main_id}", {line}, ({modules}), ({containers}))'
+
+
 def _prepend(body: cst.BaseSuite, stmts: Sequence[cst.BaseStatement]) -> cst.BaseSuite:
     if isinstance(body, cst.IndentedBlock):
         return body.with_changes(body=[*stmts, *body.body])
@@ -124,6 +140,7 @@ class _Transformer(cst.CSTTransformer):
         super().__init__()
         self.inst = inst
         self.applied: set[int] = set()
+        self.gated: set[int] = set()  # fast-forward gates placed
         # `elif` clauses: an If node in another If's orelse slot cannot be wrapped in a `with`
         # (libcst would print the `with` at the If's indentation, detached from the chain)
         self.elifs: set[cst.If] = set()
@@ -199,12 +216,38 @@ class _Transformer(cst.CSTTransformer):
     def leave_For(
         self, original_node: cst.For, updated_node: cst.For
     ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
-        return self._probe(original_node, self._loop(original_node, updated_node))
+        return self._forward(
+            original_node, self._probe(original_node, self._loop(original_node, updated_node))
+        )
 
     def leave_While(
         self, original_node: cst.While, updated_node: cst.While
     ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
-        return self._probe(original_node, self._loop(original_node, updated_node))
+        return self._forward(
+            original_node, self._probe(original_node, self._loop(original_node, updated_node))
+        )
+
+    def _forward(
+        self,
+        original: cst.BaseStatement,
+        updated: cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement],
+    ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        """A statement a pseudoresume may leave out, under ``if __flortrain__.forward(..):``
+        (a memoized loop with its enter and end statements)."""
+        line = self._line(original)
+        if line not in self.inst.forward or line in self.gated:
+            return updated
+        self.gated.add(line)
+        self.applied.add(line)
+        main_id, step = self.inst.forward[line]
+        nodes = list(updated.nodes) if isinstance(updated, cst.FlattenSentinel) else [updated]
+        first = nodes[0]
+        assert isinstance(first, cst.SimpleStatementLine | cst.BaseCompoundStatement)
+        lead = first.leading_lines
+        nodes[0] = first.with_changes(leading_lines=[])
+        gate = _stmt(f"if {_gate(main_id, line, step)}:\n    pass\n")
+        assert isinstance(gate, cst.If)
+        return gate.with_changes(body=cst.IndentedBlock(body=nodes), leading_lines=lead)
 
     def _probe(
         self,
@@ -248,7 +291,7 @@ class _Transformer(cst.CSTTransformer):
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[no-untyped-def]
         updated = super().on_leave(original_node, updated_node)
         if isinstance(original_node, _PROBEABLE) and isinstance(updated, cst.BaseStatement):
-            return self._probe(original_node, updated)
+            return self._forward(original_node, self._probe(original_node, updated))
         return updated
 
 
@@ -286,7 +329,9 @@ def transform(source: Source, inst: Instrumentation) -> str:
         # libcst walks the tree recursively; a huge implicit string concatenation or a deeply
         # nested expression exhausts the stack. A one-line refusal, not a traceback.
         raise FlortrainError(TOO_DEEP, Located(source.path), "FT004") from None
-    missing = (set(inst.blocks) | set(inst.mains) | set(inst.probes)) - t.applied
+    missing = (
+        set(inst.blocks) | set(inst.mains) | set(inst.probes) | set(inst.forward)
+    ) - t.applied
     if missing:
         raise ValueError(f"instrumentation points not found at lines {sorted(missing)}")
     return code

@@ -54,7 +54,7 @@ class Checkpoints(Tables):
         return self.reader.read_blob(ck)
 
     def read_object(self, sha: str) -> bytes | None:
-        """A content-addressed tensor (see :mod:`flortrain.runtime.materializer`), verified."""
+        """A content-addressed tensor (see :mod:`flortrain.checkpoint.materializer`), verified."""
         return self.reader.read_object(sha)
 
     def read_ahead(self, order: list[Checkpoint], refs: Callable[[bytes], list[str]]) -> None:

@@ -3,7 +3,7 @@
 loop's entry, and the per-tensor digests ``diff`` compares.
 
 A name is the 128-bit XXH3 of the bytes, in hex. Hashing is the largest per-byte cost a
-checkpoint has, paid by the writer on cores training keeps busy (``runtime/adaptive.py``), on the
+checkpoint has, paid by the writer on cores training keeps busy (``checkpoint/period.py``), on the
 training thread to name a frozen table, and by every replay to verify each object it reads; XXH3
 is over an order of magnitude cheaper per byte than sha256.
 

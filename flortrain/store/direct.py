@@ -1,7 +1,7 @@
 """Writing a content-addressed object without the page cache.
 
 The materializer's writer shares two cores with training on a CPU-only machine, so every CPU cycle
-it spends per checkpoint byte comes out of training (``runtime/adaptive.py``). A buffered ``write``
+it spends per checkpoint byte comes out of training (``checkpoint/period.py``). A buffered ``write``
 of a large object costs CPU per byte (the copy into the page cache, dirty-page accounting, and the
 kernel's writeback threads on top); ``O_DIRECT`` hands the staged pages to the disk as they are, for
 a small fraction of that (docs/materializer.md). Hashing is then the writer's only per-byte work

@@ -17,8 +17,10 @@ from flortrain.errors import FlortrainError, Located
 #: instead of sha256 (``store/content.py``). 9: the ``files`` a record's script read and wrote
 #: and their states at each checkpoint. 10: a checkpoint's ``sha256`` covers its key as well
 #: as its blob's bytes (``store/blobs.py``: :func:`~flortrain.store.blobs.digest`), so a store of
-#: 9 or earlier, whose rows hold the bytes' digest alone, is refused.
-SCHEMA_VERSION = 10
+#: 9 or earlier, whose rows hold the bytes' digest alone, is refused. 11: a blob's skeletons
+#: pickle the checkpoint package's classes (``flortrain.checkpoint.skeleton``), which a store of
+#: 10 or earlier names by the modules they lived in then; each part also has a digest per tensor.
+SCHEMA_VERSION = 11
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (sha TEXT PRIMARY KEY, text TEXT NOT NULL);
@@ -125,7 +127,7 @@ CREATE TABLE IF NOT EXISTS logs (
 
 #: Additive changes a store of an older version takes when it is opened: version -> the statements
 #: that bring it to the next one. Runs recorded before a migration simply have no rows there.
-#: None since 10: no older store can be brought to it (its checkpoint digests would have to be
+#: None since 10: no older store can be brought to 10 or 11 (its checkpoint digests would have to be
 #: trusted to compute the new ones).
 MIGRATIONS: dict[int, str] = {}
 

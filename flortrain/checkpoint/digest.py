@@ -10,7 +10,7 @@ digests; ``diff`` reports any part that differs. Parts are compared only where b
 them: the record's alias watch may have learned extra objects the replay does not name.
 
 Checkpoints written in flortrain's own format are digested while they are written (see
-:mod:`flortrain.runtime.blobformat`); this module is the fallback for payloads that format does
+:mod:`flortrain.checkpoint.codec`); this module is the fallback for payloads that format does
 not take: a canonical walk, tensors by dtype, shape and raw bytes, containers element-wise,
 other values by ``repr`` (exact for ints, floats and strings). Record and replay digest a
 payload the same way, since the same payload shape takes the same path.

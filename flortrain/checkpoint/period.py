@@ -45,6 +45,7 @@ import os
 from dataclasses import dataclass, field
 
 from flortrain import knobs
+from flortrain.checkpoint.cost import restore_price
 
 
 def contention(wall_s: float, cpu_s: float, cores: int | None = None) -> float:
@@ -174,7 +175,7 @@ class AdaptivePeriod:
         c = self.costs.get(block_id)
         if self.every or c is None or c.outer or c.k == 0 or c.n < knobs.ALIAS_WATCH_INSTANCES:
             return False
-        return max(c.compute / c.n, c.last) < self.restore_ratio * c.least
+        return max(c.compute / c.n, c.last) < restore_price(self.restore_ratio, c.least)
 
     def _affordable(self, c: BlockCosts, m: float, ongoing: float = 0.0) -> bool:
         """Eq. 4 and the run's budget for a checkpoint of ``m`` seconds. A nested block's must
@@ -274,7 +275,7 @@ class AdaptivePeriod:
         self.charged += blocked_s
         self.writer += share
         if not c.outer:  # a replay restores this instance rather than computing it
-            self.covered += max(c.last - self.restore_ratio * m, 0.0)
+            self.covered += max(c.last - restore_price(self.restore_ratio, m), 0.0)
             self.nested += m
         else:
             self.nested = 0.0

@@ -17,10 +17,13 @@ hook has finished what it started. Blocking the signals (``pthread_sigmask``) wo
 mask is per thread, and a signal delivered to any other thread (torch's OpenMP workers) still
 has its Python handler run in the main thread at the next bytecode.
 
-Python's own SIGINT handler (or a record's :class:`Interrupt`, which raises the same exception)
-is left in place: the ``KeyboardInterrupt`` it raises is not an
-``Exception``, no guard of flortrain's catches it, and a Ctrl-C must still interrupt a hook
-that waits (for a writer that has not freed the staging buffer).
+SIGINT is deferred too, whoever handles it (Python's own handler, a record's :class:`Interrupt`,
+the script's): a ``KeyboardInterrupt`` is no ``Exception`` and passes every guard of
+flortrain's, so raised half-way through a hook it left the hook's work half done (a checkpoint
+staged and never handed to the writer, rows held and never written). Except while the hook
+*waits* (:func:`waiting`: for a writer that has not freed the staging buffer, for the writer's
+last results at the end): there a Ctrl-C must cut the wait short, and does, from the wait,
+where nothing is half done.
 
 Setting a handler runs the pending ones first, and a loop runs them at every turn, so a signal
 can still reach a script's handler inside :func:`defer` or :func:`resume`. Nothing is lost then:
@@ -36,13 +39,14 @@ The cost is reading the handler table (about 6 µs for 62 signals, through ``_si
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -52,7 +56,7 @@ _SIGNALS = tuple(sorted(int(s) for s in signal.valid_signals()))
 _raw: Any = importlib.import_module("_signal")
 _getsignal: Callable[[int], Any] = _raw.getsignal
 _setsignal: Callable[[int, Any], Any] = _raw.signal
-_INT = signal.default_int_handler
+_SIGINT = int(signal.SIGINT)
 
 
 class Interrupt:
@@ -60,20 +64,28 @@ class Interrupt:
     ``KeyboardInterrupt`` as Python raises it, once per Ctrl-C. The launcher forwards a SIGINT
     that ``kill`` sent it, and a signal sent to the whole process group reaches the training
     process as well: a second one within :attr:`WINDOW` seconds of the first is that same
-    Ctrl-C, which Python would not have seen twice. Not deferred in hooks, as Python's is not."""
+    Ctrl-C, which Python would not have seen twice. Deferred in hooks like any handler. Once
+    the script is over (:attr:`over`) and the run is being finished, a Ctrl-C only cuts a wait
+    for the writer short (:func:`waiting`); anywhere else it is noted (:attr:`noted`): the run
+    is finished as the script ended it."""
 
     WINDOW = 1.0
 
-    __slots__ = ("last",)
+    __slots__ = ("last", "noted", "over")
 
     def __init__(self) -> None:
         self.last: float | None = None
+        self.over = False
+        self.noted = False
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
         if self.last is not None and now - self.last < self.WINDOW:
             return
         self.last = now
+        if self.over and not waiting_now:
+            self.noted = True
+            return
         raise KeyboardInterrupt
 
 
@@ -90,13 +102,26 @@ class Note:
         self.open = True
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if self.open:
+        if self.open and not (waiting_now and self.interrupts(signum)):
             self.arrived.append(signum)
             return
+        if self.open:  # a Ctrl-C while the hook waits: it cuts the wait short
+            _call(self.saved.get(signum), signum, frame)
+            return
         _put_back(self)
-        handler = self.saved.get(signum)
-        if callable(handler):
-            handler(signum, frame)
+        _call(self.saved.get(signum), signum, frame)
+
+    def interrupts(self, signum: int) -> bool:
+        """Whether ``signum`` is a Ctrl-C that raises ``KeyboardInterrupt`` (Python's handler or
+        a record's): a wait lets it through. A script's own SIGINT handler waits for the hook's
+        end like any other (it may raise what a guard of flortrain's would catch)."""
+        h = self.saved.get(signum)
+        return signum == _SIGINT and (h is signal.default_int_handler or type(h) is Interrupt)
+
+
+def _call(handler: Any, signum: int, frame: FrameType | None) -> None:
+    if callable(handler):
+        handler(signum, frame)
 
 
 def defer(owner: int) -> Note | None:
@@ -104,13 +129,14 @@ def defer(owner: int) -> Note | None:
     thread of the process ``owner`` (the training process): Python runs no handler on another
     thread and may set none there, and a forked child (a DataLoader worker) has handlers of its
     own that setting one would replace."""
+    global _open
     if os.getpid() != owner or threading.get_ident() != threading.main_thread().ident:
         return None
     note = Note()
     try:
         for s in _SIGNALS:
             h = _getsignal(s)
-            if not callable(h) or h is _INT or type(h) is Interrupt:
+            if not callable(h):
                 continue
             if type(h) is Note:  # left by an interrupted put-back: the script's is behind it
                 h = h.saved.get(s)
@@ -122,6 +148,7 @@ def defer(owner: int) -> Note | None:
         note.open = False
         _put_back(note)
         raise
+    _open = note
     return note
 
 
@@ -129,9 +156,12 @@ def resume(note: Note | None) -> None:
     """Put the script's handlers back, then run them for the signals that arrived, in order. A
     handler that raises does not keep the others from running; the first exception propagates
     once they have."""
+    global _open
     if note is None:
         return
     note.open = False
+    if _open is note:
+        _open = None
     arrived = list(dict.fromkeys(note.arrived))  # once each: the OS does not queue a second either
     try:
         _put_back(note)
@@ -143,6 +173,32 @@ def _put_back(note: Note) -> None:
     for s, h in note.saved.items():
         if _getsignal(s) is note:  # unless something in the hook set a handler of its own since
             _setsignal(s, h)
+
+
+#: the note of the hook in progress (None: no hook holds the thread)
+_open: Note | None = None
+#: True while flortrain's code waits (:func:`waiting`): a Ctrl-C is raised there, not deferred
+waiting_now = False
+
+
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """flortrain's code waits here (for the writer): a Ctrl-C that arrives meanwhile, or that
+    arrived earlier in the hook, raises ``KeyboardInterrupt`` from here, as it would have from
+    the wait without flortrain's hook around it."""
+    global waiting_now
+    if waiting_now:  # within a wait already
+        yield
+        return
+    waiting_now = True
+    try:
+        note = _open
+        if note is not None and note.open and _SIGINT in note.arrived and note.interrupts(_SIGINT):
+            note.arrived = [s for s in note.arrived if s != _SIGINT]
+            _call(note.saved.get(_SIGINT), _SIGINT, _script_frame())
+        yield
+    finally:
+        waiting_now = False
 
 
 #: True while :func:`_deliver` runs the script's handlers from flortrain's code (a handler that

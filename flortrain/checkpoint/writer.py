@@ -44,8 +44,9 @@ from typing import Any
 
 from flortrain import knobs
 from flortrain.channel import Channel
-from flortrain.runtime import blobformat
-from flortrain.runtime.arena import MADV_POPULATE_READ, populate_chunks
+from flortrain.checkpoint import codec
+from flortrain.checkpoint.arena import MADV_POPULATE_READ, populate_chunks
+from flortrain.checkpoint.pace import IDLE_LOOK, NICE, IdleCores, Pace, may_start_idle
 from flortrain.store import content, direct
 from flortrain.store.blobs import object_rel
 from flortrain.store.checkpoints import object_path, write_durably
@@ -146,99 +147,8 @@ def _whole(path: Path, nbytes: int) -> bool:
         return False
 
 
-#: The writer's priority when it competes for the CPU (its busy thread and busy lane).
-NICE = 10
-
-
-class Pace:
-    """When the writer may take CPU from training.
-
-    A parallel torch op waits for its slowest thread, so a writer that preempts one of them
-    stalls the whole op: with a small backlog it writes only on idle CPU (SCHED_IDLE). But where
-    training saturates the cores, such a writer is starved: each checkpoint is then staged on
-    fresh pages of the buffer (page faults cost more than the copy), everything is written after
-    training ends while the run waits, and in a run long enough to fill the buffer the training
-    thread ends up waiting for the writer at every checkpoint. So once the backlog (bytes
-    staged, not yet written) reaches ``threshold``, the writer competes at nice :data:`NICE`
-    until it has written everything it holds; the next checkpoint is then staged at the
-    buffer's start, on pages already faulted in. Neither always idle nor always niced wins on
-    every shape (docs/materializer.md)."""
-
-    def __init__(self, threshold: int) -> None:
-        self.threshold = threshold
-        self.busy = False
-
-    def update(self, holding: int, stopping: bool) -> bool:
-        """Whether the writer should be busy now, holding ``holding`` staged bytes (the item
-        in hand and those queued); ``stopping``: training is over, nothing is left to spare."""
-        if stopping or holding >= self.threshold:
-            self.busy = True
-        elif self.busy and holding == 0:
-            self.busy = False
-        return self.busy
-
-
-class IdleCores:
-    """How many cores sat idle lately, from ``/proc/stat`` (idle and iowait time), counting the
-    writer's own CPU time as idle: it is what the writer would take. Before the writer starts
-    an item on idle CPU it looks: an item started while training keeps every core busy gets
-    none (``SCHED_IDLE``) and would hold the head of the buffer while the backlog grew past the
-    threshold that should make the writer compete (the pace is decided when an item is taken).
-    Left queued, the item waits for the threshold, or for a core to come free. Where
-    ``/proc/stat`` cannot be read, every look says idle."""
-
-    def __init__(self, path: str = "/proc/stat") -> None:
-        self.path = path
-        self.cores = os.cpu_count() or 1
-        self.tick = os.sysconf("SC_CLK_TCK")
-        self._last = self._sample()
-
-    def _sample(self) -> tuple[float, float, float, float] | None:
-        """(when, idle seconds of all cores, all seconds of all cores, this process's CPU)."""
-        try:
-            with open(self.path) as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError, IndexError):
-            return None
-        own = os.times()
-        return (
-            time.monotonic(),
-            sum(fields[3:5]) / self.tick,
-            sum(fields[:8]) / self.tick,
-            own.user + own.system,
-        )
-
-    def idle(self, window: float) -> float:
-        """Cores idle on average since the previous look; 0 (look again) if that was more than
-        ``window`` seconds ago, as the average would reach back past what matters now."""
-        now, last = self._sample(), self._last
-        self._last = now
-        if now is None:
-            return float(self.cores)
-        if last is None or now[0] - last[0] > window or now[2] <= last[2]:
-            return 0.0
-        idle = now[1] - last[1] + now[3] - last[3]
-        return min(float(self.cores), self.cores * idle / (now[2] - last[2]))
-
-
-#: Idle cores that let the writer start an item on idle CPU (:class:`IdleCores`).
-IDLE_ENOUGH = 0.5
-#: Staged bytes of an item the writer starts on idle CPU however busy the cores are: what a
-#: ``SCHED_IDLE`` thread still gets on saturated cores (a few per mille) finishes it in a second
-#: or two. Small checkpoints (a fine-tuned head) are such items; held back, they would cost the
-#: run more than they take from training.
-SMALL_ITEM = 4 << 20
-#: How often a writer holding items it has not started looks at the CPU again, in seconds.
-IDLE_LOOK = 0.2
-
-
-def may_start_idle(staged: int, cpu: IdleCores) -> bool:
-    """Whether an item of ``staged`` bytes may start on idle CPU now (:class:`IdleCores`)."""
-    return staged <= SMALL_ITEM or cpu.idle(2 * IDLE_LOOK) >= IDLE_ENOUGH
-
-
 def map_until_asked(sock: socket.socket, arena: memoryview, warm: int) -> int:
-    """Map the arena's first ``warm`` bytes for reading, a :data:`~flortrain.runtime.arena.CHUNK`
+    """Map the arena's first ``warm`` bytes for reading, a :data:`~flortrain.checkpoint.arena.CHUNK`
     at a time, until the parent sends something; how many bytes were mapped. A script that ends
     before warming does (``print("hi")``) says stop at once, rather than wait for the whole
     arena to be mapped while both processes fault in the same pages."""
@@ -427,7 +337,7 @@ def serve(
     checkpoint tripled the training threads' involuntary context switches). The busy thread,
     started first so that it keeps the writer's nice-10 normal policy (an unprivileged thread
     cannot leave SCHED_IDLE), works while the pace is busy. Before either, the writer maps the
-    ``warm`` bytes of the arena the parent warms (``runtime/arena.py``): a page read for the
+    ``warm`` bytes of the arena the parent warms (``checkpoint/arena.py``): a page read for the
     first time costs the writer a fault per 4 KB too, and it is idle until the script has built a
     model to checkpoint; it stops as soon as the parent sends something."""
     # Ctrl-C, and a SIGTERM sent to the whole process group, are the parent's to handle: it
@@ -509,15 +419,15 @@ def _write(
         if token is not None:
             tokens[token] = name
     starts = [item["places"][g][1] for g in inline]
-    offsets, chunks = blobformat.inline(
+    offsets, chunks = codec.inline(
         [arena[s : s + metas[g][2]] for g, s in zip(inline, starts, strict=True)]
     )
     for g, off in zip(inline, offsets, strict=True):
         table[g] = ("i", off)
-    head = blobformat.header(parts, metas, table)
+    head = codec.header(parts, metas, table)
     sha = write_durably(blobs, rel, item["key"], [head, *chunks])
     nbytes = len(head) + sum(len(c) for c in chunks) + written
-    return rel, sha, nbytes, blobformat.part_digests(item["skeletons"], metas, names)
+    return rel, sha, nbytes, codec.part_digests(item["skeletons"], metas, names)
 
 
 def run_child(

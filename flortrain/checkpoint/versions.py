@@ -4,7 +4,7 @@ Three shortcuts trust ``tensor._version`` to say that a tensor's bytes have not 
 materializer stages a large tensor again only when its counter moved (``ChangeTracker``) and
 names a module tensor still at its version of the main loop's entry by the hash of its bytes
 instead of storing it; a replay hashes a live tensor once per version (``Session.live_object``);
-and the alias watch compares version fingerprints instead of copies (``state.fingerprint``). Every
+and the alias watch compares version fingerprints instead of copies (``fingerprint.fingerprint``). Every
 in-place op dispatched through autograd bumps the counter. Two kinds of torch kernels write
 tensors without it (as of torch 2.13):
 
