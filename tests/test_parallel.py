@@ -29,7 +29,7 @@ from flortrain.replay.segments import divide, even
 from flortrain.store.blobs import BlobReader, object_rel
 from flortrain.store.db import open_store
 from flortrain.store.records import BlockRow, BlockState
-from tests.protocol import Result, copy_fixture, flortrain, plain
+from tests.protocol import Result, copy_fixture, flortrain, plain, toy_prelude
 
 EVERY = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_SEGMENTS": "even"}
 
@@ -167,6 +167,36 @@ def test_pseudoresume_when_the_boundary_does_not_hold_what_the_probe_reads(tmp_p
     assert par.code == 0, par.err
     assert par.out == want
     assert "pseudoresume from the loop's start" in par.err, par.err
+    d = flortrain(tmp_path, "diff")
+    assert d.code == 0, d.out + d.err
+
+
+#: The toy set-up with a batch loop that alone binds ``x``: nothing after it reads ``x``, so its
+#: checkpoints do not hold it.
+ONLY_THE_BLOCK_BINDS = toy_prelude() + textwrap.dedent(
+    """\
+    for epoch in range(4):
+        for x, y in train:
+            opt.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+        #PROBE
+        print(epoch, f"{model.weight.sum().item():.6f}")
+    """
+)
+
+
+def test_a_pseudoresumed_iteration_runs_no_probe(tmp_path: Path) -> None:
+    # The probe makes the batch loop execute in the segment, where it binds `x`. Before its
+    # segment the second worker restores the loop's instances from checkpoints that do not hold
+    # `x`; a probe run there (its output dropped) would find no `x`.
+    probe = 'print(f"PROBE {epoch} {x.sum().item():.8f}")'
+    _, want = _setup(tmp_path, ONLY_THE_BLOCK_BINDS, probe, EVERY)
+    par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
+    assert par.code == 0, par.err
+    assert par.out == want
+    assert "worker 2/2 done" in par.err and "pseudoresume from the loop's start" in par.err, par.err
     d = flortrain(tmp_path, "diff")
     assert d.code == 0, d.out + d.err
 

@@ -139,10 +139,12 @@ def test_probe_wrapper() -> None:
         for epoch in range(2):
             for b in [1, 2]:
                 total += b
-                with __flortrain__.probe(1):
-                    print("inner", total)
-            with __flortrain__.probe(2):
-                print("outer", epoch)
+                if __flortrain__.probing():
+                    with __flortrain__.probe(1):
+                        print("inner", total)
+            if __flortrain__.probing():
+                with __flortrain__.probe(2):
+                    print("outer", epoch)
     """)
 
 
@@ -162,12 +164,14 @@ def test_probe_that_is_a_compound_statement_or_a_def() -> None:
     assert out == src("""
         import flortrain.runtime as __flortrain__
         x = 1
-        if x:
-            with __flortrain__.probe(1):
-                print(x)
-        with __flortrain__.probe(2):
-            def show(v):
-                print(v)
+        if __flortrain__.probing():
+            if x:
+                with __flortrain__.probe(1):
+                    print(x)
+        if __flortrain__.probing():
+            with __flortrain__.probe(2):
+                def show(v):
+                    print(v)
         show(x)
     """)
 
@@ -193,17 +197,20 @@ def test_probe_guard_outside_isolation_only_when_it_only_reads() -> None:
     assert out == src("""
         import flortrain.runtime as __flortrain__
         for i in range(10):
-            if i % 4 == 0 and cfg.log:
-                with __flortrain__.probe(1):
-                    print(i)  # every 4
-            with __flortrain__.probe(2):
-                if random.random() < 0.1:
-                    print(i)
-            with __flortrain__.probe(3):
-                if i > 5:
-                    print("late")
-                else:
-                    print("early")
+            if __flortrain__.probing():
+                if i % 4 == 0 and cfg.log:
+                    with __flortrain__.probe(1):
+                        print(i)  # every 4
+            if __flortrain__.probing():
+                with __flortrain__.probe(2):
+                    if random.random() < 0.1:
+                        print(i)
+            if __flortrain__.probing():
+                with __flortrain__.probe(3):
+                    if i > 5:
+                        print("late")
+                    else:
+                        print("early")
     """)
 
 

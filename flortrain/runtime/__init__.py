@@ -20,7 +20,7 @@ from flortrain.runtime.skipblock import SkipBlock
 
 T = TypeVar("T")
 
-__all__ = ["block", "forward", "main_enter", "main_exit", "main_iter", "main_iteration", "probe"]
+__all__ = ["block", "forward", "main_enter", "main_exit", "main_iter", "main_iteration", "probe", "probing"]
 
 
 def block(
@@ -102,6 +102,14 @@ def forward(
         return True
     with s.holding():
         return not s.leave_out(line, modules, containers, sys._getframe(1))
+
+
+def probing() -> bool:
+    """Whether a probe statement runs: always, except in a worker's iterations before its
+    segment, whose output nobody wants and whose blocks restored their checkpoints instead of
+    binding what only they bind."""
+    s = _session.current
+    return s is None or not s.before_segment()
 
 
 def probe(number: int) -> AbstractContextManager[None]:

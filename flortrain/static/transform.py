@@ -11,7 +11,8 @@ Memoized loops become SkipBlocks without re-indenting the user's code::
 ``while`` loops test ``_flortrain_L24.live() and (cond)``. The main loop is bracketed by
 ``main_enter``/``main_exit`` and its body starts with ``main_iteration``. A statement of its body
 that a pseudoresume may leave out (fast-forward) runs under ``if __flortrain__.forward(..):``. Probes (statements added
-since the record) run inside ``with __flortrain__.probe(n):``. Lambdas defer reading each
+since the record) run inside ``with __flortrain__.probe(n):``, under ``if
+__flortrain__.probing():`` (false before a parallel-replay worker's segment). Lambdas defer reading each
 changeset element to block end, so a name the loop left unbound (assigned only under ``if ddp:``)
 is recorded as absent and stays unbound on replay, not a crash.
 """
@@ -262,6 +263,21 @@ class _Transformer(cst.CSTTransformer):
         ):
             return updated  # unapplied: transform() reports the line as not found
         self.applied.add(line)
+        lead = updated.leading_lines
+        probed = self._isolated(original, updated.with_changes(leading_lines=[]), line)
+        # before a worker's segment no probe runs: its output would be dropped, and what it
+        # reads may be a name only a block binds, whose restored checkpoint does not hold it
+        gate = _stmt(f"if {RUNTIME}.probing():\n    pass\n")
+        assert isinstance(gate, cst.If)
+        return gate.with_changes(body=cst.IndentedBlock(body=[probed]), leading_lines=lead)
+
+    def _isolated(
+        self,
+        original: cst.BaseStatement,
+        updated: cst.SimpleStatementLine | cst.BaseCompoundStatement,
+        line: int,
+    ) -> cst.BaseStatement:
+        """The probe statement run under ``with __flortrain__.probe(n):``."""
         wrapper = _stmt(f"with {RUNTIME}.probe({self.inst.probes[line]}):\n    pass\n")
         assert isinstance(wrapper, cst.With)
         if (
@@ -284,9 +300,7 @@ class _Transformer(cst.CSTTransformer):
             )
             wrapped = wrapper.with_changes(body=cst.IndentedBlock(body=[one]))
             return updated.with_changes(body=cst.IndentedBlock(body=[wrapped]))
-        lead = updated.leading_lines
-        inner_stmt = updated.with_changes(leading_lines=[])
-        return wrapper.with_changes(body=cst.IndentedBlock(body=[inner_stmt]), leading_lines=lead)
+        return wrapper.with_changes(body=cst.IndentedBlock(body=[updated]))
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[no-untyped-def]
         updated = super().on_leave(original_node, updated_node)
