@@ -201,6 +201,26 @@ def test_a_pseudoresumed_iteration_runs_no_probe(tmp_path: Path) -> None:
     assert d.code == 0, d.out + d.err
 
 
+def test_a_probe_reading_what_a_block_bound_in_the_last_pseudoresumed_iteration(
+    tmp_path: Path,
+) -> None:
+    # The probe, before the batch loop, reads the `x` the previous iteration's loop bound: in
+    # the second worker's first iteration that is the last pseudoresumed one, whose instance of
+    # the loop must execute, since no checkpoint holds `x`.
+    text = ONLY_THE_BLOCK_BINDS.replace("    #PROBE\n", "").replace(
+        "    for x, y in train:\n", "    #PROBE\n    for x, y in train:\n"
+    )
+    assert text.count("#PROBE") == 1
+    probe = 'print(f"PROBE {epoch} {x.sum().item() if epoch else 0.0:.8f}")'
+    _, want = _setup(tmp_path, text, probe, EVERY)
+    par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
+    assert par.code == 0, par.err
+    assert par.out == want
+    assert "worker 2/2 done" in par.err and "pseudoresume from the loop's start" in par.err, par.err
+    d = flortrain(tmp_path, "diff")
+    assert d.code == 0, d.out + d.err
+
+
 def test_pseudoresume_from_an_earlier_boundary(tmp_path: Path) -> None:
     # Boundary checkpoints exist at every iteration, but the planner is told about only the
     # first: a worker resumes there and runs on to its segment's start with blocks restored.

@@ -155,8 +155,8 @@ def plan_replay(plan: Plan, probes: ProbeSet) -> ReplayPlan:
 
 def _forward_at(plan: Plan, probes: ProbeSet) -> dict[int, tuple[str, FastForward]]:
     """The recorded plan's fast-forward statements at their lines in the current file, less
-    those a probe is inside or reads a name of: a worker before its segment runs its probes
-    (their output dropped), and they must find what the record's iteration had."""
+    those a probe is inside or reads a name of: a probe in a worker's first iteration may read
+    what the last iteration before its segment bound."""
     to_cur = probes.line_map
     reads: set[str] = set()
     for p in probes.probes:

@@ -120,3 +120,12 @@ class JumpingSession(Session):
         wanted, and the blocks probes need execute only in the segment)."""
         seg = self._segment_here()
         return seg is not None and self.main is not None and self.main[2] < seg.start
+
+    def restores_probed_blocks(self) -> bool:
+        """In a worker, whether the current iteration is one before its segment whose instances
+        of the blocks probes make execute are restored from their checkpoints: every one but
+        the last. The last's execute, since a probe in the segment's first iteration may read
+        what they bound in it (``x if epoch else 0`` before the batch loop), which no checkpoint
+        holds."""
+        seg = self._segment_here()
+        return seg is not None and self.main is not None and self.main[2] < seg.start - 1

@@ -201,6 +201,10 @@ class Session:
         """In a parallel-replay worker, whether the current iteration precedes its segment."""
         return False
 
+    def restores_probed_blocks(self) -> bool:
+        """In a worker, whether this iteration restores even the blocks probes make execute."""
+        return False
+
     def main_items(self, main_id: str, iterable: Iterable[Any], frame: FrameType) -> Iterable[Any]:
         """A main ``for`` loop's iterable, run in ``frame`` (a replay may skip items)."""
         return iterable
@@ -390,7 +394,7 @@ class Session:
         """A replayed instance's state: restored from its checkpoint (SKIP) unless it is probed
         or its checkpoint cannot be used (EXECUTE)."""
         assert self.replay is not None
-        if block.id in self.replay.execute and not self.before_segment():
+        if block.id in self.replay.execute and not self.restores_probed_blocks():
             return State.EXECUTE
         ck = self.replay.checkpoints.get(block.key)
         if ck is None:

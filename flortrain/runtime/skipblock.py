@@ -8,7 +8,8 @@ PASSTHROUGH outside a main-loop iteration, nested in another block, or run by a 
 ========== =====================================================================
 
 Pseudoresume (a replay worker starting mid-run) is SKIP for every instance before its segment,
-whatever the probes; the main-loop context decides it.
+whatever the probes, but in the iteration just before it, where the blocks probes make execute
+run to bind what the segment's first probe may read; the main-loop context decides it.
 """
 
 from __future__ import annotations
