@@ -20,7 +20,16 @@ from flortrain.runtime.skipblock import SkipBlock
 
 T = TypeVar("T")
 
-__all__ = ["block", "forward", "main_enter", "main_exit", "main_iter", "main_iteration", "probe", "probing"]
+__all__ = [
+    "block",
+    "forward",
+    "main_enter",
+    "main_exit",
+    "main_iter",
+    "main_iteration",
+    "probe",
+    "probing",
+]
 
 
 def block(
