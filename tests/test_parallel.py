@@ -157,18 +157,24 @@ def test_three_workers(tmp_path: Path) -> None:
     assert flortrain(tmp_path, "diff").code == 0
 
 
+def _pseudoresumed_replay_matches(tmp_path: Path, text: str, probe: str) -> None:
+    """Record ``text``, replay it probed on two workers, the second pseudoresuming from the
+    loop's start: the output is the plain probed run's, and ``diff`` passes."""
+    _, want = _setup(tmp_path, text, probe, EVERY)
+    par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
+    assert par.code == 0, par.err
+    assert par.out == want
+    assert "worker 2/2 done" in par.err and "pseudoresume from the loop's start" in par.err, par.err
+    d = flortrain(tmp_path, "diff")
+    assert d.code == 0, d.out + d.err
+
+
 def test_pseudoresume_when_the_boundary_does_not_hold_what_the_probe_reads(tmp_path: Path) -> None:
     # `val` is bound by every iteration after the batch loop and read by the probe before that:
     # the boundary checkpoints do not hold it, so no worker may resume at one. The second worker
     # runs the first segment's iterations again, its blocks restored, and prints from its own.
     probe = 'print(f"PROBE {epoch} {global_step} {val if epoch else 0.0:.10f}")'
-    _, want = _setup(tmp_path, CARRIED, probe, EVERY)
-    par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
-    assert par.code == 0, par.err
-    assert par.out == want
-    assert "pseudoresume from the loop's start" in par.err, par.err
-    d = flortrain(tmp_path, "diff")
-    assert d.code == 0, d.out + d.err
+    _pseudoresumed_replay_matches(tmp_path, CARRIED, probe)
 
 
 #: The toy set-up with a batch loop that alone binds ``x``: nothing after it reads ``x``, so its
@@ -192,13 +198,7 @@ def test_a_pseudoresumed_iteration_runs_no_probe(tmp_path: Path) -> None:
     # segment the second worker restores the loop's instances from checkpoints that do not hold
     # `x`; a probe run there (its output dropped) would find no `x`.
     probe = 'print(f"PROBE {epoch} {x.sum().item():.8f}")'
-    _, want = _setup(tmp_path, ONLY_THE_BLOCK_BINDS, probe, EVERY)
-    par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
-    assert par.code == 0, par.err
-    assert par.out == want
-    assert "worker 2/2 done" in par.err and "pseudoresume from the loop's start" in par.err, par.err
-    d = flortrain(tmp_path, "diff")
-    assert d.code == 0, d.out + d.err
+    _pseudoresumed_replay_matches(tmp_path, ONLY_THE_BLOCK_BINDS, probe)
 
 
 def test_a_probe_reading_what_a_block_bound_in_the_last_pseudoresumed_iteration(
@@ -212,13 +212,7 @@ def test_a_probe_reading_what_a_block_bound_in_the_last_pseudoresumed_iteration(
     )
     assert text.count("#PROBE") == 1
     probe = 'print(f"PROBE {epoch} {x.sum().item() if epoch else 0.0:.8f}")'
-    _, want = _setup(tmp_path, text, probe, EVERY)
-    par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
-    assert par.code == 0, par.err
-    assert par.out == want
-    assert "worker 2/2 done" in par.err and "pseudoresume from the loop's start" in par.err, par.err
-    d = flortrain(tmp_path, "diff")
-    assert d.code == 0, d.out + d.err
+    _pseudoresumed_replay_matches(tmp_path, text, probe)
 
 
 def test_pseudoresume_from_an_earlier_boundary(tmp_path: Path) -> None:
