@@ -1,5 +1,6 @@
 """The ``flortrain`` command: click and nothing else. Exit codes: 0 success, 1 a finding or a
-difference, 2 bad input or usage (one line on stderr, never a traceback)."""
+difference, 2 bad input or usage (one line on stderr, never a traceback). Above 500 lines: one
+click declaration per command and option, with their help text; the work is in ``commands/``."""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ checkpoint block instances and main-loop boundaries when the adaptive period say
 
 A resumed record (``record --resume``) restores the killed run's latest boundary and runs the
 iterations from there up to the one it records from as a replay would (:attr:`replaying`).
+Slightly above 500 lines: the record's hooks, each short; the checkpointing they call is in
+:mod:`flortrain.checkpoint`.
 """
 
 from __future__ import annotations

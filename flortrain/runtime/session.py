@@ -7,6 +7,9 @@ loop's position, block keys, the open blocks, the registry, the rows, the hooks'
 record does is :class:`~flortrain.runtime.recording.RecordSession`'s, what a replay does
 :class:`~flortrain.runtime.replaying.ReplaySession`'s; the blocks see either through
 :class:`~flortrain.runtime.host.BlockHost`.
+
+Above 500 lines: it is the state every hook reads (position, keys, open blocks, rows, timing,
+fast-forward), which the three session classes share; split further, they would reach into it.
 """
 
 from __future__ import annotations
