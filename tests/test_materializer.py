@@ -366,7 +366,7 @@ def test_writes_through_data_turn_off_the_unchanged_tensor_shortcut(tmp_path: Pa
 
 
 KILLABLE = """\
-import time, torch
+import os, sys, time, torch
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -379,8 +379,23 @@ for epoch in range(8):
         opt.step()
     #PROBE
     print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
+    if epoch == 0 and os.environ.get("KILL_WAIT"):
+        sys.stdin.readline()   # the test kills the writer here and waits for it to be gone
     time.sleep(0.25)   # training goes on after the kill: a new writer must take over
 """
+
+
+def _wait_until_dead(pid: int, deadline: float) -> None:
+    """Until ``pid`` has ended (a zombie, or reaped)."""
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} did not end")
 
 
 def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_completes(
@@ -389,19 +404,30 @@ def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_comple
     script = tmp_path / "train.py"
     script.write_text(KILLABLE)
     truth = plain(script)
-    env = {**os.environ, "FLORTRAIN_PERIOD": "every", "FLORTRAIN_INJECT": "writer-delay=0.5"}
+    env = {
+        **os.environ,
+        "FLORTRAIN_PERIOD": "every",
+        "FLORTRAIN_INJECT": "writer-delay=0.5",
+        "KILL_WAIT": "1",
+    }
     p = subprocess.Popen(
         [sys.executable, "-m", "flortrain", "record", "train.py"],
         cwd=tmp_path,
         env=env,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     assert p.stdout is not None
     first = p.stdout.readline()  # epoch 0 done: its checkpoints are staged, the writer is sleeping
-    os.kill(writer_below(p.pid), signal.SIGKILL)  # fails the test if none is found
-    out, err = p.communicate(timeout=300)
+    writer = writer_below(p.pid)  # fails the test if none is found
+    os.kill(writer, signal.SIGKILL)
+    # a killed process ends only once it is scheduled, and the writer runs at SCHED_IDLE: on busy
+    # cores that can take seconds. The script waits until it has (a writer dying after training
+    # ended is the launcher's to report: test_launcher.py)
+    _wait_until_dead(writer, time.monotonic() + 120)
+    out, err = p.communicate("\n", timeout=300)
     assert p.returncode == 0, err
     assert first + out == truth.out  # the script's output is untouched
     assert "checkpoint writer died (killed by signal 9)" in err and "checkpoint(s) lost" in err, err
