@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from flortrain import __version__
+from flortrain.determinism import MAX_SEED
 from flortrain.errors import FlortrainError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -103,7 +104,7 @@ def _deterministic_options(fn: F) -> F:
     """``--deterministic`` and ``--seed``, as record and run take them."""
     fn = click.option(
         "--seed",
-        type=int,
+        type=click.IntRange(0, MAX_SEED),
         default=None,
         metavar="N",
         help="With --deterministic: the run seed the per-example generators derive from "

@@ -126,3 +126,28 @@ def test_two_checkpoint_rows_swapped_are_re_executed_not_restored(tmp_path: Path
     assert probe_lines(rep.out) == want, rep.out
     assert f"checkpoint {a} is missing or corrupt" in rep.err, rep.err
     assert f"checkpoint {b} is missing or corrupt" in rep.err, rep.err
+
+
+def test_edited_deterministic_settings_are_refused_before_they_are_applied(tmp_path: Path) -> None:
+    """A ``--deterministic`` run's settings (its meta) are applied by replay in the training
+    process: a seed that is not a 64-bit count, a field flortrain never writes or a workspace
+    setting that is not of torch's form is refused in one line, before the script runs."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    rec = record(tmp_path, "--deterministic", "train.py", env=ENV)
+    assert rec.code == 0, rec.err
+    script.write_text(SCRIPT.replace("    #PROBE", PROBE))
+    rep = flortrain(tmp_path, "replay", "train.py")
+    assert rep.code == 0, rep.err  # untouched, the settings replay
+    edits = {
+        '{"seed": -1}': "seed -1",
+        '{"seed": "0"}': "seed '0'",
+        '{"seed": 0, "preload": "os"}': "not what --deterministic stores",
+        '{"cublas_workspace": ":4096:8 ; rm"}': "cublas_workspace",
+    }
+    for value, words in edits.items():
+        _sql(tmp_path, "UPDATE runs SET meta=json_set(meta, '$.deterministic', json(?))", value)
+        rep = flortrain(tmp_path, "replay", "train.py")
+        assert rep.code == 2, (value, rep.code, rep.err)
+        _refused(rep.err, "FT018", "deterministic settings", words)
+        assert rep.out == ""

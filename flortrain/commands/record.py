@@ -138,9 +138,11 @@ def _resumable(
     return run, point, until
 
 
-def _same_mode(killed: Run, script: str, deterministic: bool, seed: int | None) -> Settings | None:
+def _same_mode(
+    store: Store, killed: Run, script: str, deterministic: bool, seed: int | None
+) -> Settings | None:
     """A resumed record runs in its killed run's mode, under its settings."""
-    settings = Settings.from_meta(killed.meta)
+    settings = Settings.from_meta(killed.meta, str(store.root / "flortrain.db"), f"run {killed.id}")
     if (settings is not None) != deterministic or (
         settings is not None and seed is not None and seed != settings.seed
     ):
@@ -206,7 +208,7 @@ def record(
         )
     else:
         killed, point, until = _resumable(store, resume, script, text, args)
-        settings = _same_mode(killed, script, deterministic, seed)
+        settings = _same_mode(store, killed, script, deterministic, seed)
         run_id, args, threads = killed.id, killed.argv, killed.threads
         pin_threads(threads)
         boundary = str(CheckpointKey.boundary(*point))

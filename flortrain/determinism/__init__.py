@@ -5,3 +5,6 @@ regions are rewritten to draw from the current example's generators. ``examples`
 rewritten code calls at run time, ``settings`` what the training process applies before the
 script runs. docs/determinism.md describes the mechanism.
 """
+
+#: the largest run seed (``--seed``): torch's generators take 64 bits
+MAX_SEED = (1 << 64) - 1

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import sys
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from flortrain.determinism import examples, loaders
+from flortrain.determinism import MAX_SEED, examples, loaders
 from flortrain.determinism.report import Rewritten
+from flortrain.store.records import MAX_THREADS, Damaged, count, maybe_count, refuse
 
 #: the run seed when ``--seed`` is not given: two deterministic records agree by default
 DEFAULT_SEED = 0
@@ -40,9 +42,38 @@ class Settings:
         return asdict(self)
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any]) -> Settings | None:
+    def from_meta(
+        cls, meta: dict[str, Any], where: str = "the store", run: str = "run"
+    ) -> Settings | None:
+        """The settings ``run``'s meta holds (None: not deterministic), each field checked: a
+        damaged or edited store (``where``) is refused in one line (``FT018``), never applied."""
         d = meta.get("deterministic")
-        return None if not isinstance(d, dict) else cls(**d)
+        if d is None:
+            return None
+        try:
+            if not isinstance(d, dict) or not set(d) <= set(_FIELDS):
+                raise Damaged(f"{d!r} is not what --deterministic stores")
+            warn_only = d.get("warn_only", True)
+            if not isinstance(warn_only, bool):
+                raise Damaged(f"warn_only {warn_only!r} is not true or false")
+            return cls(
+                seed=count(d.get("seed", DEFAULT_SEED), "seed", 0, MAX_SEED),
+                threads=maybe_count(d.get("threads"), "threads", 1, MAX_THREADS),
+                warn_only=warn_only,
+                cublas_workspace=_workspace(d.get("cublas_workspace", ":4096:8")),
+            )
+        except Damaged as e:
+            raise refuse(where, f"{run}'s deterministic settings", e) from None
+
+
+_FIELDS = ("seed", "threads", "warn_only", "cublas_workspace")
+
+
+def _workspace(value: object) -> str:
+    """A ``CUBLAS_WORKSPACE_CONFIG`` value as torch documents it (``:SIZE:COUNT``, repeated)."""
+    if not isinstance(value, str) or not re.fullmatch(r"(:[0-9]{1,6}:[0-9]{1,3})+", value):
+        raise Damaged(f"cublas_workspace {value!r} is not of the form :4096:8")
+    return value
 
 
 def apply(settings: Settings, uses_torch: bool) -> None:

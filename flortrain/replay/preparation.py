@@ -14,6 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from flortrain import knobs
+from flortrain.determinism.settings import Settings
 from flortrain.errors import FlortrainError, Located
 from flortrain.process.static_child import Overlapped, module_passes, worth_overlapping
 from flortrain.process.training import import_torch, set_aside_static_objects
@@ -223,6 +224,7 @@ def prepare(
     that saves time."""
     store, record = located or locate(script, run_id, store_dir, trust)
     check_inputs(store, record, allow_changed_inputs)
+    Settings.from_meta(record.meta, str(store.root / "flortrain.db"), f"run {record.id}")
     files = plan_files(store, record)
     if record.effective_status != "complete":
         print(
