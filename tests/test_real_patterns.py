@@ -691,3 +691,28 @@ def test_a_module_inside_a_container_the_loop_rebinds_is_kept_by_name(tmp_path: 
     probe = 'print("PROBE", epoch, cfg["scale"], cfg["lib"] is math, cfg["all"][1] is np, len(log), log[-1][1] is math)'
     rep = replay_matches_plain(tmp_path, text, probe, EVERY)
     assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+
+
+# -- a method called on a builtin type: `int.from_bytes(..)`, `dict.fromkeys(..)` -------------------
+BUILTIN_METHODS = """\
+import random
+random.seed(0)
+w = 0.0
+for epoch in range(3):
+    for i in range(4):
+        w += random.random()
+        tag = int.from_bytes(bytes([i]), "big") + len(dict.fromkeys("ab"))
+    #PROBE
+    print(epoch, round(w, 9), tag)
+"""
+
+
+def test_a_builtin_types_method_leaves_the_loop_memoized(tmp_path: Path) -> None:
+    """Python refuses to set an attribute of a builtin type, so a call through one changes
+    nothing: the loop's changeset holds what it binds, not ``int`` or ``dict``, whose capture
+    would fail every checkpoint. Every instance is checkpointed and the replay skips them all."""
+    rec, _ = record_and_replay_match_plain(
+        tmp_path, BUILTIN_METHODS, 'print("PROBE", epoch, w, tag)', EVERY
+    )
+    assert "3 of 3 block instances checkpointed" in rec.err, rec.err
+    assert _states(tmp_path) == {"skipped": 3}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
+import types
+
 import libcst as cst
 
 from flortrain.static import library, sinks
@@ -20,7 +23,9 @@ class MethodCall(ChangesetRule):
         "Not for a method of a local class (its body is analysed: `callees`), a write to an"
         " output channel (`log.info(..)`, `writer.add_scalar(..)`: an output, as `print` is), a"
         " callable held in an attribute (`self.model(x)`: only that attribute's object), a"
-        " library module's function (`library-knowledge`) or a known pure method."
+        " library module's function (`library-knowledge`), a known pure method, or a method of"
+        " a builtin type or function the script does not rebind (`int.from_bytes(..)`: Python"
+        " refuses to change those)."
     )
     cases = (
         Case(
@@ -55,6 +60,39 @@ class MethodCall(ChangesetRule):
         """,
             {("x", R), ("n", R)},
         ),
+        Case(
+            "a-builtin-types-method-does-not-charge-the-type",
+            """
+            for epoch in range(3):
+                for b in loader:
+                    n = int.from_bytes(b, "big")
+                    keys = dict.fromkeys(b)
+            print(n, keys)
+        """,
+            {("n", R), ("keys", R)},
+        ),
+        Case(
+            "a-rebound-builtin-name-is-an-object-like-any-other",
+            """
+            dict = {}
+            for epoch in range(3):
+                for b in loader:
+                    dict.update(b)
+            print(dict)
+        """,
+            {("dict", P)},
+        ),
+    )
+
+
+def _unchangeable_builtin(w: Walk, value: cst.BaseExpression) -> bool:
+    """``value`` names a builtin type or function that no scope of the script rebinds: its
+    attributes cannot be set (``int.x = 1`` is a TypeError), so no call through it changes it."""
+    if not isinstance(value, cst.Name):
+        return False
+    found = getattr(builtins, value.value, None)
+    return isinstance(found, type | types.BuiltinFunctionType) and (
+        w.prog.binding_scope(w.scope, value.value) is None
     )
 
 
@@ -64,6 +102,8 @@ def method_call(
     """Apply rule 1 (``assigned``) or 4 to ``obj.method(...)``; return the rule that fired, 2 where
     no receiver changes. ``local``: the method is the script's own, mapped as a callee."""
     w.expr_effects(func.value, line)
+    if _unchangeable_builtin(w, func.value):
+        return 2
     if local:
         # its body was analysed and its effects on `self` mapped onto the receiver, so rule 1/4
         # would only add the whole receiver
