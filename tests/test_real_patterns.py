@@ -716,3 +716,52 @@ def test_a_builtin_types_method_leaves_the_loop_memoized(tmp_path: Path) -> None
     )
     assert "3 of 3 block instances checkpointed" in rec.err, rec.err
     assert _states(tmp_path) == {"skipped": 3}
+
+
+# -- classmethods and staticmethods, through the class and through an instance ---------------------
+CLASS_METHODS = """\
+import random
+random.seed(0)
+class Tally:
+    count = 0
+    seen = []
+    @classmethod
+    def bump(cls, v):
+        cls.count += 1
+        cls.seen.append(v)
+        return v
+    @classmethod
+    def scaled(cls, v):
+        return 2 * v
+    @staticmethod
+    def keep(acc, v):
+        acc.append(v)
+tally = Tally()
+acc = []
+w = 0.0
+for epoch in range(3):
+    for i in range(4):
+        w += Tally.scaled(random.random())
+        Tally.bump(i)
+        tally.bump(-i)
+        tally.keep(acc, i)
+    #PROBE
+    print(epoch, round(w, 9), Tally.count, len(acc))
+"""
+
+
+def test_classmethods_and_staticmethods_are_mapped_onto_what_they_change(tmp_path: Path) -> None:
+    """A classmethod's ``cls`` is its class, called through the class or an instance; a
+    staticmethod's parameters are its arguments. So the loop's changeset holds ``Tally.count``,
+    ``Tally.seen`` and ``acc`` (not the class object, which cannot be captured, nor ``tally``),
+    every instance is checkpointed, and the replay that skips them all restores the class's
+    attributes."""
+    rec, _ = record_and_replay_match_plain(
+        tmp_path,
+        CLASS_METHODS,
+        'print("PROBE", epoch, w, Tally.count, Tally.seen[-3:], acc[-3:])',
+        EVERY,
+    )
+    assert "3 of 3 block instances checkpointed" in rec.err, rec.err
+    assert "changes `" not in rec.err, rec.err  # no change the changeset missed
+    assert _states(tmp_path) == {"skipped": 3}

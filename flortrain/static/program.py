@@ -149,8 +149,31 @@ class Program:
             if cls is not None:
                 m = self.method(cls, func.attr.value)
                 if m is not None:
-                    return m, func.value
+                    return m, self._bound_to(m, cls, func.value)
+            if (
+                isinstance(func.value, cst.Name)
+                and func.value.value in self.classes
+                and self.binding_scope(scope, func.value.value) is self.scopes[MODULE]
+            ):
+                # `Config.from_args(a)`: through the class, a plain function's parameters are
+                # the arguments
+                m = self.method(func.value.value, func.attr.value)
+                if m is not None:
+                    return m, self._bound_to(m, func.value.value, None)
         return None
+
+    def _bound_to(
+        self, method: str, cls: str, receiver: cst.BaseExpression | None
+    ) -> cst.BaseExpression | None:
+        """What a call binds ``method``'s first parameter to, called on ``receiver`` (None:
+        through the class ``cls``): the class for a classmethod, nothing (its parameters are the
+        arguments) for a staticmethod, else the receiver."""
+        scope = self.scopes[method]
+        if _decorated(scope, "staticmethod"):
+            return None
+        if _decorated(scope, "classmethod"):
+            return cst.Name(cls) if "." not in cls else receiver
+        return receiver
 
     def binding_scope(self, scope: Scope, name: str) -> Scope | None:
         """The scope whose variable ``name`` is, seen from ``scope`` (Python's lexical lookup; class
@@ -191,6 +214,7 @@ class Program:
                 and isinstance(scope.node, cst.FunctionDef)
                 and scope.params
                 and expr.value == scope.params[0]
+                and not _decorated(scope, "staticmethod")  # its first parameter is an argument
             ):
                 return scope.cls
             if expr.value in scope.types:
@@ -245,3 +269,11 @@ class Program:
             s = self.scopes[q]
             stack.extend(self.callees(list(s.body), s))
         return seen
+
+
+def _decorated(scope: Scope, name: str) -> bool:
+    """Whether the function of ``scope`` carries the builtin decorator ``name``."""
+    node = scope.node
+    return isinstance(node, cst.FunctionDef) and any(
+        isinstance(d.decorator, cst.Name) and d.decorator.value == name for d in node.decorators
+    )

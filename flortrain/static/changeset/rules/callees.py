@@ -21,7 +21,8 @@ class Callees(ChangesetRule):
     doc = (
         "Calls to module-local functions and methods are not rule 5 (nor rule 1/4 on their"
         " receiver): their bodies are analysed and their effects on parameters mapped to the"
-        " caller's arguments (`self` on the receiver), on module globals kept as globals unless a"
+        " caller's arguments (`self` on the receiver, a classmethod's `cls` on its class, a"
+        " staticmethod's parameters on the arguments), on module globals kept as globals unless a"
         " local hides them, and on variables of enclosing functions (closures, `nonlocal`) kept"
         " under their name when the caller sees that very variable. Rebinding a parameter is"
         " invisible to the caller; `f(*args)` cannot be mapped."
@@ -218,6 +219,35 @@ class Callees(ChangesetRule):
                     trainer.train_step(b)
         """,
             {("trainer.optimizer", P)},
+        ),
+        Case(
+            "a-classmethod-binds-the-class-a-staticmethod-its-arguments",
+            """
+            class Pool:
+                seen = []
+
+                @classmethod
+                def take(cls, b):
+                    cls.seen.append(b)
+
+                @staticmethod
+                def put(acc, b):
+                    acc.append(b)
+
+                @classmethod
+                def size(cls, b):
+                    return len(b)
+
+            pool = Pool()
+            for epoch in range(3):
+                for b in loader:
+                    Pool.take(b)
+                    pool.take(b)
+                    pool.put(kept, b)
+                    n = Pool.size(b)
+            print(n)
+        """,
+            {("Pool.seen", P), ("kept", P), ("n", R)},
         ),
     )
 
