@@ -593,3 +593,42 @@ def test_a_stream_a_worker_first_captures_at_its_resumed_boundary_is_compared(
     assert [ln for ln in par.out.splitlines() if ln.startswith("PROBE")] == want
     assert len(want) == 4
     assert flortrain(tmp_path, "diff").code == 0
+
+
+SHARED_BETAS = """\
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+groups = [{"params": [model.weight], "weight_decay": 0.1}, {"params": [model.bias]}]
+optimizer = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95))
+x = torch.randn(16, 8)
+for it in range(6):
+    lr = 1e-3 * (it + 1) / 6
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+        #PROBE
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    print(it, f"{loss.item():.6f}")
+"""
+
+
+def test_a_restored_optimizer_keeps_the_values_its_groups_shared(tmp_path: Path) -> None:
+    """nanoGPT's shape: AdamW's groups share the one ``betas`` tuple, and each iteration sets
+    every group's learning rate. ``load_state_dict`` gives each group a copy of it, so a worker
+    that resumed from a boundary and executed the learning-rate loop digested groups that no
+    longer shared it, and the replay called itself unfaithful (exit 1) though every number was
+    the record's. Restored, the groups keep the live values that are equal, shared as before."""
+    script = tmp_path / "train.py"
+    script.write_text(SHARED_BETAS)
+    assert flortrain(tmp_path, "record", "train.py", env=EVERY).code == 0
+    script.write_text(SHARED_BETAS.replace("#PROBE", 'print("PROBE", it, group["lr"])'))
+    par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
+    assert par.code == 0, par.err
+    assert "worker 2/2 done" in par.err, par.err
+    want = [ln for ln in plain(script).out.splitlines() if ln.startswith("PROBE")]
+    assert [ln for ln in par.out.splitlines() if ln.startswith("PROBE")] == want
+    assert len(want) == 12
+    assert flortrain(tmp_path, "diff").code == 0

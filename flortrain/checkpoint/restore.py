@@ -344,6 +344,21 @@ def _unrebuildable(path: str, kind: str) -> str:
     )
 
 
+#: values whose equality is their identity's only observable difference
+_IMMUTABLE = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _same_if_equal(old: Any, new: Any) -> Any:
+    """``old`` where it is an immutable value equal to ``new`` (a tuple of such, too)."""
+    if type(old) is not type(new):
+        return new
+    if isinstance(old, _IMMUTABLE):
+        return old if old == new else new
+    if isinstance(old, tuple) and all(isinstance(x, _IMMUTABLE) for x in old):
+        return old if old == new else new
+    return new
+
+
 def _optimizer(live: Any, state: dict[str, Any]) -> Any:
     """``load_state_dict``, keeping the live ``param_groups`` list and dicts: it makes new ones,
     and a name the script took for a group before the loop (``group = opt.param_groups[0]``,
@@ -356,10 +371,12 @@ def _optimizer(live: Any, state: dict[str, Any]) -> Any:
     loaded = live.param_groups
     for i, (group, new) in enumerate(zip(originals, loaded, strict=False)):
         # load_state_dict rebuilds each group with "params" last; the script's groups had
-        # them first. Keep the live order: a resumed run's groups are then the record's,
-        # down to what iterating one or digesting it sees.
+        # them first. Keep the live order, and the live object of each value it leaves equal
+        # (the groups of `AdamW(groups, betas=b)` share `b`; load_state_dict's deep copy gives
+        # each its own): a resumed run's groups are then the record's, down to what iterating
+        # one or digesting it sees.
         order = list(group)
-        items = dict(new)
+        items = {k: _same_if_equal(group.get(k), v) for k, v in new.items()}
         group.clear()
         group.update({k: items[k] for k in order if k in items})
         group.update(items)
