@@ -765,3 +765,42 @@ def test_classmethods_and_staticmethods_are_mapped_onto_what_they_change(tmp_pat
     assert "3 of 3 block instances checkpointed" in rec.err, rec.err
     assert "changes `" not in rec.err, rec.err  # no change the changeset missed
     assert _states(tmp_path) == {"skipped": 3}
+
+
+# -- changes made through a comprehension's variable, or through a builtin type's method -----------
+COMPREHENSION_VIEWS = """\
+import random
+random.seed(0)
+class Meter:
+    def __init__(self):
+        self.total = 0.0
+    def update(self, v):
+        self.total += v
+meters = [Meter(), Meter()]
+acc = []
+for epoch in range(3):
+    for i in range(4):
+        v = random.random()
+        [m.update(v * k) for k, m in enumerate(meters)]
+        list.append(acc, round(v, 6))
+    #PROBE
+    print(epoch, [round(m.total, 9) for m in meters], len(acc))
+"""
+
+
+def test_changes_through_a_comprehension_variable_are_charged_to_what_it_iterates(
+    tmp_path: Path,
+) -> None:
+    """``[m.update(v) for m in meters]`` changes ``meters`` (its elements), and ``list.append(acc,
+    v)`` changes ``acc``: the changeset holds both, so no change is found only at run time (which
+    would stop the loop's checkpoints), every instance is checkpointed, and the replay that
+    skips them all prints what a plain run prints."""
+    rec, _ = record_and_replay_match_plain(
+        tmp_path,
+        COMPREHENSION_VIEWS,
+        'print("PROBE", epoch, [m.total for m in meters], acc[-2:])',
+        EVERY,
+    )
+    assert "3 of 3 block instances checkpointed" in rec.err, rec.err
+    assert "changes `" not in rec.err, rec.err
+    assert _states(tmp_path) == {"skipped": 3}

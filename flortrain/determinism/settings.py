@@ -47,9 +47,9 @@ class Settings:
     ) -> Settings | None:
         """The settings ``run``'s meta holds (None: not deterministic), each field checked: a
         damaged or edited store (``where``) is refused in one line (``FT018``), never applied."""
-        d = meta.get("deterministic")
-        if d is None:
+        if "deterministic" not in meta:
             return None
+        d = meta["deterministic"]
         try:
             if not isinstance(d, dict) or not set(d) <= set(_FIELDS):
                 raise Damaged(f"{d!r} is not what --deterministic stores")

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import libcst as cst
 from libcst.metadata import CodeRange, PositionProvider
 
+from flortrain.static.bindings import Bindings
 from flortrain.static.source import Source
 
 MODULE = "<module>"
@@ -110,6 +112,11 @@ class Program:
         #: the script run as ``__main__``
         self.exports = False
 
+    @cached_property
+    def bindings(self) -> Bindings:
+        """Every binding of every name in the script (``static/bindings``)."""
+        return Bindings(self.source.module)
+
     def import_origin(self, name: str) -> str | None:
         """The dotted path an imported name stands for (None: not imported, or from two places)."""
         return None if name in self._origin_clashes else self.import_origins.get(name)
@@ -149,31 +156,43 @@ class Program:
             if cls is not None:
                 m = self.method(cls, func.attr.value)
                 if m is not None:
-                    return m, self._bound_to(m, cls, func.value)
+                    return m, self._bound_to(m, cls, func.value, scope)
             if (
                 isinstance(func.value, cst.Name)
                 and func.value.value in self.classes
-                and self.binding_scope(scope, func.value.value) is self.scopes[MODULE]
+                and self.bindings.bound_once(func.value.value)  # its `class` statement alone
             ):
-                # `Config.from_args(a)`: through the class, a plain function's parameters are
-                # the arguments
+                # `Config.from_args(a)`: through the class, a classmethod's `cls` is the class,
+                # a staticmethod's or a plain function's parameters are the arguments
                 m = self.method(func.value.value, func.attr.value)
-                if m is not None:
-                    return m, self._bound_to(m, func.value.value, None)
+                if m is not None and method_kind(self.scopes[m]) is not None:
+                    return m, (func.value if method_kind(self.scopes[m]) == "classmethod" else None)
         return None
 
     def _bound_to(
-        self, method: str, cls: str, receiver: cst.BaseExpression | None
+        self, method: str, cls: str, receiver: cst.BaseExpression, scope: Scope
     ) -> cst.BaseExpression | None:
-        """What a call binds ``method``'s first parameter to, called on ``receiver`` (None:
-        through the class ``cls``): the class for a classmethod, nothing (its parameters are the
-        arguments) for a staticmethod, else the receiver."""
-        scope = self.scopes[method]
-        if _decorated(scope, "staticmethod"):
+        """What ``receiver.method(..)`` binds the method's first parameter to, ``receiver`` being
+        an instance of ``cls`` (or ``scope``'s own ``cls``): nothing for a staticmethod (its
+        parameters are the arguments); for a classmethod, the class, where it is known (the
+        caller's own ``cls``, or a class the script never subclasses: else the receiver, which
+        :func:`~flortrain.static.changeset.rules.callees.map_callee` refuses); else the
+        receiver."""
+        kind = method_kind(self.scopes[method])
+        if kind == "staticmethod":
             return None
-        if _decorated(scope, "classmethod"):
-            return cst.Name(cls) if "." not in cls else receiver
+        if kind != "classmethod":
+            return receiver
+        own = method_kind(scope) == "classmethod" and scope.params
+        if isinstance(receiver, cst.Name) and own and receiver.value == scope.params[0]:
+            return receiver
+        if "." not in cls and self.bindings.bound_once(cls) and not self.subclassed(cls):
+            return cst.Name(cls)
         return receiver
+
+    def subclassed(self, cls: str) -> bool:
+        """Whether a class of the script names ``cls`` among its bases."""
+        return any(cls in info.bases for info in self.classes.values())
 
     def binding_scope(self, scope: Scope, name: str) -> Scope | None:
         """The scope whose variable ``name`` is, seen from ``scope`` (Python's lexical lookup; class
@@ -214,7 +233,7 @@ class Program:
                 and isinstance(scope.node, cst.FunctionDef)
                 and scope.params
                 and expr.value == scope.params[0]
-                and not _decorated(scope, "staticmethod")  # its first parameter is an argument
+                and method_kind(scope) != "staticmethod"  # its first parameter is an argument
             ):
                 return scope.cls
             if expr.value in scope.types:
@@ -271,9 +290,17 @@ class Program:
         return seen
 
 
-def _decorated(scope: Scope, name: str) -> bool:
-    """Whether the function of ``scope`` carries the builtin decorator ``name``."""
+def method_kind(scope: Scope) -> str | None:
+    """``"classmethod"``, ``"staticmethod"`` or ``"method"`` for a function decorated with the
+    bare builtin or with nothing; None for any other decorator, whose binding is not known."""
     node = scope.node
-    return isinstance(node, cst.FunctionDef) and any(
-        isinstance(d.decorator, cst.Name) and d.decorator.value == name for d in node.decorators
-    )
+    if not isinstance(node, cst.FunctionDef):
+        return None
+    names = [
+        d.decorator.value if isinstance(d.decorator, cst.Name) else "" for d in node.decorators
+    ]
+    if not names:
+        return "method"
+    if names in (["classmethod"], ["staticmethod"]):
+        return names[0]
+    return None

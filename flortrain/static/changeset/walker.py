@@ -282,12 +282,36 @@ class Walker:
         if isinstance(node, cst.Call):
             self.call(node, line, assigned=True)
             return
+        if isinstance(node, cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp):
+            self._comprehension(node, line)
+            return
         if isinstance(node, cst.NamedExpr):
             self.bind(names_of(node.target))
             if isinstance(node.target, cst.Name):
                 self.add(node.target.value, Restore.REBOUND, 3, line)
         for child in node.children:
             self.expr_effects(child, line)
+
+    def _comprehension(
+        self, node: cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp, line: int
+    ) -> None:
+        """A comprehension's clauses in order, its variables viewing what they iterate while its
+        element is walked (``aliases.comprehension_target``), then the views as they were: its
+        variables are its own, and a name outside it keeps its meaning."""
+        views, takes = dict(self.fx.aliases), dict(self.fx.takes)
+        clause: cst.CompFor | None = node.for_in
+        while clause is not None:
+            self.expr_effects(clause.iter, line)
+            aliases.comprehension_target(self, clause.target, clause.iter)
+            for cond in clause.ifs:
+                self.expr_effects(cond.test, line)
+            clause = clause.inner_for_in
+        for part in (node.key, node.value) if isinstance(node, cst.DictComp) else (node.elt,):
+            self.expr_effects(part, line)
+        self.fx.aliases.clear()
+        self.fx.aliases.update(views)
+        self.fx.takes.clear()
+        self.fx.takes.update(takes)
 
 
 def _imported_names(s: cst.Import | cst.ImportFrom) -> list[str]:

@@ -116,6 +116,28 @@ class Aliases(ChangesetRule):
             {("c", P)},
         ),
         Case(
+            "a-comprehension-variable-views-what-it-iterates",
+            """
+            for epoch in range(3):
+                for b in loader:
+                    [m.reset() for m in meters]
+                    [p.requires_grad_(False) for p in model.parameters()]
+                    {k: q.pop() for k, q in zip(keys, queues)}
+                    x.step()
+        """,
+            {("meters", P), ("model", P), ("queues", P), ("x", P)},
+        ),
+        Case(
+            "a-comprehension-variable-leaves-the-name-outside-it-alone",
+            """
+            for epoch in range(3):
+                for b in loader:
+                    [m.reset() for m in (a, c)]
+                    m.step()
+        """,
+            {("a", P), ("c", P), ("m", P)},
+        ),
+        Case(
             "rebinding-a-view-charges-nothing-else",
             """
             for epoch in range(3):
@@ -148,6 +170,26 @@ def for_target(w: Walk, target: cst.BaseExpression, it: cst.BaseExpression) -> N
         w.add(n, Restore.REBOUND, 3, w.prog.line(target), is_global=w.is_global(n))
     for n, src in _alias_pairs(w, target, it):
         w.fx.aliases[n] = src
+    if isinstance(target, cst.Name) and isinstance(it, cst.Tuple | cst.List | cst.Set):
+        objs = [
+            w.through_alias(obj)
+            for el in it.elements
+            if not isinstance(el, cst.StarredElement)
+            and (obj := object_expr(el.value, w.module)) is not None
+            and root(obj) not in w.prog.imported
+        ]
+        if objs:
+            w.fx.takes[target.value] = objs
+
+
+def comprehension_target(w: Walk, target: cst.BaseExpression, it: cst.BaseExpression) -> None:
+    """A comprehension's ``for``: its variable views or takes what it iterates, as a loop's
+    does (``[m.reset() for m in meters]`` changes ``meters``), but binds nothing outside it.
+    The caller restores the views it had once the comprehension is walked."""
+    for n, src in _alias_pairs(w, target, it):
+        w.fx.aliases[n] = src
+    for n in names_of(target):
+        w.fx.takes.pop(n, None)
     if isinstance(target, cst.Name) and isinstance(it, cst.Tuple | cst.List | cst.Set):
         objs = [
             w.through_alias(obj)

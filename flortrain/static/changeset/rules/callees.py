@@ -11,7 +11,7 @@ from flortrain.static.changeset.rule import Case, ChangesetRule, P, R, Refused
 from flortrain.static.effects import RULE_CALLEE, Effects, NoEstimate
 from flortrain.static.expressions import object_expr, root
 from flortrain.static.plan import Change, Restore
-from flortrain.static.program import MODULE, Scope
+from flortrain.static.program import MODULE, Scope, method_kind
 
 
 class Callees(ChangesetRule):
@@ -249,6 +249,77 @@ class Callees(ChangesetRule):
         """,
             {("Pool.seen", P), ("kept", P), ("n", R)},
         ),
+        Case(
+            "a-classmethod-through-cls-binds-the-class-called-through",
+            """
+            class Base:
+                count = 0
+
+                @classmethod
+                def bump(cls):
+                    cls.count += 1
+
+                @classmethod
+                def go(cls):
+                    cls.bump()
+
+            class D(Base):
+                pass
+
+            for epoch in range(3):
+                for b in loader:
+                    D.go()
+        """,
+            {("D.count", R)},
+        ),
+        Case(
+            "a-classmethod-through-an-instance-of-a-subclassed-class-is-refused",
+            """
+            class Base:
+                count = 0
+
+                @classmethod
+                def bump(cls):
+                    cls.count += 1
+
+            class D(Base):
+                pass
+
+            for epoch in range(3):
+                for b in loader:
+                    item = D()
+                    item.bump()
+                    base = Base()
+                    base.bump()
+        """,
+            Refused("which class that is depends on the instance"),
+        ),
+        Case(
+            "a-class-name-bound-twice-or-an-unknown-decorator-is-not-resolved",
+            """
+            import builtins
+
+            class Cfg:
+                @staticmethod
+                def step(acc, b):
+                    acc.append(b)
+
+                @builtins.classmethod
+                def take(cls, b):
+                    cls.seen = b
+
+            class Other(Cfg):
+                pass
+
+            for epoch in range(3):
+                for b in loader:
+                    Cfg.take(b)
+                    Alias.step(kept, b)
+            Alias = Other
+            Alias = Cfg
+        """,
+            {("Cfg", P), ("Alias", P)},
+        ),
     )
 
 
@@ -265,6 +336,7 @@ def map_callee(
     except NoEstimate as e:
         raise NoEstimate(f"line {line}: in `{qual}()`: {e}") from None
     w.fx.reaches.update(fx.reaches)
+    _class_known(w, call, scope, fx, receiver, line)
     binding = bind_params(call, scope, receiver)
     _map_outputs(w, scope, fx, binding)
     for ch in fx.changes.values():
@@ -277,6 +349,36 @@ def map_callee(
         elif r in scope.params:
             _map_param(w, call, qual, scope, binding, ch, line)
         # else: the callee's own local
+
+
+def _class_known(
+    w: Walk,
+    call: cst.Call,
+    scope: Scope,
+    fx: Effects,
+    receiver: cst.BaseExpression | None,
+    line: int,
+) -> None:
+    """A classmethod that changes its ``cls``, called through an instance of a class the script
+    subclasses: the class it changes is the instance's, which the static pass cannot tell."""
+    if receiver is None or method_kind(scope) != "classmethod" or not scope.params:
+        return
+    cls = scope.params[0]
+    if not any(root(ch.expr) == cls for ch in fx.changes.values()):
+        return
+    if isinstance(receiver, cst.Name) and (
+        (receiver.value in w.prog.classes and w.prog.bindings.bound_once(receiver.value))
+        or (
+            method_kind(w.scope) == "classmethod"
+            and w.scope.params
+            and receiver.value == w.scope.params[0]
+        )
+    ):
+        return
+    raise NoEstimate(
+        f"line {line}: `{w.prog.code(call.func)}()` changes the class it is called through, and"
+        " which class that is depends on the instance (the script subclasses it)"
+    )
 
 
 def _map_outputs(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-import types
+import inspect
 
 import libcst as cst
 
@@ -23,9 +23,9 @@ class MethodCall(ChangesetRule):
         "Not for a method of a local class (its body is analysed: `callees`), a write to an"
         " output channel (`log.info(..)`, `writer.add_scalar(..)`: an output, as `print` is), a"
         " callable held in an attribute (`self.model(x)`: only that attribute's object), a"
-        " library module's function (`library-knowledge`), a known pure method, or a method of"
-        " a builtin type or function the script does not rebind (`int.from_bytes(..)`: Python"
-        " refuses to change those)."
+        " library module's function (`library-knowledge`), a known pure method, or a classmethod"
+        " or staticmethod of a builtin type the script never rebinds (`int.from_bytes(..)`:"
+        " Python refuses to change those types; `list.append(acc, x)` changes `acc`)."
     )
     cases = (
         Case(
@@ -72,6 +72,33 @@ class MethodCall(ChangesetRule):
             {("n", R), ("keys", R)},
         ),
         Case(
+            "a-builtin-types-instance-method-changes-its-first-argument",
+            """
+            for epoch in range(3):
+                for b in loader:
+                    list.append(acc, b)
+                    dict.__setitem__(seen, b, epoch)
+        """,
+            {("acc", P), ("seen", P)},
+        ),
+        Case(
+            "a-builtin-rebound-anywhere-is-not-assumed-the-builtin",
+            """
+            def reset():
+                global max
+                max = []
+
+            reset()
+            for epoch in range(3):
+                for b in loader:
+                    max.append(b)
+                    int.from_bytes(b, "big")
+                    n = [str.maketrans(b, b) for str in names]
+            print(n)
+        """,
+            {("max", P), ("names", P), ("n", R)},
+        ),
+        Case(
             "a-rebound-builtin-name-is-an-object-like-any-other",
             """
             dict = {}
@@ -85,15 +112,37 @@ class MethodCall(ChangesetRule):
     )
 
 
-def _unchangeable_builtin(w: Walk, value: cst.BaseExpression) -> bool:
-    """``value`` names a builtin type or function that no scope of the script rebinds: its
-    attributes cannot be set (``int.x = 1`` is a TypeError), so no call through it changes it."""
-    if not isinstance(value, cst.Name):
-        return False
-    found = getattr(builtins, value.value, None)
-    return isinstance(found, type | types.BuiltinFunctionType) and (
-        w.prog.binding_scope(w.scope, value.value) is None
-    )
+def _builtin_type_call(
+    w: Walk, call: cst.Call, func: cst.Attribute, line: int, assigned: bool
+) -> int | None:
+    """A method called through a builtin type the script never rebinds, which can never change
+    the type itself (Python refuses to set a builtin type's attributes): a classmethod or
+    staticmethod (``int.from_bytes``, ``dict.fromkeys``) makes a new object and changes
+    nothing (rule 2); an instance method (``list.append(acc, x)``) changes its first argument,
+    as rule 1/4 does a receiver. None: not such a call."""
+    if not isinstance(func.value, cst.Name) or not w.prog.bindings.unbound(func.value.value):
+        return None
+    found = getattr(builtins, func.value.value, None)
+    if not isinstance(found, type):
+        return None
+    try:
+        attr = inspect.getattr_static(found, func.attr.value)
+    except AttributeError:
+        return None
+    if isinstance(attr, _CLASS_LEVEL):
+        return 2
+    first = call.args[0] if call.args else None
+    if first is None or first.keyword is not None or first.star:
+        return None
+    obj = object_expr(first.value, w.module)
+    if obj is None:
+        return 2  # a temporary's method: nothing named changes
+    w.add_target_object(obj, line, 1 if assigned else 4)
+    return 1 if assigned else 4
+
+
+#: what a builtin type's class-level methods are, looked up on the type without binding them
+_CLASS_LEVEL = (classmethod, staticmethod, type(dict.__dict__["fromkeys"]))
 
 
 def method_call(
@@ -102,8 +151,9 @@ def method_call(
     """Apply rule 1 (``assigned``) or 4 to ``obj.method(...)``; return the rule that fired, 2 where
     no receiver changes. ``local``: the method is the script's own, mapped as a callee."""
     w.expr_effects(func.value, line)
-    if _unchangeable_builtin(w, func.value):
-        return 2
+    through_type = _builtin_type_call(w, call, func, line, assigned)
+    if through_type is not None:
+        return through_type
     if local:
         # its body was analysed and its effects on `self` mapped onto the receiver, so rule 1/4
         # would only add the whole receiver
