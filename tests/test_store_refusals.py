@@ -144,6 +144,7 @@ def test_edited_deterministic_settings_are_refused_before_they_are_applied(tmp_p
         '{"seed": "0"}': "seed '0'",
         '{"seed": 0, "preload": "os"}': "not what --deterministic stores",
         '{"cublas_workspace": ":4096:8 ; rm"}': "cublas_workspace",
+        "null": "None is not what --deterministic stores",
     }
     for value, words in edits.items():
         _sql(tmp_path, "UPDATE runs SET meta=json_set(meta, '$.deterministic', json(?))", value)
