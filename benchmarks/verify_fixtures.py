@@ -127,6 +127,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)  # drawn after every row: keep one figure open, not one per row
 
 
 def main() -> None:
