@@ -14,6 +14,8 @@ from collections import Counter
 
 import libcst as cst
 
+from flortrain.static.expressions import names_of
+
 
 class Bindings:
     """Every binding of every name in a module: assignment, ``for`` and comprehension targets,
@@ -38,24 +40,13 @@ class Bindings:
         return not self.star_import and self.counts[name] == 1
 
 
-def _target_names(target: cst.BaseExpression) -> list[str]:
-    """The names an assignment target binds: ``a``, ``a, (b, *c)``; none for ``x.a`` or ``x[i]``."""
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, cst.Tuple | cst.List):
-        return [n for e in target.elements for n in _target_names(e.value)]
-    if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
-    return []
-
-
 class _Collector(cst.CSTVisitor):
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.star_import = False
 
     def _bind(self, target: cst.BaseExpression) -> None:
-        self.counts.update(_target_names(target))
+        self.counts.update(names_of(target))  # `x.a` and `x[i]` bind no name
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
         self._bind(node.target)

@@ -170,16 +170,7 @@ def for_target(w: Walk, target: cst.BaseExpression, it: cst.BaseExpression) -> N
         w.add(n, Restore.REBOUND, 3, w.prog.line(target), is_global=w.is_global(n))
     for n, src in _alias_pairs(w, target, it):
         w.fx.aliases[n] = src
-    if isinstance(target, cst.Name) and isinstance(it, cst.Tuple | cst.List | cst.Set):
-        objs = [
-            w.through_alias(obj)
-            for el in it.elements
-            if not isinstance(el, cst.StarredElement)
-            and (obj := object_expr(el.value, w.module)) is not None
-            and root(obj) not in w.prog.imported
-        ]
-        if objs:
-            w.fx.takes[target.value] = objs
+    _takes(w, target, it)
 
 
 def comprehension_target(w: Walk, target: cst.BaseExpression, it: cst.BaseExpression) -> None:
@@ -190,6 +181,11 @@ def comprehension_target(w: Walk, target: cst.BaseExpression, it: cst.BaseExpres
         w.fx.aliases[n] = src
     for n in names_of(target):
         w.fx.takes.pop(n, None)
+    _takes(w, target, it)
+
+
+def _takes(w: Walk, target: cst.BaseExpression, it: cst.BaseExpression) -> None:
+    """A variable over a literal tuple or list of objects takes each in turn."""
     if isinstance(target, cst.Name) and isinstance(it, cst.Tuple | cst.List | cst.Set):
         objs = [
             w.through_alias(obj)
