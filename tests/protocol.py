@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import shutil
 import sqlite3
 import subprocess
@@ -58,8 +59,31 @@ def run(
 ) -> Result:
     full_env = {**os.environ, **(env or {})}
     t0 = time.perf_counter()
+    before = _children_cpu()
     p = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
-    return Result(p.returncode, p.stdout, p.stderr, time.perf_counter() - t0)
+    result = Result(p.returncode, p.stdout, p.stderr, time.perf_counter() - t0)
+    _log_process(cmd, result, _children_cpu() - before)
+    return result
+
+
+#: with this set to a file (conftest's per-test log, ``FLORTRAIN_TEST_CPU_LOG``), :func:`run`
+#: appends one line per process it starts: the test, what ran, its wall and CPU seconds
+PROCESS_LOG = "FLORTRAIN_TEST_CPU_LOG"
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _log_process(cmd: list[str], result: Result, cpu: float) -> None:
+    log = os.environ.get(PROCESS_LOG)
+    if not log:
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+    what = " ".join(Path(c).name if i == 0 else c for i, c in enumerate(cmd[:4]))
+    with open(f"{log}.processes", "a") as f:
+        f.write(f"{test}\t{what}\t{result.seconds:.2f}\t{cpu:.2f}\n")
 
 
 #: where :func:`plain` keeps the runs of this test session (set by conftest for every worker)
