@@ -5,6 +5,10 @@ merged stdout must be exactly what it prints (probe lines and all), and ``diff``
 protocol on every fixture with two workers is in test_protocol.py and test_realcode.py; this
 file covers what those cannot show: which resume a worker used and why, the carried state a
 direct resume needs, a failing worker, the code after the loop, and the planner.
+
+Scripts are pure Python where torch is not the subject (dividing, resuming, merging): a worker
+that imports torch and calls a torch.optim optimizer costs about two CPU-seconds, one that
+does not a fraction of one.
 """
 
 from __future__ import annotations
@@ -29,13 +33,14 @@ from flortrain.replay.segments import divide, even
 from flortrain.store.blobs import BlobReader, object_rel
 from flortrain.store.db import open_store
 from flortrain.store.records import BlockRow, BlockState
-from tests.protocol import Result, copy_fixture, flortrain, plain, toy_prelude
+from tests.protocol import Result, copy_fixture, flortrain, plain, record
 
 EVERY = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_SEGMENTS": "even"}
 
 #: A ``while`` main loop whose iterations carry plain state (the learning rate divided in place,
 #: the best loss, a step counter, an early-stopping counter, an index list shuffled in place):
 #: a worker resuming at a later epoch must get all of it back, or its probe lines differ.
+#: Its optimizer is carried too (its momentum, its groups' learning rate).
 CARRIED = textwrap.dedent(
     """\
     import random
@@ -63,7 +68,7 @@ CARRIED = textwrap.dedent(
             loss.backward()
             opt.step()
             global_step += 1
-            #PROBE
+            #PROBE inner
         val = ((model(x).squeeze(1) - y) ** 2).mean().item()
         if val < best_val_loss:
             best_val_loss, bad = val, 0
@@ -83,17 +88,73 @@ CARRIED = textwrap.dedent(
 
 INNER = 'print(f"PROBE {epoch} {global_step} {lr} {bad} {order[:3]} {loss.item():.10f} {best_val_loss:.10f}")'
 
+#: :data:`CARRIED` in pure Python: a linear model as a list of weights, fitted by SGD with
+#: momentum by hand, the same plain state carried from epoch to epoch. Two probe markers, in the
+#: batch loop and after it, so that every test of it replays one record.
+CARRIED_PY = textwrap.dedent(
+    """\
+    import random
 
-def _setup(tmp_path: Path, text: str, probe: str, env: dict[str, str]) -> tuple[Path, str]:
-    """Record ``text`` (checking it prints what python prints), then put the probe in;
-    returns the script and what python prints with the probe."""
+
+    def dot(u, v):
+        return sum(a * b for a, b in zip(u, v))
+
+
+    random.seed(0)
+    x = [[random.gauss(0, 1) for _ in range(4)] for _ in range(64)]
+    y = [a - 2.0 * b + 0.5 * c + 3.0 * d + 0.1 * random.gauss(0, 1) for a, b, c, d in x]
+    w = [0.0] * 4
+    velocity = [0.0] * 4
+    lr = 0.05
+    best_val_loss = float("inf")
+    global_step = 0
+    bad = 0
+    order = list(range(64))
+    epoch = 0
+    while epoch < 6 and bad < 10:
+        random.shuffle(order)
+        for i in range(0, 64, 16):
+            idx = order[i : i + 16]
+            errors = [dot(w, x[j]) - y[j] for j in idx]
+            loss = dot(errors, errors) / 16
+            grad = [2 * dot(errors, [x[j][k] for j in idx]) / 16 for k in range(4)]
+            velocity = [0.9 * v + g for v, g in zip(velocity, grad)]
+            w = [wk - lr * v for wk, v in zip(w, velocity)]
+            global_step += 1
+            #PROBE inner
+        val = sum([(dot(w, xj) - yj) ** 2 for xj, yj in zip(x, y)]) / 64
+        if val < best_val_loss:
+            best_val_loss, bad = val, 0
+        else:
+            bad += 1
+        if epoch % 2 == 1:
+            lr /= 4.0
+        #PROBE outer
+        print(f"epoch {epoch} val {val:.10f} lr {lr}")
+        epoch += 1
+    print(f"best {best_val_loss:.10f} steps {global_step}")
+    """
+)
+
+INNER_PY = (
+    'print(f"PROBE {epoch} {global_step} {lr} {bad} {order[:3]} {loss:.10f} {best_val_loss:.10f}")'
+)
+
+
+def _setup(
+    tmp_path: Path, text: str, probe: str, env: dict[str, str], at: str = "#PROBE inner"
+) -> tuple[Path, str]:
+    """Record ``text``, its probe markers comments (checking it prints what python prints), then
+    put the probe in at the marker ``at``; returns the script and what python prints with the
+    probe."""
     script = tmp_path / "train.py"
-    script.write_text(text.replace("#PROBE", "#"))
+    script.write_text(text)
     truth = plain(script)
     (tmp_path / "after.log").unlink(missing_ok=True)  # the record starts without the plain run's
-    rec = flortrain(tmp_path, "record", "train.py", env=env)
+    rec = record(tmp_path, "train.py", env=env)
     assert rec.code == truth.code and rec.out == truth.out, rec.err
-    script.write_text(text.replace("#PROBE", probe))
+    assert text.count(at) == 1
+    script.write_text(text.replace(at, probe))
     return script, plain(script).out
 
 
@@ -133,12 +194,8 @@ def test_direct_resume_restores_the_carried_state_and_the_code_after_the_loop_ru
 
 
 def test_outer_probe_with_two_workers_restores_every_block(tmp_path: Path) -> None:
-    outer = 'print(f"PROBE {epoch} {lr} {best_val_loss:.10f} {sum(p.abs().sum().item() for p in model.parameters()):.10f}")'
-    text = CARRIED.replace("        #PROBE\n", "").replace(
-        '    print(f"epoch {epoch}', '    #PROBE\n    print(f"epoch {epoch}'
-    )
-    assert text.count("#PROBE") == 1
-    _, want = _setup(tmp_path, text, outer, EVERY)
+    outer = 'print(f"PROBE {epoch} {lr} {best_val_loss:.10f} {sum(abs(v) for v in w):.10f}")'
+    _, want = _setup(tmp_path, CARRIED_PY, outer, EVERY, at="#PROBE outer")
     par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
     assert par.code == 0, par.err
     assert [ln for ln in par.out.splitlines() if ln.startswith("PROBE")] == [
@@ -149,7 +206,7 @@ def test_outer_probe_with_two_workers_restores_every_block(tmp_path: Path) -> No
 
 
 def test_three_workers(tmp_path: Path) -> None:
-    _, want = _setup(tmp_path, CARRIED, INNER, EVERY)
+    _, want = _setup(tmp_path, CARRIED_PY, INNER_PY, EVERY)
     par = flortrain(tmp_path, "replay", "train.py", "--jobs", "3", env=EVERY)
     assert par.code == 0, par.err
     assert par.out == want
@@ -157,10 +214,12 @@ def test_three_workers(tmp_path: Path) -> None:
     assert flortrain(tmp_path, "diff").code == 0
 
 
-def _pseudoresumed_replay_matches(tmp_path: Path, text: str, probe: str) -> None:
-    """Record ``text``, replay it probed on two workers, the second pseudoresuming from the
-    loop's start: the output is the plain probed run's, and ``diff`` passes."""
-    _, want = _setup(tmp_path, text, probe, EVERY)
+def _pseudoresumed_replay_matches(
+    tmp_path: Path, text: str, probe: str, at: str = "#PROBE inner"
+) -> None:
+    """Record ``text``, replay it probed at ``at`` on two workers, the second pseudoresuming from
+    the loop's start: the output is the plain probed run's, and ``diff`` passes."""
+    _, want = _setup(tmp_path, text, probe, EVERY, at)
     par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
     assert par.code == 0, par.err
     assert par.out == want
@@ -174,21 +233,32 @@ def test_pseudoresume_when_the_boundary_does_not_hold_what_the_probe_reads(tmp_p
     # the boundary checkpoints do not hold it, so no worker may resume at one. The second worker
     # runs the first segment's iterations again, its blocks restored, and prints from its own.
     probe = 'print(f"PROBE {epoch} {global_step} {val if epoch else 0.0:.10f}")'
-    _pseudoresumed_replay_matches(tmp_path, CARRIED, probe)
+    _pseudoresumed_replay_matches(tmp_path, CARRIED_PY, probe)
 
 
-#: The toy set-up with a batch loop that alone binds ``x``: nothing after it reads ``x``, so its
-#: checkpoints do not hold it.
-ONLY_THE_BLOCK_BINDS = toy_prelude() + textwrap.dedent(
+#: A linear model fitted sample by sample, in pure Python, by a batch loop that alone binds
+#: ``x``: nothing after it reads ``x``, so its checkpoints do not hold it (a generator expression
+#: reading ``x`` in the loop, which might outlive it, would make them hold it: the script's ``dot``
+#: keeps its own). Probe markers before the batch loop and after it.
+ONLY_THE_BLOCK_BINDS = textwrap.dedent(
     """\
+    import random
+
+
+    def dot(u, v):
+        return sum(a * b for a, b in zip(u, v))
+
+
+    random.seed(0)
+    w = [0.0] * 4
+    train = [([random.gauss(0, 1) for _ in range(4)], random.gauss(0, 1)) for _ in range(8)]
     for epoch in range(4):
+        #PROBE before
         for x, y in train:
-            opt.zero_grad()
-            loss = ((model(x) - y) ** 2).mean()
-            loss.backward()
-            opt.step()
-        #PROBE
-        print(epoch, f"{model.weight.sum().item():.6f}")
+            err = dot(w, x) - y
+            w = [wk - 0.1 * err * xk for wk, xk in zip(w, x)]
+        #PROBE after
+        print(epoch, f"{sum(w):.6f}")
     """
 )
 
@@ -197,8 +267,8 @@ def test_a_pseudoresumed_iteration_runs_no_probe(tmp_path: Path) -> None:
     # The probe makes the batch loop execute in the segment, where it binds `x`. Before its
     # segment the second worker restores the loop's instances from checkpoints that do not hold
     # `x`; a probe run there (its output dropped) would find no `x`.
-    probe = 'print(f"PROBE {epoch} {x.sum().item():.8f}")'
-    _pseudoresumed_replay_matches(tmp_path, ONLY_THE_BLOCK_BINDS, probe)
+    probe = 'print(f"PROBE {epoch} {sum(x):.8f}")'
+    _pseudoresumed_replay_matches(tmp_path, ONLY_THE_BLOCK_BINDS, probe, at="#PROBE after")
 
 
 def test_a_probe_reading_what_a_block_bound_in_the_last_pseudoresumed_iteration(
@@ -207,12 +277,8 @@ def test_a_probe_reading_what_a_block_bound_in_the_last_pseudoresumed_iteration(
     # The probe, before the batch loop, reads the `x` the previous iteration's loop bound: in
     # the second worker's first iteration that is the last pseudoresumed one, whose instance of
     # the loop must execute, since no checkpoint holds `x`.
-    text = ONLY_THE_BLOCK_BINDS.replace("    #PROBE\n", "").replace(
-        "    for x, y in train:\n", "    #PROBE\n    for x, y in train:\n"
-    )
-    assert text.count("#PROBE") == 1
-    probe = 'print(f"PROBE {epoch} {x.sum().item() if epoch else 0.0:.8f}")'
-    _pseudoresumed_replay_matches(tmp_path, text, probe)
+    probe = 'print(f"PROBE {epoch} {sum(x) if epoch else 0.0:.8f}")'
+    _pseudoresumed_replay_matches(tmp_path, ONLY_THE_BLOCK_BINDS, probe, at="#PROBE before")
 
 
 def test_pseudoresume_from_an_earlier_boundary(tmp_path: Path) -> None:
@@ -220,7 +286,7 @@ def test_pseudoresume_from_an_earlier_boundary(tmp_path: Path) -> None:
     # first: a worker resumes there and runs on to its segment's start with blocks restored.
     # FLORTRAIN_SEGMENTS=even splits 6 iterations at 3; the record's boundaries at 2..5 are
     # removed from its store, so the latest before 3 is 1.
-    _, want = _setup(tmp_path, CARRIED, INNER, EVERY)
+    _, want = _setup(tmp_path, CARRIED_PY, INNER_PY, EVERY)
     db = sqlite3.connect(tmp_path / ".flortrain" / "flortrain.db")
     with db:
         db.execute(
@@ -238,7 +304,7 @@ def test_a_failing_worker_fails_the_replay_with_its_traceback(tmp_path: Path) ->
     # The probe divides by zero in epoch 1, inside the first worker's segment: python stops
     # there, and so must the replay, with the same stdout and the worker's traceback.
     probe = 'print(f"PROBE {epoch} {1 / (1 - epoch):.3f}")'
-    script, _ = _setup(tmp_path, CARRIED, probe, EVERY)
+    script, _ = _setup(tmp_path, CARRIED_PY, probe, EVERY)
     truth = plain(script)
     assert truth.code == 1
     par = flortrain(tmp_path, "replay", "train.py", "--jobs", "2", env=EVERY)
@@ -250,7 +316,7 @@ def test_a_failing_worker_fails_the_replay_with_its_traceback(tmp_path: Path) ->
 
 
 def test_jobs_1_is_a_serial_replay(tmp_path: Path) -> None:
-    _, want = _setup(tmp_path, CARRIED, INNER, EVERY)
+    _, want = _setup(tmp_path, CARRIED_PY, INNER_PY, EVERY)
     rep = flortrain(tmp_path, "replay", "train.py", "--jobs", "1", env=EVERY)
     assert rep.code == 0 and rep.out == want
     assert "worker" not in rep.err and "parallel" not in rep.err
@@ -338,7 +404,7 @@ def test_workers_start_before_the_plan_and_run_their_segments(tmp_path: Path) ->
     """Prestarted workers (the default) and workers started once the plan is made
     (``FLORTRAIN_PRESTART=off``) replay the same segments to python's output, and leave no
     process behind."""
-    _, want = _setup(tmp_path, CARRIED, INNER, EVERY)
+    _, want = _setup(tmp_path, CARRIED_PY, INNER_PY, EVERY)
     outs = []
     for prestart in ("on", "off"):
         mark = f"warm-{uuid.uuid4()}"
@@ -580,7 +646,7 @@ def test_a_stream_a_worker_first_captures_at_its_resumed_boundary_is_compared(
     boundary the worker resumes at, restored: its own state before the restore is its initial
     one, not the record's (which would read as "untouched" and differ from the record's)."""
     script = copy_fixture("numpy_augment", tmp_path)
-    assert flortrain(tmp_path, "record", script.name, env=EVERY).code == 0
+    assert record(tmp_path, script.name, env=EVERY).code == 0
     marker = "        # flortrain-probe outer: "
     text = script.read_text()
     assert marker in text
