@@ -1,6 +1,9 @@
 """Runtime guarantees on real PyTorch training, each against a plain run as ground truth:
 probe isolation, alias detection through the registry, crash safety, corrupt checkpoints,
-the adaptive period, and pinned intra-op threads."""
+the adaptive period, and pinned intra-op threads.
+
+Scripts train by hand unless the optimizer is the subject: torch.optim's first call imports
+torch._dynamo, about a CPU-second per process."""
 
 from __future__ import annotations
 
@@ -37,15 +40,16 @@ BASE = textwrap.dedent(
     X = torch.randn(64, 8)
     Y = (X.sum(1, keepdim=True) > 0).float()
     model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for epoch in range(4):
         perm = torch.randperm(64)
         for i in range(0, 64, 16):
             idx = perm[i:i + 16]
-            opt.zero_grad()
             loss = nn.functional.binary_cross_entropy_with_logits(model(X[idx]), Y[idx])
             loss.backward()
-            opt.step()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+            model.zero_grad()
         print(f"epoch {epoch} loss {loss.item():.10f}")
         #PROBE
     """
@@ -531,13 +535,14 @@ def test_a_probe_iterating_a_seeded_loader_does_not_shift_training(tmp_path: Pat
         X, Y = torch.randn(32, 4), torch.randn(32, 1)
         loader = DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
         model = nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
         for epoch in range(3):
             for x, y in loader:
-                opt.zero_grad()
                 loss = (model(x) - y).pow(2).mean()
                 loss.backward()
-                opt.step()
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= 0.05 * p.grad
+                model.zero_grad()
                 #PROBE
             print("epoch", epoch, f"{loss.item():.10f}")
         """
