@@ -40,7 +40,8 @@ EVERY = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_SEGMENTS": "even"}
 #: A ``while`` main loop whose iterations carry plain state (the learning rate divided in place,
 #: the best loss, a step counter, an early-stopping counter, an index list shuffled in place):
 #: a worker resuming at a later epoch must get all of it back, or its probe lines differ.
-#: Its optimizer is carried too (its momentum, its groups' learning rate).
+#: Its optimizer is carried too (its momentum, its groups' learning rate); the direct-resume test
+#: replays it.
 CARRIED = textwrap.dedent(
     """\
     import random
@@ -323,12 +324,14 @@ def test_jobs_1_is_a_serial_replay(tmp_path: Path) -> None:
 
 
 def test_a_division_that_cannot_pay_starts_no_worker(tmp_path: Path) -> None:
-    """By the record's own costs, two workers that each import torch and set up cannot beat one
-    for a loop this small: the replay says so before planning, runs serially and exactly, and
-    never starts a worker (started ahead and dismissed, they would take the cores from it)."""
-    _, want = _setup(tmp_path, CARRIED, INNER, {"FLORTRAIN_PERIOD": "every"})
+    """By the record's own costs, two workers that each start and set up cannot beat one for a
+    loop this small: the replay (dividing by estimated costs, the default) says so before
+    planning, runs serially and exactly, and never starts a worker (started ahead and dismissed,
+    they would take the cores from it)."""
+    _, want = _setup(tmp_path, CARRIED_PY, INNER_PY, EVERY)
     mark = f"warm-{uuid.uuid4()}"
-    rep, workers = _replay_watching(tmp_path, ["--jobs", "2"], {"FLORTRAIN_TEST_MARK": mark}, mark)
+    env = {"FLORTRAIN_SEGMENTS": "estimated", "FLORTRAIN_TEST_MARK": mark}
+    rep, workers = _replay_watching(tmp_path, ["--jobs", "2"], env, mark)
     assert rep.code == 0 and rep.out == want, rep.err
     assert "replaying serially: dividing main loop" in rep.err and "cannot pay" in rep.err
     assert workers == {}
@@ -338,7 +341,7 @@ def test_a_division_that_cannot_pay_starts_no_worker(tmp_path: Path) -> None:
 def test_workers_sharing_the_cores_are_priced_as_queueing(tmp_path: Path) -> None:
     """A record's main loop that kept every core busy leaves nothing for a second worker: two
     of them run each at half speed; a loop that kept one core busy on two fits."""
-    _setup(tmp_path, CARRIED, INNER, {"FLORTRAIN_PERIOD": "every"})
+    _setup(tmp_path, CARRIED_PY, INNER_PY, EVERY)
     store = open_store(str(tmp_path / ".flortrain"), create=False)
     try:
         record = store.run(1)
