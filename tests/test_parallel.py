@@ -423,6 +423,7 @@ def test_workers_start_before_the_plan_and_run_their_segments(tmp_path: Path) ->
 #: minGPT's layout: the script leaves its model and its training step to a project package
 #: (``mingpt/trainer.py``), or (``plain``) trains without torch at all, torch then being named only
 #: by a ``--probe``. Either way the replay uses torch, and its prestarted workers must preload it.
+#: The torch trainer steps its model by hand: the optimizer is not the subject.
 MINGPT_TRAINER = {
     "torch": textwrap.dedent(
         """\
@@ -433,14 +434,16 @@ MINGPT_TRAINER = {
             torch.manual_seed(seed)
             model = torch.nn.Linear(4, 1)
             x = torch.randn(32, 4)
-            return model, torch.optim.SGD(model.parameters(), lr=0.05), x, x.sum(1, keepdim=True)
+            return model, None, x, x.sum(1, keepdim=True)
 
 
         def step(model, opt, x, y):
             loss = ((model(x) - y) ** 2).mean()
-            opt.zero_grad()
             loss.backward()
-            opt.step()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.05 * p.grad
+            model.zero_grad()
             return loss.item()
         """
     ),
