@@ -77,7 +77,7 @@ STEP = """\
         opt.step()
 """
 
-#: :data:`STEP` by hand, for a shape whose subject is not the optimizer (torch.optim imports
+#: :data:`STEP` by hand, for a shape whose subject is not the optimizer (an optimizer imports
 #: torch._dynamo, about a CPU-second a process).
 HAND_STEP = """\
         loss = ((model(X[idx]).squeeze(1) - Y[idx]) ** 2).mean()

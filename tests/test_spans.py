@@ -86,7 +86,7 @@ EPOCHS = (
 
 #: A ``Linear`` model and its data. Scripts train it by hand (``loss.backward()``, then each
 #: parameter updated under ``torch.no_grad()``) unless the optimizer is (part of) the subject:
-#: torch.optim imports torch._dynamo, about a CPU-second a process.
+#: a torch.optim optimizer imports torch._dynamo, about a CPU-second a process.
 HEADER = textwrap.dedent("""\
     import torch
     torch.manual_seed(0)
