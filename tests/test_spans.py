@@ -2,7 +2,9 @@
 
 Ground truth is always a plain ``python`` run of the probed script (tests/protocol.py). The jump
 counts are exact: with ``FLORTRAIN_PERIOD=every`` every iteration boundary is checkpointed, so a
-replay lands on each iteration a probe fires in, and on the last one.
+replay lands on each iteration a probe fires in, and on the last one. Scripts about guards and
+jump counts train a list of weights in plain Python (a torch process costs about two CPU-seconds);
+those about tensors, modules and optimizers train with torch.
 """
 
 from __future__ import annotations
@@ -22,49 +24,79 @@ REALCODE = FIXTURES / "realcode"
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
 
+#: A linear model trained by plain-Python SGD: ``weight`` a list the step changes in place, the
+#: batches drawn from the global ``random`` stream.
+PY_HEADER = textwrap.dedent("""\
+    import random
+    random.seed(0)
+    data = [[random.gauss(0.0, 1.0) for _ in range(4)] for _ in range(64)]
+    target = [sum(x) for x in data]
+    weight = [0.0, 0.0, 0.0, 0.0]
+""")
+
+#: One SGD step over the samples ``batch`` (8 spaces: inside the memoized loop), leaving the
+#: batch's mean squared error in ``loss``.
+PY_STEP = """\
+        loss = 0.0
+        for i in batch:
+            err = sum(w * x for w, x in zip(weight, data[i])) - target[i]
+            loss += err * err / len(batch)
+            for k in range(4):
+                weight[k] -= 0.02 * err * data[i][k]
+"""
+
+STEPS = (
+    PY_HEADER
+    + textwrap.dedent("""\
+    iter_num = 0
+    max_iters = 29
+    log_every = 5
+    while True:
+        idx = [random.randrange(64) for _ in range(8)]
+        for micro in range(2):
+            batch = idx[micro * 4 : (micro + 1) * 4]
+""")
+    + PY_STEP
+    + textwrap.dedent("""\
+        #PROBE
+        if iter_num % 10 == 0:
+            print(f"iter {iter_num} loss {loss:.6f}")
+        iter_num += 1
+        if iter_num > max_iters:
+            break
+    print("final", f"{sum(weight):.10f}")
+""")
+)
+
+EPOCHS = (
+    PY_HEADER
+    + textwrap.dedent("""\
+    for epoch in range(12):
+        perm = random.sample(range(64), 64)
+        for b in range(4):
+            batch = perm[b * 16 : (b + 1) * 16]
+""")
+    + PY_STEP
+    + textwrap.dedent("""\
+        #PROBE
+        print(f"epoch {epoch} loss {loss:.6f}")
+    print("final", f"{sum(weight):.10f}")
+""")
+)
+
+#: A ``Linear`` model and its data. Scripts train it by hand (``loss.backward()``, then each
+#: parameter updated under ``torch.no_grad()``) unless the optimizer is (part of) the subject:
+#: a torch.optim optimizer imports torch._dynamo, about a CPU-second a process.
 HEADER = textwrap.dedent("""\
     import torch
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = torch.randn(64, 4)
     target = data.sum(1, keepdim=True)
 """)
 
-STEPS = HEADER + textwrap.dedent("""\
-    iter_num = 0
-    max_iters = 29
-    log_every = 5
-    while True:
-        idx = torch.randint(0, 64, (8,))
-        for micro in range(2):
-            loss = ((model(data[idx]) - target[idx]) ** 2).mean() / 2
-            loss.backward()
-        opt.step()
-        opt.zero_grad()
-        #PROBE
-        if iter_num % 10 == 0:
-            print(f"iter {iter_num} loss {loss.item():.6f}")
-        iter_num += 1
-        if iter_num > max_iters:
-            break
-    print("final", model.weight.sum().item())
-""")
-
-EPOCHS = HEADER + textwrap.dedent("""\
-    for epoch in range(12):
-        perm = torch.randperm(64)
-        for b in range(4):
-            i = perm[b * 16:(b + 1) * 16]
-            loss = ((model(data[i]) - target[i]) ** 2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        #PROBE
-        print(f"epoch {epoch} loss {loss.item():.6f}")
-    print("final", model.weight.sum().item())
-""")
+OPTIMIZER = "opt = torch.optim.SGD(model.parameters(), lr=0.05)\n"
 
 
 def _jumped(stderr: str) -> int:
@@ -75,7 +107,7 @@ def _jumped(stderr: str) -> int:
 
 
 def test_guarded_probe_in_a_while_true_step_loop_jumps_to_each_firing(tmp_path: Path) -> None:
-    probe = 'if iter_num % log_every == 0: print("PROBE", iter_num, f"{model.weight.norm().item():.10f}")'
+    probe = 'if iter_num % log_every == 0: print("PROBE", iter_num, weight)'
     rep = replay_matches_plain(tmp_path, STEPS, probe, env=EVERY)
     # fires at 0, 5, .., 25: from 1 to 5, .., from 21 to 25 (4 each), then 26..28 to the last
     assert _jumped(rep.err) == 5 * 4 + 3, rep.err
@@ -83,7 +115,7 @@ def test_guarded_probe_in_a_while_true_step_loop_jumps_to_each_firing(tmp_path: 
 
 
 def test_guarded_probe_in_an_epoch_loop_skips_the_iterator_too(tmp_path: Path) -> None:
-    probe = 'if epoch % 4 == 3: print("PROBE", epoch, f"{model.weight.norm().item():.10f}")'
+    probe = 'if epoch % 4 == 3: print("PROBE", epoch, weight)'
     rep = replay_matches_plain(tmp_path, EPOCHS, probe, env=EVERY)
     assert _jumped(rep.err) == 9, rep.err  # 0-2, 4-6, 8-10
 
@@ -93,7 +125,7 @@ def test_an_enclosing_if_and_an_else_branch_are_guards(tmp_path: Path) -> None:
         "    #PROBE\n",
         "    if iter_num % 7 == 0:\n        pass\n    else:\n        pass\n        #PROBE\n",
     )
-    probe = 'if iter_num > 20: print("PROBE", iter_num, f"{model.bias.item():.10f}")'
+    probe = 'if iter_num > 20: print("PROBE", iter_num, weight)'
     rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
     # fires at 22..27 and 29 (not 21, 28: multiples of 7): 0..21 jump to 22, 28 to 29
     assert _jumped(rep.err) == 22 + 1, rep.err
@@ -101,27 +133,23 @@ def test_an_enclosing_if_and_an_else_branch_are_guards(tmp_path: Path) -> None:
 
 def test_a_probe_after_the_main_loop_jumps_to_its_last_iteration(tmp_path: Path) -> None:
     text = STEPS.replace("    #PROBE\n", "").replace('print("final"', '#PROBE\nprint("final"')
-    rep = replay_matches_plain(
-        tmp_path, text, 'print("PROBE", f"{model.weight.norm().item():.10f}")', env=EVERY
-    )
+    rep = replay_matches_plain(tmp_path, text, 'print("PROBE", weight)', env=EVERY)
     assert _jumped(rep.err) == 29, rep.err
 
 
 def test_an_unguarded_probe_runs_every_iteration_and_says_why(tmp_path: Path) -> None:
     rep = replay_matches_plain(
-        tmp_path, STEPS, 'print("PROBE", iter_num, f"{loss.item():.10f}")', env=EVERY
+        tmp_path, STEPS, 'print("PROBE", iter_num, f"{loss:.10f}")', env=EVERY
     )
     assert _jumped(rep.err) == 0
     assert (
-        "every iteration runs: the probe at line 18 cannot be told off a run: nothing guards it"
+        "every iteration runs: the probe at line 19 cannot be told off a run: nothing guards it"
         in rep.err
     )
 
 
 def test_a_guard_on_a_name_the_iteration_rebinds_first_is_not_trusted(tmp_path: Path) -> None:
-    text = STEPS.replace(
-        "    opt.zero_grad()\n", "    opt.zero_grad()\n    step_loss = loss.item()\n"
-    )
+    text = STEPS.replace("    #PROBE\n", "    step_loss = loss\n    #PROBE\n")
     probe = 'if step_loss > 0: print("PROBE", iter_num, f"{step_loss:.10f}")'
     rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
     assert _jumped(rep.err) == 0
@@ -139,17 +167,17 @@ def test_a_missing_boundary_checkpoint_means_running_on_not_a_wrong_answer(tmp_p
     script = tmp_path / "train.py"
     script.write_text(STEPS)
     assert record(tmp_path, "train.py", env=EVERY).code == 0
-    blobs = sorted((tmp_path / ".flortrain").rglob("M11_M11.0.5_0.*"))
+    blobs = sorted((tmp_path / ".flortrain").rglob("M9_M9.0.5_0.*"))
     assert blobs, sorted(p.name for p in (tmp_path / ".flortrain").rglob("*.pt"))[:5]
     for b in blobs:
         b.write_bytes(b"damaged")
-    probe = '    if iter_num % log_every == 0: print("PROBE", iter_num, f"{model.weight.norm().item():.10f}")'
+    probe = '    if iter_num % log_every == 0: print("PROBE", iter_num, weight)'
     script.write_text(STEPS.replace("    #PROBE", probe))
     want = probe_lines(plain(script).out)
     rep = flortrain(tmp_path, "replay", "train.py", env=EVERY)
     assert rep.code == 0, rep.err
     assert probe_lines(rep.out) == want
-    assert "boundary checkpoint M11@M11.0.5#0 is missing or corrupt; running on" in rep.err
+    assert "boundary checkpoint M9@M9.0.5#0 is missing or corrupt; running on" in rep.err
     assert _jumped(rep.err) == 4 * 4 + 3  # 1..4 run; the rest as before
     assert flortrain(tmp_path, "diff").code == 0
 
@@ -292,17 +320,22 @@ def test_explain_names_the_boundary_state() -> None:
 def test_a_data_loader_built_every_epoch_does_not_block_jumps(tmp_path: Path) -> None:
     """Jumped iterations create loaders the replay never has: their registry ids are reserved,
     and the loaders themselves (not carried) are left out of the restore."""
-    text = EPOCHS.replace(
-        "import torch\n",
-        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n",
-        1,
-    ).replace(
-        "    perm = torch.randperm(64)\n    for b in range(4):\n        i = perm[b * 16:(b + 1) * 16]\n"
-        "        loss = ((model(data[i]) - target[i]) ** 2).mean()\n",
-        "    loader = DataLoader(TensorDataset(data, target), batch_size=16, shuffle=True)\n"
-        "    for x, y in loader:\n        loss = ((model(x) - y) ** 2).mean()\n",
-    )
-    assert "DataLoader(TensorDataset" in text
+    text = HEADER.replace(
+        "import torch\n", "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+    ) + textwrap.dedent("""\
+        for epoch in range(12):
+            loader = DataLoader(TensorDataset(data, target), batch_size=16, shuffle=True)
+            for x, y in loader:
+                loss = ((model(x) - y) ** 2).mean()
+                model.zero_grad()
+                loss.backward()
+                with torch.no_grad():
+                    model.weight -= 0.05 * model.weight.grad
+                    model.bias -= 0.05 * model.bias.grad
+            #PROBE
+            print(f"epoch {epoch} loss {loss.item():.6f}")
+        print("final", model.weight.sum().item())
+    """)
     probe = 'if epoch % 4 == 3: print("PROBE", epoch, f"{model.weight.norm().item():.10f}")'
     rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
     assert _jumped(rep.err) == 9, rep.err
@@ -312,7 +345,7 @@ def test_a_guard_may_read_an_argparse_namespace(tmp_path: Path) -> None:
     text = STEPS.replace(
         "log_every = 5\n", "import argparse\nargs = argparse.Namespace(log_every=5)\n"
     )
-    probe = 'if iter_num % args.log_every == 0: print("PROBE", iter_num, f"{model.weight.norm().item():.10f}")'
+    probe = 'if iter_num % args.log_every == 0: print("PROBE", iter_num, weight)'
     rep = replay_matches_plain(tmp_path, text, probe, env=EVERY)
     assert _jumped(rep.err) == 5 * 4 + 3, rep.err
 
@@ -323,20 +356,23 @@ def test_a_guard_may_read_an_argparse_namespace(tmp_path: Path) -> None:
 def test_a_probe_reading_a_name_bound_only_in_some_iterations_stops_jumps(tmp_path: Path) -> None:
     """`val` is bound every third epoch; the boundary does not hold it (the recorded script
     never reads it across iterations), so a jump would leave a stale `val` for the probe."""
-    text = HEADER + textwrap.dedent("""\
+    text = (
+        PY_HEADER
+        + textwrap.dedent("""\
         for epoch in range(20):
-            perm = torch.randperm(64)
+            perm = random.sample(range(64), 64)
             for b in range(4):
-                i = perm[b * 16:(b + 1) * 16]
-                loss = ((model(data[i]) - target[i]) ** 2).mean()
-                opt.zero_grad(); loss.backward(); opt.step()
+                batch = perm[b * 16 : (b + 1) * 16]
+    """)
+        + PY_STEP
+        + textwrap.dedent("""\
             if epoch % 3 == 0:
-                with torch.no_grad():
-                    val = ((model(data) - target) ** 2).mean().item()
+                val = sum((sum(w * x for w, x in zip(weight, xs)) - t) ** 2 for xs, t in zip(data, target))
                 print("val", epoch, f"{val:.6f}")
             #PROBE
-        print("final", model.weight.sum().item())
+        print("final", f"{sum(weight):.10f}")
     """)
+    )
     rep = replay_matches_plain(
         tmp_path, text, 'if epoch % 6 == 4: print("PROBE", epoch, f"{val:.10f}")', env=EVERY
     )
@@ -357,7 +393,10 @@ def test_a_probe_printing_a_carried_tensor_stops_jumps(tmp_path: Path) -> None:
             for micro in range(2):
                 loss = ((model(data[idx]) - target[idx]) ** 2).mean() / 2
                 loss.backward()
-            opt.step(); opt.zero_grad()
+            with torch.no_grad():
+                model.weight -= 0.05 * model.weight.grad
+                model.bias -= 0.05 * model.bias.grad
+            model.zero_grad()
         print("final", model.weight.sum().item(), prev)
     """)
     rep = replay_matches_plain(
@@ -375,7 +414,6 @@ def test_a_jump_restores_the_loop_target_instead_of_trusting_the_iterator(tmp_pa
         torch.manual_seed(0)
         torch.set_num_threads(1)
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
         def batches():
             while True:
                 x = torch.randn(8, 4)
@@ -386,7 +424,12 @@ def test_a_jump_restores_the_loop_target_instead_of_trusting_the_iterator(tmp_pa
             for micro in range(2):
                 loss = ((model(x) - y) ** 2).mean() / 2
                 loss.backward()
-            opt.step(); opt.zero_grad()
+            with torch.no_grad():
+                model[0].weight -= 0.05 * model[0].weight.grad
+                model[0].bias -= 0.05 * model[0].bias.grad
+                model[2].weight -= 0.05 * model[2].weight.grad
+                model[2].bias -= 0.05 * model[2].bias.grad
+            model.zero_grad()
             #PROBE
         print("final", model[0].weight.sum().item())
     """)
@@ -396,29 +439,32 @@ def test_a_jump_restores_the_loop_target_instead_of_trusting_the_iterator(tmp_pa
 
 
 def test_a_guard_on_a_match_capture_is_not_taken_from_the_iteration_start(tmp_path: Path) -> None:
-    text = HEADER + textwrap.dedent("""\
+    text = (
+        PY_HEADER
+        + textwrap.dedent("""\
         for step in range(24):
             for b in range(2):
-                loss = ((model(data[b * 8:(b + 1) * 8]) - target[b * 8:(b + 1) * 8]) ** 2).mean()
-                opt.zero_grad(); loss.backward(); opt.step()
+                batch = range(b * 8, (b + 1) * 8)
+    """)
+        + PY_STEP
+        + textwrap.dedent("""\
             match step % 4:
                 case r:
                     mult = r + 1
             #PROBE
-        print("final", model.weight.sum().item())
+        print("final", f"{sum(weight):.10f}")
     """)
+    )
     rep = replay_matches_plain(
-        tmp_path,
-        text,
-        'if r == 2: print("PROBE", step, r, f"{model.weight.sum().item():.10f}")',
-        env=EVERY,
+        tmp_path, text, 'if r == 2: print("PROBE", step, r, weight)', env=EVERY
     )
     assert _jumped(rep.err) == 0
     assert "its guard reads `r`, which the iteration rebinds before it" in rep.err
 
 
 def test_a_guard_on_an_attribute_of_a_model_is_not_trusted_at_run_time(tmp_path: Path) -> None:
-    """`forward` counts its calls: nothing the static pass sees changes `model.calls`."""
+    """`forward` counts its calls: nothing the static pass sees changes `model.calls` (an
+    optimizer steps the model; updated by hand, its parameters would name `model` changed)."""
     text = textwrap.dedent("""\
         import torch
         torch.manual_seed(0)
@@ -451,7 +497,7 @@ def test_a_guard_on_an_attribute_of_a_model_is_not_trusted_at_run_time(tmp_path:
 def test_a_rebound_name_holding_the_model_gets_the_live_model_back(tmp_path: Path) -> None:
     """`model = model.eval()` rebinds `model` every epoch: after a jump it must be the module
     the optimizer updates, not a copy."""
-    text = HEADER.replace(
+    text = (HEADER + OPTIMIZER).replace(
         "model = torch.nn.Linear(4, 1)",
         "model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))",
     ) + textwrap.dedent("""\
@@ -478,7 +524,10 @@ def test_a_rebound_view_of_a_parameter_is_not_restored_as_a_copy(tmp_path: Path)
             for micro in range(2):
                 loss = ((model(data[idx]) - target[idx]) ** 2).mean() / 2
                 loss.backward()
-            opt.step(); opt.zero_grad()
+            with torch.no_grad():
+                model.weight -= 0.05 * model.weight.grad
+                model.bias -= 0.05 * model.bias.grad
+            model.zero_grad()
             #PROBE
             if step % 10 == 0:
                 snap = model.weight.detach()
@@ -492,7 +541,10 @@ def test_a_rebound_view_of_a_parameter_is_not_restored_as_a_copy(tmp_path: Path)
 
 
 def test_a_scheduler_created_in_the_loop_is_not_restored_as_a_copy(tmp_path: Path) -> None:
-    text = HEADER + textwrap.dedent("""\
+    text = (
+        HEADER
+        + OPTIMIZER
+        + textwrap.dedent("""\
         sched = torch.optim.lr_scheduler.StepLR(opt, 3, 0.5)
         for epoch in range(20):
             if epoch == 8:
@@ -507,5 +559,6 @@ def test_a_scheduler_created_in_the_loop_is_not_restored_as_a_copy(tmp_path: Pat
             #PROBE
         print("final", model.weight.sum().item(), opt.param_groups[0]["lr"])
     """)
+    )
     probe = 'if epoch % 4 == 1: print("PROBE", epoch, opt.param_groups[0]["lr"], f"{model.weight.sum().item():.8f}")'
     replay_matches_plain(tmp_path, text, probe, env=EVERY)
