@@ -24,7 +24,9 @@ from tests.protocol import (
 EVERY = {"FLORTRAIN_PERIOD": "every"}
 
 #: the toy script's model and batches (``toy_prelude`` without its optimizer); each shape below
-#: adds its own loop, and steps the parameters by hand as SGD would
+#: adds its own loop, and steps the parameters by hand as SGD would: through
+#: ``model.parameters()`` inside a batch loop, the two tensors by name in an epoch's body (where a
+#: loop over the parameters would be a memoized loop of its own)
 PRELUDE = """\
 import torch
 
@@ -57,8 +59,8 @@ for epoch in range(3):
         model.zero_grad()
         ((model(x) - y) ** 2).mean().backward()
         with torch.no_grad():
-            model.weight.sub_(0.05 * model.weight.grad)
-            model.bias.sub_(0.05 * model.bias.grad)
+            for param in model.parameters():
+                param.sub_(0.05 * param.grad)
     #PROBE
     print(epoch, f"{evaluate(val):.6f}")
 """
@@ -292,8 +294,8 @@ for epoch in range(4):
         model.zero_grad()
         loss.backward()
         with torch.no_grad():
-            model.weight.sub_(0.05 * model.weight.grad)
-            model.bias.sub_(0.05 * model.bias.grad)
+            for param in model.parameters():
+                param.sub_(0.05 * param.grad)
         if i == 0:
             snaps.append(model.weight.detach())   # no clone: follows the live parameter
     #PROBE
@@ -328,8 +330,8 @@ for epoch in range(2):
         model.zero_grad()
         loss.backward()
         with torch.no_grad():
-            model.weight.sub_(0.05 * model.weight.grad)
-            model.bias.sub_(0.05 * model.bias.grad)
+            for param in model.parameters():
+                param.sub_(0.05 * param.grad)
     print(f"epoch {epoch} {loss.item():.6f}")
 """
 
@@ -368,8 +370,8 @@ STEPS = """\
         loss = torch.nn.functional.cross_entropy(model(xb), yb)
         loss.backward()
         with torch.no_grad():
-            model.weight.sub_(0.1 * model.weight.grad)
-            model.bias.sub_(0.1 * model.bias.grad)
+            for param in model.parameters():
+                param.sub_(0.1 * param.grad)
 """
 
 #: the same epoch stepped by ``torch.optim.SGD``, for a shape about the optimizer
@@ -673,11 +675,13 @@ def test_a_view_the_loop_replaces_is_not_written_into_when_its_address_is_reused
 ) -> None:
     """``bufs = [table[epoch], ...]`` each epoch, replaced out of place in the loop: CPython can
     put the new tensor at the freed view's address, and a slot judged by address would read as
-    kept, so the restore would write into the view, and so into ``table``."""
+    kept, so the restore would write into the view, and so into ``table``. Whether an address is
+    reused depends on every allocation of the step: this one steps with ``torch.optim.SGD``."""
     text = (
         "import torch\n"
         "torch.manual_seed(0)\n"
         "model = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "X, Y = torch.randn(64, 4), torch.randn(64, 2)\n"
         "table = torch.zeros(8, 2)\n"
         "for epoch in range(6):\n"
@@ -685,11 +689,7 @@ def test_a_view_the_loop_replaces_is_not_written_into_when_its_address_is_reused
         "    for i in range(8):\n"
         "        xb, yb = X[i * 8:(i + 1) * 8], Y[i * 8:(i + 1) * 8]\n"
         "        loss = ((model(xb) - yb) ** 2).mean()\n"
-        "        model.zero_grad()\n"
-        "        loss.backward()\n"
-        "        with torch.no_grad():\n"
-        "            for p in model.parameters():\n"
-        "                p.sub_(0.1 * p.grad)\n"
+        "        opt.zero_grad(); loss.backward(); opt.step()\n"
         "        bufs[0] = bufs[0] * 0.9 + model.bias.detach()\n"
         "        bufs[1] = bufs[1] * 0.5 + model.bias.detach()\n"
         "    #PROBE\n"
