@@ -41,7 +41,9 @@ class _Indexer(cst.CSTVisitor):
         if self.scope.qualname != MODULE and not self.class_stack:
             outer = self.scope.qualname + "."
         qual = outer + node.name.value
-        bases = [a.value.value for a in node.bases if isinstance(a.value, cst.Name)]
+        # every base, by its dotted name (or its code: `Generic[T]`); only the script's own
+        # classes resolve, the rest tell that the class may inherit what the pass cannot see
+        bases = [dotted(a.value) or cst.Module([]).code_for_node(a.value) for a in node.bases]
         self.prog.classes[qual] = ClassInfo(qual, bases)
         self.class_stack.append(self.prog.classes[qual])
         self.scope.bound.add(node.name.value)

@@ -225,6 +225,27 @@ class Program:
                 return m
         return None
 
+    def held_callable(self, cls: str, name: str) -> bool:
+        """Whether ``obj.name(...)`` on an instance of the local class ``cls`` calls a callable
+        held in an attribute rather than a method: not a method of the class or its local bases,
+        and either assigned by their code (``self.act = act``) or not inheritable, all bases
+        being the script's. A name that a library base may provide (``zero_grad`` of a
+        ``torch.nn.Module`` subclass) is taken for a method of the receiver."""
+        if self.method(cls, name) is not None:
+            return False
+        unseen_base = False
+        todo, seen = [cls], set()
+        while todo:
+            info = self.classes.get(todo.pop())
+            if info is None or info.qualname in seen:
+                continue
+            seen.add(info.qualname)
+            if name in info.attr_assigned:
+                return True
+            unseen_base |= any(b not in self.classes for b in info.bases)
+            todo += info.bases
+        return not unseen_base
+
     def type_of(self, expr: cst.BaseExpression, scope: Scope) -> str | None:
         """The local class an expression is an instance of, when assignments make it plain."""
         if isinstance(expr, cst.Name):

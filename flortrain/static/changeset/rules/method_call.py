@@ -22,7 +22,9 @@ class MethodCall(ChangesetRule):
     doc = (
         "Not for a method of a local class (its body is analysed: `callees`), a write to an"
         " output channel (`log.info(..)`, `writer.add_scalar(..)`: an output, as `print` is), a"
-        " callable held in an attribute (`self.model(x)`: only that attribute's object), a"
+        " callable held in an attribute (`self.model(x)`: only that attribute's object; a name"
+        " the class neither defines nor assigns but may inherit from a library base, as"
+        " `model.zero_grad()` of a `torch.nn.Module` subclass, charges the receiver), a"
         " library module's function (`library-knowledge`), a known pure method, or a classmethod"
         " or staticmethod of a builtin type the script never rebinds (`int.from_bytes(..)`:"
         " Python refuses to change those types; `list.append(acc, x)` changes `acc`)."
@@ -99,6 +101,26 @@ class MethodCall(ChangesetRule):
             {("max", P), ("names", P), ("n", R)},
         ),
         Case(
+            "a-method-a-local-class-inherits-from-a-library-class-changes-the-receiver",
+            """
+            class Net(torch.nn.Module):
+                def __init__(self, act):
+                    super().__init__()
+                    self.act = act
+
+                def forward(self, x):
+                    return self.act(x)
+
+            model = Net(relu)
+            other = Net(relu)
+            for epoch in range(3):
+                for b in loader:
+                    model.zero_grad()
+                    other.act(b)
+        """,
+            {("model", P), ("other.act", P)},
+        ),
+        Case(
             "a-rebound-builtin-name-is-an-object-like-any-other",
             """
             dict = {}
@@ -165,7 +187,7 @@ def method_call(
             w.fx.outputs.setdefault(channel, kind)
         return 2
     owner = w.prog.type_of(func.value, w.scope)
-    if owner is not None and w.prog.method(owner, func.attr.value) is None:
+    if owner is not None and w.prog.held_callable(owner, func.attr.value):
         # `self.model(x)`: a callable held in an attribute, not a method of the local class;
         # only that attribute's object can change, not the whole receiver
         target = object_expr(func, w.module)
