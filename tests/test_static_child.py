@@ -4,7 +4,9 @@ finds is the same located line; a child that dies leaves the pass to the parent,
 where there is nothing to gain (one CPU, the knob off) the pass runs in the process.
 
 Whether the parent imported libcst tells which path ran: the pass needs it, the runtime does
-not. The scripts print ``"libcst" in sys.modules`` at their end."""
+not. The scripts print ``"libcst" in sys.modules`` at their end. They import torch (the child
+is forked only for a script that uses it) and train by hand: torch.optim's first step imports
+torch._dynamo, about a CPU-second a process."""
 
 from __future__ import annotations
 
@@ -17,16 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.protocol import flortrain, plain, probe_lines, replay_matches_plain
+from tests.protocol import flortrain, plain, probe_lines, record, replay_matches_plain
 
-#: the training loop of the one-file scripts here: ``model``, ``opt`` and ``data`` made before it
+#: the training loop of the one-file scripts here: ``model``, ``lr`` and ``data`` made before it
 LOOP = textwrap.dedent("""\
     for epoch in range(3):
         for i in range(0, 32, 8):
             loss = model(data[i:i + 8]).pow(2).mean()
-            opt.zero_grad()
+            model.zero_grad()
             loss.backward()
-            opt.step()
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-lr)
         #PROBE
         print(f"epoch {epoch} loss {loss.item():.6f}")
 """)
@@ -36,7 +39,7 @@ SCRIPT = (
     import torch
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    lr = 0.1
     data = torch.randn(32, 4)
 """)
     + LOOP
@@ -57,8 +60,10 @@ def _record_line(err: str) -> str:
 
 
 def _script_in(tmp: Path, text: str = TELLS) -> Path:
+    """``train.py`` in ``tmp``, its ``#PROBE`` marker left a comment: the text
+    :func:`replay_matches_plain` records, so that the records of it here are one record's copies."""
     script = tmp / "train.py"
-    script.write_text(text.replace("    #PROBE\n", ""))
+    script.write_text(text)
     return script
 
 
@@ -106,9 +111,9 @@ def test_a_killed_child_leaves_the_pass_to_the_parent(tmp_path: Path) -> None:
     and records the same plan, printing what python prints (but for libcst, now imported)."""
     script = _script_in(tmp_path)
     truth = plain(script)
-    normal = flortrain(
-        tmp_path, "record", "train.py", env={"FLORTRAIN_STORE": str(tmp_path / "normal")}
-    )
+    (tmp_path / "normal").mkdir()
+    _script_in(tmp_path / "normal")
+    normal = record(tmp_path / "normal", "train.py")
     assert normal.code == 0 and FELL_BACK not in normal.err, normal.err
     rec = flortrain(tmp_path, "record", "train.py", env={"FLORTRAIN_INJECT": "static-child-kill=1"})
     assert rec.code == 0, rec.err
@@ -132,7 +137,7 @@ def test_a_killed_child_leaves_the_pass_to_the_parent(tmp_path: Path) -> None:
 @two_cpus
 def test_a_killed_replay_child_leaves_the_plan_to_the_parent(tmp_path: Path) -> None:
     script = _script_in(tmp_path)
-    assert flortrain(tmp_path, "record", "train.py").code == 0
+    assert record(tmp_path, "train.py").code == 0
     script.write_text(TELLS.replace("#PROBE", 'print("PROBE", model.weight.norm().item())'))
     want = probe_lines(plain(script).out)
     rep = flortrain(tmp_path, "replay", "train.py", env={"FLORTRAIN_INJECT": "static-child-kill=1"})
@@ -152,8 +157,8 @@ def test_a_killed_replay_child_leaves_the_plan_to_the_parent(tmp_path: Path) -> 
 def test_a_probe_error_the_child_finds_is_one_located_line(tmp_path: Path) -> None:
     """A replay of an edited recorded line is refused in the child: the same line as inline."""
     script = _script_in(tmp_path)
-    assert flortrain(tmp_path, "record", "train.py").code == 0
-    script.write_text(script.read_text().replace("lr=0.1", "lr=0.2"))
+    assert record(tmp_path, "train.py").code == 0
+    script.write_text(script.read_text().replace("lr = 0.1", "lr = 0.2"))
     lines = []
     for overlap in ("on", "off"):
         r = flortrain(tmp_path, "replay", "train.py", env={"FLORTRAIN_STATIC_OVERLAP": overlap})
@@ -184,13 +189,14 @@ def test_a_bad_knob_value_is_refused_before_anything_runs(tmp_path: Path) -> Non
 
 
 TRAINER = textwrap.dedent("""\
-    def fit(model, opt, data, epochs):
+    def fit(model, lr, data, epochs):
         for epoch in range(epochs):
             for i in range(0, len(data), 8):
                 loss = model(data[i:i + 8]).pow(2).mean()
-                opt.zero_grad()
+                model.zero_grad()
                 loss.backward()
-                opt.step()
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-lr)
             print(f"epoch {epoch} loss {loss.item():.6f}")
         return loss.item()
 """)
@@ -202,8 +208,7 @@ MODULE_SCRIPT = textwrap.dedent("""\
     from trainer import fit
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    fit(model, opt, torch.randn(32, 4), 3)
+    fit(model, 0.1, torch.randn(32, 4), 3)
     #PROBE
     print("libcst imported:", "libcst" in sys.modules)
 """)
@@ -270,10 +275,10 @@ MYLIB = textwrap.dedent("""\
     def make():
         torch.manual_seed(0)
         model = torch.nn.Linear(4, 2)
-        return model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(32, 4)
+        return model, 0.1, torch.randn(32, 4)
 """)
 
-NAMES_NO_TORCH = "from mylib import make\nmodel, opt, data = make()\n" + LOOP.replace(
+NAMES_NO_TORCH = "from mylib import make\nmodel, lr, data = make()\n" + LOOP.replace(
     "    #PROBE\n", ""
 )
 
@@ -287,7 +292,7 @@ def test_a_cli_probe_keeps_torch_found_in_an_imported_module(tmp_path: Path) -> 
     every = {"FLORTRAIN_PERIOD": "every"}
     assert flortrain(tmp_path, "record", "train.py", env=every).code == 0
     rep = flortrain(
-        tmp_path, "replay", "--probe", "9:model.weight.sum().item()", "train.py", env=every
+        tmp_path, "replay", "--probe", "10:model.weight.sum().item()", "train.py", env=every
     )
     assert rep.code == 0, rep.err
     assert "3 block instances skipped" in rep.err, rep.err

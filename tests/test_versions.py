@@ -1,6 +1,8 @@
 """Kernels that write tensors behind their version counters (checkpoint/versions.py): a fused
 optimizer's step and batch norm's running statistics. Each shortcut that trusts the counters
-must treat what they wrote as changed, and training must not notice anything was done."""
+must treat what they wrote as changed, and training must not notice anything was done. The
+batch-norm script trains its head by hand (the optimizer is not what it is about): torch.optim's
+first step imports torch._dynamo, about a CPU-second a process."""
 
 from __future__ import annotations
 
@@ -57,16 +59,17 @@ import torch
 torch.manual_seed(0)
 bn = torch.nn.BatchNorm1d(16384)          # running statistics of 64 KB each
 head = torch.nn.Linear(16384, 4)
-opt = torch.optim.SGD(head.parameters(), lr=0.01)
 y = torch.randint(0, 4, (32,))
 for epoch in range(6):
     bn.train(epoch >= 1)                  # a first epoch that leaves the statistics as they were
     for step in range(3):
         x = torch.randn(32, 16384) + epoch
         loss = torch.nn.functional.cross_entropy(head(bn(x)), y)
-        opt.zero_grad()
+        head.zero_grad()
         loss.backward()
-        opt.step()
+        with torch.no_grad():
+            for p in head.parameters():
+                p.add_(p.grad, alpha=-0.01)
     #PROBE
     print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
 """
