@@ -4,7 +4,8 @@ value kept for the next iteration, an object a probe made and changes).
 No record holds it: the record never ran the probes. A serial replay keeps it in its process,
 whatever it skips or jumps over; a parallel-replay worker would start it afresh at its segment,
 so such a loop is replayed serially, and the replay says why. Ground truth is a plain run of the
-probed script: its whole stdout, probe lines and all.
+probed script: its whole stdout, probe lines and all. The scripts train in plain Python: probe
+state is Python's whatever a script trains, and a torch process costs about two CPU-seconds.
 """
 
 from __future__ import annotations
@@ -15,81 +16,13 @@ from pathlib import Path
 import pytest
 
 from flortrain.replay.preparation import static_replay
-from tests.protocol import copy_fixture, flortrain, plain, probe_lines
+from tests.protocol import flortrain, plain, probe_lines, record
 
 PARALLEL = {"FLORTRAIN_PERIOD": "every", "FLORTRAIN_SEGMENTS": "even"}
 
 
-def _insert(text: str, after: str, lines: str) -> str:
-    """``text`` with ``lines`` (already indented) after the one line that ends with ``after``."""
-    (line,) = [ln for ln in text.splitlines(keepends=True) if ln.rstrip().endswith(after)]
-    return text.replace(line, line + lines, 1)
-
-
-def test_probe_state_carried_across_main_loop_iterations_is_replayed_serially(
-    tmp_path: Path,
-) -> None:
-    script = copy_fixture("manual_sgd", tmp_path)
-    original = script.read_text()
-    truth = plain(script)
-    rec = flortrain(tmp_path, "record", script.name, env=PARALLEL)
-    assert rec.code == 0 and rec.out == truth.out, rec.err
-
-    # a global step counter and a list of losses, bound before the main loop, changed in the
-    # batch loop; the list's mean printed at every epoch's end
-    inner = _insert(original, "batch_size = 24", "    gstep = 0\n    seen = []\n")
-    inner = _insert(
-        inner,
-        "loss.backward()",
-        (
-            "            gstep += 1\n"
-            "            seen.append(loss.item())\n"
-            '            if gstep % 7 == 0: print(f"PROBE step {gstep} {epoch} {step} {loss.item():.10f}")\n'
-        ),
-    )
-    inner = _insert(
-        inner,
-        "lr *= 0.9",
-        '        print(f"PROBE mean {epoch} {len(seen)} {sum(seen) / len(seen):.10f}")\n',
-    )
-    script.write_text(inner)
-    want = plain(script)
-    assert len(probe_lines(want.out)) == 7 + 5
-    par = flortrain(tmp_path, "replay", script.name, "--jobs", "2", env=PARALLEL)
-    assert par.code == 0, par.err
-    assert par.out == want.out, par.err
-    gstep_line = inner.splitlines().index("            gstep += 1") + 1
-    assert (
-        f"replaying serially: main loop M38 carries probe state: line {gstep_line} rebinds `gstep`,"
-        " which the next iteration reads"
-    ) in par.err, par.err
-    assert flortrain(tmp_path, "diff").code == 0
-
-    # in the main loop's body, with every batch loop skipped and restored (partial replay): a
-    # value kept for the next iteration, and a counter. A serial replay keeps them in its process
-    outer = _insert(original, "batch_size = 24", "    epochs_seen = 0\n")
-    outer = _insert(
-        outer,
-        "lr *= 0.9",
-        (
-            "        epochs_seen += 1\n"
-            '        if epoch > 0: print(f"PROBE {epochs_seen} {lr:.10f} {lr - prev_lr:.12f}")\n'
-            "        prev_lr = lr\n"
-        ),
-    )
-    script.write_text(outer)
-    want = plain(script)
-    assert len(probe_lines(want.out)) == 4
-    rep = flortrain(tmp_path, "replay", script.name, env=PARALLEL)
-    assert rep.code == 0 and probe_lines(rep.out) == probe_lines(want.out), rep.err
-    assert "5 block instances skipped, 0 executed" in rep.err, rep.err
-    par = flortrain(tmp_path, "replay", script.name, "--jobs", "2", env=PARALLEL)
-    assert par.code == 0 and par.out == rep.out, par.err
-    assert "replaying serially: main loop M38 carries probe state: line" in par.err, par.err
-
-
-# -- the static rule, on each member of the class (no process: the plan alone) ------------------
-
+#: A linear fit by plain-Python SGD, an epoch loop (its main loop, M6 once recorded) over a
+#: batch loop, with a marker where each kind of probe goes.
 TRAIN = textwrap.dedent(
     """\
     import random
@@ -113,11 +46,14 @@ TRAIN = textwrap.dedent(
     """
 )
 
+#: TRAIN as recorded: its markers left out
+RECORDED = "\n".join(ln for ln in TRAIN.splitlines() if not ln.strip().startswith("#")) + "\n"
 
-def _carried(
+
+def _probed(
     before: str = "", inner: str = "", outer: str = "", after: str = "", top: str = ""
-) -> dict[str, str]:
-    """The main loops whose probe state the plan of TRAIN with these probes finds carried."""
+) -> str:
+    """TRAIN with these probes at its markers (the markers without one left out)."""
     text = TRAIN
     for mark, code, indent in (
         ("#BEFORE", before, ""),
@@ -127,10 +63,72 @@ def _carried(
     ):
         lines = "".join(indent + ln + "\n" for ln in textwrap.dedent(code).splitlines())
         text = text.replace(" " * len(indent) + mark + "\n", lines)
-    text = textwrap.dedent(top) + text
-    recorded = "\n".join(ln for ln in TRAIN.splitlines() if not ln.strip().startswith("#")) + "\n"
-    return static_replay("train.py", recorded, text, [], 1).rplan.carried
+    return textwrap.dedent(top) + text
 
+
+def _carried(
+    before: str = "", inner: str = "", outer: str = "", after: str = "", top: str = ""
+) -> dict[str, str]:
+    """The main loops whose probe state the plan of TRAIN with these probes finds carried."""
+    text = _probed(before, inner, outer, after, top)
+    return static_replay("train.py", RECORDED, text, [], 1).rplan.carried
+
+
+def test_probe_state_carried_across_main_loop_iterations_is_replayed_serially(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(RECORDED)
+    truth = plain(script)
+    rec = record(tmp_path, script.name, env=PARALLEL)
+    assert rec.code == 0 and rec.out == truth.out, rec.err
+
+    # a global step counter and a list of errors, bound before the main loop, changed in the
+    # batch loop; the list's mean printed at every epoch's end
+    inner = _probed(
+        before="gstep = 0\nseen = []",
+        inner=(
+            "gstep += 1\n"
+            "seen.append(err)\n"
+            'if gstep % 25 == 0: print(f"PROBE step {gstep} {epoch} {err:.10f}")'
+        ),
+        outer='print(f"PROBE mean {epoch} {len(seen)} {sum(seen) / len(seen):.10f}")',
+    )
+    script.write_text(inner)
+    want = plain(script)
+    assert len(probe_lines(want.out)) == 6 + 4
+    par = flortrain(tmp_path, "replay", script.name, "--jobs", "2", env=PARALLEL)
+    assert par.code == 0, par.err
+    assert par.out == want.out, par.err
+    gstep_line = inner.splitlines().index("        gstep += 1") + 1
+    assert (
+        f"replaying serially: main loop M6 carries probe state: line {gstep_line} rebinds `gstep`,"
+        " which the next iteration reads"
+    ) in par.err, par.err
+    assert flortrain(tmp_path, "diff").code == 0
+
+    # in the main loop's body, with every batch loop skipped and restored (partial replay): a
+    # value kept for the next iteration, and a counter. A serial replay keeps them in its process
+    outer = _probed(
+        before="epochs_seen = 0",
+        outer=(
+            "epochs_seen += 1\n"
+            'if epoch > 0: print(f"PROBE {epochs_seen} {total:.10f} {total - prev:.12f}")\n'
+            "prev = total"
+        ),
+    )
+    script.write_text(outer)
+    want = plain(script)
+    assert len(probe_lines(want.out)) == 3
+    rep = flortrain(tmp_path, "replay", script.name, env=PARALLEL)
+    assert rep.code == 0 and probe_lines(rep.out) == probe_lines(want.out), rep.err
+    assert "4 block instances skipped, 0 executed" in rep.err, rep.err
+    par = flortrain(tmp_path, "replay", script.name, "--jobs", "2", env=PARALLEL)
+    assert par.code == 0 and par.out == rep.out, par.err
+    assert "replaying serially: main loop M6 carries probe state: line" in par.err, par.err
+
+
+# -- the static rule, on each member of the class (no process: the plan alone) ------------------
 
 CARRIED = {
     "a counter": {"before": "gstep = 0", "inner": "gstep += 1\nif gstep % 10 == 0: print(gstep)"},
