@@ -1,6 +1,9 @@
 """The background materializer (checkpoint/materializer.py, checkpoint/writer.py): staged checkpoints
 written by a forked writer, unchanged large tensors written once, failures that lose a checkpoint
-and never a run, and a DataLoader's workers unaffected."""
+and never a run, and a DataLoader's workers unaffected.
+
+The recorded scripts train by hand: the writer sees their tensors either way, and torch.optim's
+first call imports torch._dynamo, about a CPU-second per process."""
 
 from __future__ import annotations
 
@@ -279,15 +282,16 @@ torch.manual_seed(0)
 table = torch.nn.Embedding(4096, 128)          # 2 MB, frozen: a fine-tuning shape
 table.weight.requires_grad_(False)
 head = torch.nn.Linear(128, 2)
-opt = torch.optim.SGD(head.parameters(), lr=0.1)
 x = torch.randint(0, 4096, (64,))
 y = torch.randint(0, 2, (64,))
 for epoch in range(6):
     for step in range(5):
         loss = torch.nn.functional.cross_entropy(head(table(x)), y)
-        opt.zero_grad()
+        head.zero_grad()
         loss.backward()
-        opt.step()
+        with torch.no_grad():
+            for p in head.parameters():
+                p -= 0.1 * p.grad
     #PROBE
     print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
 """
@@ -369,14 +373,15 @@ KILLABLE = """\
 import os, sys, time, torch
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 10))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(32, 512)
 for epoch in range(8):
     for step in range(3):
         loss = model(x).pow(2).mean()
-        opt.zero_grad()
+        model.zero_grad()
         loss.backward()
-        opt.step()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad
     #PROBE
     print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
     if epoch == 0 and os.environ.get("KILL_WAIT"):
@@ -551,14 +556,15 @@ def floats(batch):
 
 EPOCH = [0]
 model = torch.nn.Linear(1, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for epoch in range(3):
     EPOCH[0] = epoch
     for xs in DataLoader(Data(), batch_size=8, num_workers=2, collate_fn=floats):
         loss = model(torch.tensor(xs).unsqueeze(1)).pow(2).mean()
-        opt.zero_grad()
+        model.zero_grad()
         loss.backward()
-        opt.step()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad
     print(f"epoch {epoch} {loss.item():.6f}", flush=True)
 """
 
@@ -893,23 +899,24 @@ def test_the_idle_lane_runs_under_sched_idle_and_the_busy_and_drain_lanes_do_not
     )
 
 
-# A checkpoint of about 2 MB (weights, gradients, Adam's two moments): under the writer's
+# A checkpoint of about 2 MB (a 512x512 layer's weights and gradients): under the writer's
 # SMALL_ITEM, so it starts however busy the cores are (a larger one waits for an idle core, and
 # on cores kept busy by other work the lane would never be seen).
 PACED = """\
 import os, sys, torch
 torch.manual_seed(0)
-model = torch.nn.Linear(360, 360)
-opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-x = torch.randn(32, 360)
+model = torch.nn.Linear(512, 512)
+x = torch.randn(32, 512)
 if os.environ.get("PACE_WAIT"):
     sys.stdin.readline()   # the test counts the writer's wake-ups before any checkpoint here
 for epoch in range(4):
     for step in range(3):
         loss = model(x).pow(2).mean()
-        opt.zero_grad()
+        model.zero_grad()
         loss.backward()
-        opt.step()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 1e-3 * p.grad
     #PROBE
     print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
     if epoch == 1 and os.environ.get("PACE_WAIT"):
