@@ -814,10 +814,20 @@ _HELD = re.compile(
 )
 
 
-def _held_line(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[float, re.Match[str]]:
-    """(held, the match) of the last line of a record of FROZEN, checked as every such line is."""
+#: FROZEN without its probe
+UNPROBED = FROZEN.replace("    #PROBE\n", "")
+#: UNPROBED with each epoch ending in a 0.2 s pause: a run of more than a second
+PAUSED = (
+    UNPROBED.replace("import torch\n", "import time\nimport torch\n", 1) + "    time.sleep(0.2)\n"
+)
+
+
+def _held_line(
+    tmp_path: Path, env: dict[str, str] | None = None, text: str = UNPROBED
+) -> tuple[float, re.Match[str]]:
+    """(held, the match) of the last line of a record of ``text``, checked as every such line is."""
     script = tmp_path / "train.py"
-    script.write_text(FROZEN.replace("    #PROBE\n", ""))
+    script.write_text(text)
     rec = flortrain(tmp_path, "record", "train.py", env=env)
     assert rec.code == 0, rec.err
     last = rec.err.strip().splitlines()[-1]
@@ -835,7 +845,8 @@ def _held_line(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[float
 
 
 def test_record_reports_how_long_it_held_training_up(tmp_path: Path) -> None:
-    held, m = _held_line(tmp_path)
+    held, m = _held_line(tmp_path, text=PAUSED)
+    assert m.group(3) is not None, m.group(0)  # the share of a run of more than a second
     if m.group(5) is not None:  # the writer may be a little behind at exit, never more than held
         assert 0.01 <= float(m.group(5)) <= held, m.group(0)
 
