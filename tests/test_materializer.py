@@ -2,8 +2,9 @@
 written by a forked writer, unchanged large tensors written once, failures that lose a checkpoint
 and never a run, and a DataLoader's workers unaffected.
 
-The recorded scripts train by hand: the writer sees their tensors either way, and torch.optim's
-first call imports torch._dynamo, about a CPU-second per process."""
+The recorded scripts train by hand (the writer sees their tensors either way), and the killed
+writer's is pure Python: torch.optim's first call imports torch._dynamo, and torch's import
+takes as long again, each about a CPU-second per process."""
 
 from __future__ import annotations
 
@@ -369,8 +370,9 @@ def test_writes_through_data_turn_off_the_unchanged_tensor_shortcut(tmp_path: Pa
     assert "train.py:7:9: writes a tensor through `.data`" in rec.err, rec.err
 
 
-KILLABLE = """\
-import os, sys, time, torch
+#: A model whose checkpoints hold large tensors (its 2 MB layer's weights and gradients)
+LARGE = """\
+import time, torch
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 10))
 x = torch.randn(32, 512)
@@ -384,6 +386,21 @@ for epoch in range(8):
                 p -= 0.01 * p.grad
     #PROBE
     print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
+    time.sleep(0.25)
+"""
+
+
+#: The killed writer's script, in pure Python: the writer process is the subject, and it stages
+#: and writes these values as it does tensors
+KILLABLE = """\
+import os, random, sys, time
+random.seed(0)
+weights = [random.gauss(0, 1) for _ in range(20000)]
+for epoch in range(8):
+    for step in range(3):
+        weights = [w * 0.99 + 0.01 * random.random() for w in weights]
+    #PROBE
+    print(f"epoch {epoch} {sum(weights):.6f}", flush=True)
     if epoch == 0 and os.environ.get("KILL_WAIT"):
         sys.stdin.readline()   # the test kills the writer here and waits for it to be gone
     time.sleep(0.25)   # training goes on after the kill: a new writer must take over
@@ -452,9 +469,7 @@ def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_comple
         assert data is not None
         deserialize(data, store.read_object)
     # and the record replays exactly, re-executing what was lost
-    script.write_text(
-        KILLABLE.replace("    #PROBE", '    print(f"PROBE {model[0].weight.sum().item():.6f}")')
-    )
+    script.write_text(KILLABLE.replace("    #PROBE", '    print(f"PROBE {weights[0]:.6f}")'))
     want = [ln for ln in plain(script).out.splitlines() if ln.startswith("PROBE")]
     rep = flortrain(tmp_path, "replay", "train.py")
     assert rep.code == 0, rep.err
@@ -469,12 +484,7 @@ def test_a_writer_whose_every_write_fails_leaves_a_complete_run_with_no_checkpoi
     uses it to time the training side of a record alone): each staged checkpoint is reported
     lost, none has a commit row, the output is untouched, and the replay re-executes all."""
     script = tmp_path / "train.py"
-    script.write_text(
-        KILLABLE.replace(
-            "    time.sleep(0.25)   # training goes on after the kill: a new writer must take over\n",
-            "",
-        )
-    )
+    script.write_text(LARGE.replace("    time.sleep(0.25)\n", ""))
     truth = plain(script)
     rec = flortrain(
         tmp_path,
@@ -519,7 +529,7 @@ def test_a_failed_write_loses_that_checkpoint_only(tmp_path: Path) -> None:
     objects.write_text("in the way")
     env = {"FLORTRAIN_PERIOD": "every"}
     script = tmp_path / "train.py"
-    script.write_text(KILLABLE)
+    script.write_text(LARGE)
     truth = plain(script)
     rec = flortrain(tmp_path, "record", "train.py", env=env)
     assert rec.code == 0 and rec.out == truth.out, rec.err
