@@ -18,7 +18,7 @@ import pytest
 
 from flortrain.static.analysis import analyse
 from flortrain.static.source import parse
-from tests.protocol import flortrain, latest_run, plain
+from tests.protocol import flortrain, latest_run, plain, record
 
 PRELUDE = """\
 import logging
@@ -213,7 +213,7 @@ def _record_then_probe(tmp_path: Path, text: str, probe: str) -> str:
     script = tmp_path / "train.py"
     script.write_text(text.replace("#PROBE", "#"))
     truth = plain(script)
-    rec = flortrain(tmp_path, "record", "train.py", env=PSEUDO)
+    rec = record(tmp_path, "train.py", env=PSEUDO)
     assert rec.code == 0 and rec.out == truth.out, rec.err
     script.write_text(text.replace("#PROBE", probe))
     return plain(script).out

@@ -1,6 +1,10 @@
 """The background materializer (checkpoint/materializer.py, checkpoint/writer.py): staged checkpoints
 written by a forked writer, unchanged large tensors written once, failures that lose a checkpoint
-and never a run, and a DataLoader's workers unaffected."""
+and never a run, and a DataLoader's workers unaffected.
+
+The recorded scripts train by hand (the writer sees their tensors either way), and the killed
+writer's is pure Python: torch.optim's first call imports torch._dynamo, and torch's import
+takes as long again, each about a CPU-second per process."""
 
 from __future__ import annotations
 
@@ -279,15 +283,16 @@ torch.manual_seed(0)
 table = torch.nn.Embedding(4096, 128)          # 2 MB, frozen: a fine-tuning shape
 table.weight.requires_grad_(False)
 head = torch.nn.Linear(128, 2)
-opt = torch.optim.SGD(head.parameters(), lr=0.1)
 x = torch.randint(0, 4096, (64,))
 y = torch.randint(0, 2, (64,))
 for epoch in range(6):
     for step in range(5):
         loss = torch.nn.functional.cross_entropy(head(table(x)), y)
-        opt.zero_grad()
+        head.zero_grad()
         loss.backward()
-        opt.step()
+        with torch.no_grad():
+            for p in head.parameters():
+                p -= 0.1 * p.grad
     #PROBE
     print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
 """
@@ -365,20 +370,37 @@ def test_writes_through_data_turn_off_the_unchanged_tensor_shortcut(tmp_path: Pa
     assert "train.py:7:9: writes a tensor through `.data`" in rec.err, rec.err
 
 
-KILLABLE = """\
-import os, sys, time, torch
+#: A model whose checkpoints hold large tensors (its 2 MB layer's weights and gradients)
+LARGE = """\
+import time, torch
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 10))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(32, 512)
 for epoch in range(8):
     for step in range(3):
         loss = model(x).pow(2).mean()
-        opt.zero_grad()
+        model.zero_grad()
         loss.backward()
-        opt.step()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad
     #PROBE
     print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
+    time.sleep(0.25)
+"""
+
+
+#: The killed writer's script, in pure Python: the writer process is the subject, and it stages
+#: and writes these values as it does tensors
+KILLABLE = """\
+import os, random, sys, time
+random.seed(0)
+weights = [random.gauss(0, 1) for _ in range(20000)]
+for epoch in range(8):
+    for step in range(3):
+        weights = [w * 0.99 + 0.01 * random.random() for w in weights]
+    #PROBE
+    print(f"epoch {epoch} {sum(weights):.6f}", flush=True)
     if epoch == 0 and os.environ.get("KILL_WAIT"):
         sys.stdin.readline()   # the test kills the writer here and waits for it to be gone
     time.sleep(0.25)   # training goes on after the kill: a new writer must take over
@@ -447,9 +469,7 @@ def test_a_killed_writer_loses_its_checkpoints_with_a_warning_and_the_run_comple
         assert data is not None
         deserialize(data, store.read_object)
     # and the record replays exactly, re-executing what was lost
-    script.write_text(
-        KILLABLE.replace("    #PROBE", '    print(f"PROBE {model[0].weight.sum().item():.6f}")')
-    )
+    script.write_text(KILLABLE.replace("    #PROBE", '    print(f"PROBE {weights[0]:.6f}")'))
     want = [ln for ln in plain(script).out.splitlines() if ln.startswith("PROBE")]
     rep = flortrain(tmp_path, "replay", "train.py")
     assert rep.code == 0, rep.err
@@ -464,12 +484,7 @@ def test_a_writer_whose_every_write_fails_leaves_a_complete_run_with_no_checkpoi
     uses it to time the training side of a record alone): each staged checkpoint is reported
     lost, none has a commit row, the output is untouched, and the replay re-executes all."""
     script = tmp_path / "train.py"
-    script.write_text(
-        KILLABLE.replace(
-            "    time.sleep(0.25)   # training goes on after the kill: a new writer must take over\n",
-            "",
-        )
-    )
+    script.write_text(LARGE.replace("    time.sleep(0.25)\n", ""))
     truth = plain(script)
     rec = flortrain(
         tmp_path,
@@ -514,7 +529,7 @@ def test_a_failed_write_loses_that_checkpoint_only(tmp_path: Path) -> None:
     objects.write_text("in the way")
     env = {"FLORTRAIN_PERIOD": "every"}
     script = tmp_path / "train.py"
-    script.write_text(KILLABLE)
+    script.write_text(LARGE)
     truth = plain(script)
     rec = flortrain(tmp_path, "record", "train.py", env=env)
     assert rec.code == 0 and rec.out == truth.out, rec.err
@@ -551,14 +566,15 @@ def floats(batch):
 
 EPOCH = [0]
 model = torch.nn.Linear(1, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for epoch in range(3):
     EPOCH[0] = epoch
     for xs in DataLoader(Data(), batch_size=8, num_workers=2, collate_fn=floats):
         loss = model(torch.tensor(xs).unsqueeze(1)).pow(2).mean()
-        opt.zero_grad()
+        model.zero_grad()
         loss.backward()
-        opt.step()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad
     print(f"epoch {epoch} {loss.item():.6f}", flush=True)
 """
 
@@ -808,10 +824,20 @@ _HELD = re.compile(
 )
 
 
-def _held_line(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[float, re.Match[str]]:
-    """(held, the match) of the last line of a record of FROZEN, checked as every such line is."""
+#: FROZEN without its probe
+UNPROBED = FROZEN.replace("    #PROBE\n", "")
+#: UNPROBED with each epoch ending in a 0.2 s pause: a run of more than a second
+PAUSED = (
+    UNPROBED.replace("import torch\n", "import time\nimport torch\n", 1) + "    time.sleep(0.2)\n"
+)
+
+
+def _held_line(
+    tmp_path: Path, env: dict[str, str] | None = None, text: str = UNPROBED
+) -> tuple[float, re.Match[str]]:
+    """(held, the match) of the last line of a record of ``text``, checked as every such line is."""
     script = tmp_path / "train.py"
-    script.write_text(FROZEN.replace("    #PROBE\n", ""))
+    script.write_text(text)
     rec = flortrain(tmp_path, "record", "train.py", env=env)
     assert rec.code == 0, rec.err
     last = rec.err.strip().splitlines()[-1]
@@ -829,7 +855,8 @@ def _held_line(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[float
 
 
 def test_record_reports_how_long_it_held_training_up(tmp_path: Path) -> None:
-    held, m = _held_line(tmp_path)
+    held, m = _held_line(tmp_path, text=PAUSED)
+    assert m.group(3) is not None, m.group(0)  # the share of a run of more than a second
     if m.group(5) is not None:  # the writer may be a little behind at exit, never more than held
         assert 0.01 <= float(m.group(5)) <= held, m.group(0)
 
@@ -893,23 +920,24 @@ def test_the_idle_lane_runs_under_sched_idle_and_the_busy_and_drain_lanes_do_not
     )
 
 
-# A checkpoint of about 2 MB (weights, gradients, Adam's two moments): under the writer's
+# A checkpoint of about 2 MB (a 512x512 layer's weights and gradients): under the writer's
 # SMALL_ITEM, so it starts however busy the cores are (a larger one waits for an idle core, and
 # on cores kept busy by other work the lane would never be seen).
 PACED = """\
 import os, sys, torch
 torch.manual_seed(0)
-model = torch.nn.Linear(360, 360)
-opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-x = torch.randn(32, 360)
+model = torch.nn.Linear(512, 512)
+x = torch.randn(32, 512)
 if os.environ.get("PACE_WAIT"):
     sys.stdin.readline()   # the test counts the writer's wake-ups before any checkpoint here
 for epoch in range(4):
     for step in range(3):
         loss = model(x).pow(2).mean()
-        opt.zero_grad()
+        model.zero_grad()
         loss.backward()
-        opt.step()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 1e-3 * p.grad
     #PROBE
     print(f"epoch {epoch} loss {loss.item():.6f}", flush=True)
     if epoch == 1 and os.environ.get("PACE_WAIT"):

@@ -1,6 +1,9 @@
 """State that lives outside the obvious places, each replayed under the protocol against a plain
 run: loose parameters, module attributes and non-persistent buffers, modules created inside a
-skipped loop, containers filled by library functions, and RNG objects used inside expressions."""
+skipped loop, containers filled by library functions, and RNG objects used inside expressions.
+
+Scripts train by hand unless the optimizer is part of the subject (the ids of a fold's optimizer,
+LBFGS's closure): torch.optim's first call imports torch._dynamo, about a CPU-second per process."""
 
 from __future__ import annotations
 
@@ -21,13 +24,15 @@ def test_parameters_that_belong_to_no_module(tmp_path: Path) -> None:
         Y = X @ torch.tensor([[1.0], [2.0], [-1.0], [0.5]]) + 0.3
         W = torch.zeros(4, 1, requires_grad=True)
         b = torch.zeros(1, requires_grad=True)
-        opt = torch.optim.SGD([W, b], lr=0.05)
         for epoch in range(4):
             for i in range(8):
-                opt.zero_grad()
+                W.grad = None
+                b.grad = None
                 loss = ((X[i * 8:(i + 1) * 8] @ W + b - Y[i * 8:(i + 1) * 8]) ** 2).mean()
                 loss.backward()
-                opt.step()
+                with torch.no_grad():
+                    W.sub_(0.05 * W.grad)
+                    b.sub_(0.05 * b.grad)
             print("epoch", epoch, loss.item())
             #PROBE
         """
@@ -62,12 +67,13 @@ def test_module_attributes_and_non_persistent_buffers(tmp_path: Path) -> None:
         torch.manual_seed(0)
         X = torch.randn(32, 4)
         model = Counting()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for epoch in range(3):
             for i in range(4):
-                opt.zero_grad()
+                model.zero_grad()
                 model(X[i * 8:(i + 1) * 8]).pow(2).mean().backward()
-                opt.step()
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= 0.1 * p.grad
             print("epoch", epoch)
             #PROBE
         """
@@ -106,12 +112,13 @@ def test_module_containers_and_private_generators_changed_in_forward(tmp_path: P
         torch.manual_seed(0)
         X = torch.randn(32, 4)
         model = Tracked()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for epoch in range(4):
             for i in range(4):
-                opt.zero_grad()
+                model.zero_grad()
                 model(X[i * 8:(i + 1) * 8]).pow(2).mean().backward()
-                opt.step()
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= 0.1 * p.grad
             #PROBE
             print("epoch", epoch, model.stats["n"], f"{model.fc.bias.item():.8f}")
         print("final", model.stats["hist"][-3:], model.running["mean"].tolist())
@@ -166,7 +173,6 @@ def test_containers_filled_by_library_functions_and_rng_in_expressions(tmp_path:
         X = np.random.default_rng(1).standard_normal((64, 4)).astype(np.float32)
         Y = (X.sum(1) > 0).astype(np.int64)
         model = torch.nn.Linear(4, 2)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
         worst = []
         window = deque(maxlen=3)
         confusion = np.zeros((2, 2), dtype=np.int64)
@@ -176,11 +182,13 @@ def test_containers_filled_by_library_functions_and_rng_in_expressions(tmp_path:
                 if rng.random() < 0.5:
                     x = -x
                 y = torch.from_numpy(Y[i:i + 16])
-                opt.zero_grad()
+                model.zero_grad()
                 out = model(x)
                 loss = torch.nn.functional.cross_entropy(out, y)
                 loss.backward()
-                opt.step()
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= 0.1 * p.grad
                 heapq.heappush(worst, (-loss.item(), epoch, i))
                 window.append(loss.item())
                 np.add.at(confusion, (y.numpy(), out.argmax(1).numpy()), 1)
@@ -232,14 +240,15 @@ def test_generators_a_data_loader_draws_from(tmp_path: Path) -> None:
                               sampler=WeightedRandomSampler(weights, 32, generator=torch.Generator().manual_seed(2)))
         jittered = DataLoader(Jitter(X, Y), batch_size=8)
         model = nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
         for epoch in range(4):
             for loader in (shuffled, weighted, jittered):
                 for x, y in loader:
-                    opt.zero_grad()
+                    model.zero_grad()
                     loss = (model(x) - y).pow(2).mean()
                     loss.backward()
-                    opt.step()
+                    with torch.no_grad():
+                        for p in model.parameters():
+                            p -= 0.05 * p.grad
             #PROBE
             print("epoch", epoch, f"{loss.item():.10f}")
         print("next batches", [next(iter(dl))[0][0].tolist() for dl in (shuffled, weighted, jittered)])
@@ -274,14 +283,15 @@ def test_state_changed_by_forward_and_backward_hooks(tmp_path: Path) -> None:
         model[0].register_forward_hook(save("fc1"))
         model[2].register_forward_hook(save("fc2"))
         model[2].register_full_backward_hook(track)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
         X, Y = torch.randn(64, 4), torch.randn(64, 1)
         for epoch in range(3):
             for i in range(0, 64, 16):
                 loss = (model(X[i:i + 16]) - Y[i:i + 16]).pow(2).mean()
-                opt.zero_grad()
+                model.zero_grad()
                 loss.backward()
-                opt.step()
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= 0.1 * p.grad
             #PROBE
             print(epoch, acts, f"{peak:.8f}")
         """
