@@ -4,6 +4,18 @@ Ground truth is always a plain ``python SCRIPT`` run in a fresh process:
 1. ``flortrain record S`` prints the same bytes as ``python S``;
 2. ``flortrain replay S'`` prints the probe lines ``python S'`` prints, identical and in order;
 3. ``flortrain diff`` exits 0.
+
+What a test's script costs. The suite is bound by the CPU of the processes it starts, and a
+process that trains with torch pays about a CPU-second for ``import torch`` and another for
+``torch._dynamo``, which torch imports the first time an optimizer is made or called. So each
+test's script is as small as its subject allows: plain Python where the subject is Python
+state, control flow or the processes around training (0.05 CPU-s a plain run, 0.4 a record);
+torch trained by hand (``p -= lr * p.grad`` under ``no_grad``) where tensors, modules or autograd
+are the subject but the optimizer is not; ``torch.optim`` where the optimizer is (its state,
+groups, closures, schedulers, what shares with it). The fixtures and the toy train with
+``torch.optim``, as most scripts do, and the real-code fixtures as their originals do. Records and ground truths with the same inputs
+are made once a session (:func:`record`, :func:`plain`): tests that replay one script with
+different probes share its record.
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ _MALLINFO = (
 #: After ``allocator.steady()``: a 16 MB tensor allocated (is it a mapping of its own?) and freed
 #: (is its memory still free in the heap, for the next step?), then a step's worth of large
 #: tensors (three of 16 MB: a gradient, an activation, an optimizer's temporary) allocated and
-#: freed nine times, counting the page faults. Prints whether steady() took effect, the two
-#: answers, and the faults.
+#: freed nine times, counting each step's page faults. Prints whether steady() took effect, the
+#: two answers, and the faults of each step.
 CHURN = textwrap.dedent(f"""\
     import ctypes, resource, torch
     from flortrain.runtime import allocator
@@ -48,20 +48,22 @@ CHURN = textwrap.dedent(f"""\
         a, b, c = torch.ones(4 << 20), torch.ones(4 << 20), torch.ones(4 << 20)
         del a, b, c
     step()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    faults = []
     for _ in range(9):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         step()
-    print(on, mapped, kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    print(on, mapped, kept, ",".join(map(str, faults)))
 """)
 
 
-def _churn(allocator: str) -> tuple[str, str, str, int]:
+def _churn(allocator: str) -> tuple[str, str, str, list[int]]:
     env = {**os.environ, "FLORTRAIN_REPLAY_ALLOCATOR": allocator}
     out = subprocess.run(
         [sys.executable, "-c", CHURN], capture_output=True, text=True, env=env, check=True
     ).stdout
     on, mapped, kept, faults = out.split()
-    return on, mapped, kept, int(faults)
+    return on, mapped, kept, [int(f) for f in faults.split(",")]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
@@ -71,9 +73,10 @@ def test_a_steady_heap_keeps_large_blocks_and_what_is_freed() -> None:
     assert _churn("default")[:3] == ("False", "True", "False")
     on, mapped, kept, faults = _churn("steady")
     assert (on, mapped, kept) == ("True", "False", "True")
-    # the nine steps reuse the heap's pages: at most a block's worth of faults (4096 pages of
-    # 4 KB) now and then, where malloc as it is takes up to 110k (its trimming varies by run)
-    assert faults < 4 * 4096, faults
+    # the steps reuse the heap's pages: a step may fault in a block's worth (4096 pages of 4 KB)
+    # while the heap grows to what a step needs, most steps fault in nothing; malloc as it is
+    # maps and faults in its three blocks afresh at nearly every step (12k faults a step)
+    assert sum(f == 0 for f in faults) >= 6, faults
 
 
 def test_a_bad_allocator_knob_is_a_one_line_error(tmp_path: Path) -> None:
