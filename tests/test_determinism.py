@@ -7,7 +7,8 @@ with probes print what ``flortrain run --deterministic`` prints for the probed s
 ground truth in this mode, itself checked against a deterministic record).
 
 The scripts train by hand: their subject is the draws, not the optimizer, and torch.optim's first
-call imports torch._dynamo, about a CPU-second per process.
+call imports torch._dynamo, about a CPU-second per plain run (a deterministic flortrain process
+imports it anyway, through ``torch.use_deterministic_algorithms``).
 """
 
 from __future__ import annotations
