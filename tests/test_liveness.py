@@ -66,6 +66,12 @@ LIVE = {
     "a function called after the loop reads the global": "def show():\n    print(out)\nshow()\n",
     "a lambda reads it later": "f = lambda: out\nout = 0\nprint(f())\n",
     "a generator expression reads it lazily": "g = (out for _ in data)\nout = 0\nprint(list(g))\n",
+    "a generator expression reads it lazily in a call that keeps it": (
+        "g = map(abs, (out for _ in data))\nout = 0\nprint(list(g))\n"
+    ),
+    "a builtin of that name the script rebinds may keep it": (
+        "def sum(it):\n    return it\ng = sum(out for _ in data)\nout = 0\nprint(list(g))\n"
+    ),
     "a comprehension reads it": "print([out for _ in data])\nout = 0\n",
     "del reads it": "del out\n",
     "augmented assignment reads first": "out += 1\n",
@@ -84,6 +90,12 @@ DEAD = {
     "a function that binds its own local": "def show():\n    out = 3\n    print(out)\nshow()\n",
     "the try rebinds it before anything can raise": "try:\n    out = 1\n    print(out)\nexcept ValueError:\n    pass\n",
     "never mentioned again": "print('done')\n",
+    "a generator expression a builtin consumes at once": (
+        "out = 0\nprint(sum(out for _ in data), max(y + out for y in range(2)))\n"
+    ),
+    "a generator expression's outermost iterable is read where it is made": (
+        "out = data\ng = (y for y in out)\nprint(list(g))\n"
+    ),
 }
 
 

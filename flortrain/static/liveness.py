@@ -312,21 +312,52 @@ def _param_parts(params: cst.Parameters) -> list[cst.CSTNode]:
     return out
 
 
+#: builtins that exhaust the iterable they are given before they return: a generator expression
+#: passed to one (``sum(x * x for x in xs)``) runs at that call, not later
+_CONSUMERS = frozenset(
+    {"sum", "any", "all", "min", "max", "sorted", "list", "tuple", "set", "frozenset", "dict"}
+)
+
+
 def _deferred(root: cst.CSTNode, prog: Program) -> Live:
     """Names read by code that runs later, anywhere: lambda bodies and generator expressions
-    (lazily evaluated) directly in this scope."""
+    (lazily evaluated) directly in this scope. A generator expression's outermost iterable is
+    evaluated where it is made, and one a builtin consumes at once runs there: the flow sees
+    those reads at their statement (:func:`uses`)."""
     out: Live = {}
     stack = [root]
     while stack:
         n = stack.pop()
         if n is not root and isinstance(n, cst.FunctionDef | cst.ClassDef):
             continue
+        if isinstance(n, cst.Call) and (gen := _consumed_at_once(n, prog)) is not None:
+            stack.append(n.func)
+            stack.extend(gen.children)
+            stack.extend(a for a in n.args if a.value is not gen)
+            continue
         if isinstance(n, cst.Lambda | cst.GeneratorExp):
+            eager = n.for_in.iter if isinstance(n, cst.GeneratorExp) else None
+            now = {id(m) for m in _names(eager)} if eager is not None else set()
             for m in _names(n):
-                out.setdefault(m.value, prog.line(m))
+                if id(m) not in now:
+                    out.setdefault(m.value, prog.line(m))
+            if eager is not None:
+                stack.append(eager)
             continue
         stack.extend(n.children)
     return out
+
+
+def _consumed_at_once(call: cst.Call, prog: Program) -> cst.GeneratorExp | None:
+    """The generator expression ``call`` exhausts before it returns: the first argument of a
+    builtin of :data:`_CONSUMERS` the script never rebinds."""
+    f = call.func
+    if not (isinstance(f, cst.Name) and f.value in _CONSUMERS and prog.bindings.unbound(f.value)):
+        return None
+    first = call.args[0] if call.args else None
+    if first is None or first.keyword is not None or first.star:
+        return None
+    return first.value if isinstance(first.value, cst.GeneratorExp) else None
 
 
 def _names(node: cst.CSTNode) -> list[cst.Name]:
