@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.protocol import PLAIN_RUNS, RECORDS
+from tests.protocol import CPU_LOG, PLAIN_RUNS, RECORDS
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("FLORTRAIN_CHECK", "off")
@@ -123,8 +123,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 # -- where the suite's CPU goes ------------------------------------------------------------------
 # Wall times on a shared machine say more about the neighbours than about the tests; CPU time does
 # not. With FLORTRAIN_TEST_CPU_LOG set to a file, each test appends one line: its node id, the CPU
-# seconds of the processes it started and waited for (their own children included), and its own.
-CPU_LOG = "FLORTRAIN_TEST_CPU_LOG"
+# seconds of the processes it started and waited for (their own children included), and its own
+# (``tests/protocol.CPU_LOG``).
 
 
 @pytest.hookimpl(hookwrapper=True)

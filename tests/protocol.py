@@ -13,9 +13,10 @@ state, control flow or the processes around training (0.05 CPU-s a plain run, 0.
 torch trained by hand (``p -= lr * p.grad`` under ``no_grad``) where tensors, modules or autograd
 are the subject but the optimizer is not; ``torch.optim`` where the optimizer is (its state,
 groups, closures, schedulers, what shares with it). The fixtures and the toy train with
-``torch.optim``, as most scripts do, and the real-code fixtures as their originals do. Records and ground truths with the same inputs
-are made once a session (:func:`record`, :func:`plain`): tests that replay one script with
-different probes share its record.
+``torch.optim``, as most scripts do, and the real-code fixtures as their originals do; the toy's
+plain-Python twin is :data:`PY_TOY_PRELUDE`. Records and ground truths with the same inputs are
+made once a session (:func:`record`, :func:`plain`): tests that replay one script with different
+probes share its record.
 """
 
 from __future__ import annotations
@@ -70,17 +71,19 @@ def run(
     cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
 ) -> Result:
     full_env = {**os.environ, **(env or {})}
-    t0 = time.perf_counter()
-    before = _children_cpu()
+    log = os.environ.get(CPU_LOG)
+    t0, cpu0 = time.perf_counter(), _children_cpu()
     p = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
     result = Result(p.returncode, p.stdout, p.stderr, time.perf_counter() - t0)
-    _log_process(cmd, result, _children_cpu() - before)
+    if log:
+        _log_process(log, cmd, result, _children_cpu() - cpu0)
     return result
 
 
-#: with this set to a file (conftest's per-test log, ``FLORTRAIN_TEST_CPU_LOG``), :func:`run`
-#: appends one line per process it starts: the test, what ran, its wall and CPU seconds
-PROCESS_LOG = "FLORTRAIN_TEST_CPU_LOG"
+#: with this set to a file, conftest appends each test's CPU seconds to it, and :func:`run`
+#: appends to ``FILE.processes`` one line per process it starts: the test, what ran, its wall and
+#: CPU seconds
+CPU_LOG = "FLORTRAIN_TEST_CPU_LOG"
 
 
 def _children_cpu() -> float:
@@ -88,10 +91,7 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _log_process(cmd: list[str], result: Result, cpu: float) -> None:
-    log = os.environ.get(PROCESS_LOG)
-    if not log:
-        return
+def _log_process(log: str, cmd: list[str], result: Result, cpu: float) -> None:
     test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
     what = " ".join(Path(c).name if i == 0 else c for i, c in enumerate(cmd[:4]))
     with open(f"{log}.processes", "a") as f:
@@ -283,6 +283,29 @@ def toy_prelude() -> str:
     text = TOY.read_text()
     head = text[: text.index(_SETUP_ENDS)].splitlines(keepends=True)
     return "".join(ln for ln in head if not ln.startswith("#"))
+
+
+#: The toy in plain Python, for tests whose subject is Python state or control flow: a linear
+#: model fitted by SGD by hand, ``weight`` a list the step changes in place, the data and the
+#: batches drawn from the global ``random`` stream.
+PY_TOY_PRELUDE = """\
+import random
+random.seed(0)
+data = [[random.gauss(0.0, 1.0) for _ in range(4)] for _ in range(64)]
+target = [sum(x) for x in data]
+weight = [0.0, 0.0, 0.0, 0.0]
+"""
+
+#: One SGD step of :data:`PY_TOY_PRELUDE`'s model over the sample indices ``batch``, inside a
+#: batch loop (8 spaces), leaving the batch's mean squared error in ``loss``.
+PY_TOY_STEP = """\
+        loss = 0.0
+        for i in batch:
+            err = sum(w * x for w, x in zip(weight, data[i])) - target[i]
+            loss += err * err / len(batch)
+            for k in range(4):
+                weight[k] -= 0.02 * err * data[i][k]
+"""
 
 
 def copy_fixture(name: str, into: Path) -> Path:

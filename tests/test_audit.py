@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.protocol import record_and_replay_match_plain, replay_matches_plain
+from tests.protocol import (
+    PY_TOY_PRELUDE,
+    PY_TOY_STEP,
+    record_and_replay_match_plain,
+    replay_matches_plain,
+)
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
 
@@ -25,30 +30,9 @@ def _replayed_and_said(tmp_path: Path, text: str, probe: str, replayed: str, sai
     assert said in rec.err, rec.err
 
 
-#: A linear model trained by plain-Python SGD: ``weight`` a list the step changes in place, the
-#: batches drawn from the global ``random`` stream.
-PY_PRELUDE = """\
-import random
-
-random.seed(0)
-X = [[random.gauss(0.0, 1.0) for _ in range(4)] for _ in range(64)]
-Y = [x[0] - 2.0 * x[1] + 0.5 * x[2] + 3.0 * x[3] for x in X]
-weight = [0.0, 0.0, 0.0, 0.0]
-"""
-
 #: A batch of eight sample indices (8 spaces: inside the memoized loop).
 PY_BATCH = """\
-        idx = [random.randrange(64) for _ in range(8)]
-"""
-
-#: One SGD step on the batch ``idx``, inside the memoized loop (8 spaces).
-PY_STEP = """\
-        loss = 0.0
-        for i in idx:
-            err = sum(w * x for w, x in zip(weight, X[i])) - Y[i]
-            loss += err * err / len(idx)
-            for k in range(4):
-                weight[k] -= 0.02 * err * X[i][k]
+        batch = [random.randrange(64) for _ in range(8)]
 """
 
 #: The epoch's end: the probe's place, and the plain run's one line per epoch.
@@ -95,7 +79,7 @@ EPOCH_END = """\
 """
 
 SET_ADD = (
-    PY_PRELUDE
+    PY_TOY_PRELUDE
     + """\
 seen = set()
 for epoch in range(4):
@@ -103,10 +87,10 @@ for epoch in range(4):
 """
     + PY_BATCH
     + """\
-        for i in idx:
+        for i in batch:
             seen.add(i)              # `add` names a tensor's pure method, but writes a set
 """
-    + PY_STEP
+    + PY_TOY_STEP
     + PY_EPOCH_END
 )
 
@@ -122,7 +106,7 @@ def test_a_set_filled_through_add_is_not_skipped_over(tmp_path: Path) -> None:
 
 
 CALLABLE = (
-    PY_PRELUDE
+    PY_TOY_PRELUDE
     + """\
 class Jitter:
     def __init__(self, seed):
@@ -141,10 +125,10 @@ for epoch in range(4):
     + PY_BATCH
     + """\
         loss = 0.0
-        for i in idx:
-            xb = jitter(X[i])
-            err = sum(w * x for w, x in zip(weight, xb)) - Y[i]
-            loss += err * err / len(idx)
+        for i in batch:
+            xb = jitter(data[i])
+            err = sum(w * x for w, x in zip(weight, xb)) - target[i]
+            loss += err * err / len(batch)
             for k in range(4):
                 weight[k] -= 0.02 * err * xb[k]
 """
@@ -159,7 +143,7 @@ def test_a_callable_object_with_its_own_stream_is_not_skipped_over(tmp_path: Pat
 
 
 MAIN_BODY = (
-    PY_PRELUDE
+    PY_TOY_PRELUDE
     + """\
 import numpy as np
 
@@ -168,7 +152,7 @@ for epoch in range(6):
     for step in range(4):
 """
     + PY_BATCH
-    + PY_STEP
+    + PY_TOY_STEP
     + """\
     np.add(acc, weight, acc)   # a positional `out`, in the epoch body
 """
@@ -229,14 +213,14 @@ def step_fn(weight, xb, yb):
 """
 
 PROJECT_MODULE = (
-    PY_PRELUDE
+    PY_TOY_PRELUDE
     + """\
 import helpers
 from helpers import step_fn
 for epoch in range(4):
     for step in range(4):
         i = random.randrange(64)
-        weight, loss = step_fn(weight, X[i], Y[i])
+        weight, loss = step_fn(weight, data[i], target[i])
 """
     + PY_EPOCH_END
 )
@@ -293,15 +277,15 @@ def test_a_module_a_loop_starts_changing_late_is_learned_then(tmp_path: Path) ->
 
 
 ISLICE = (
-    PY_PRELUDE
+    PY_TOY_PRELUDE
     + """\
 import itertools
 batches = [[random.randrange(64) for _ in range(8)] for _ in range(40)]
 stream = iter(batches)
 for epoch in range(4):
-    for idx in itertools.islice(stream, 6):
+    for batch in itertools.islice(stream, 6):
 """
-    + PY_STEP
+    + PY_TOY_STEP
     + """\
     held_out = next(stream)
 """
@@ -326,7 +310,7 @@ def test_an_iterator_a_loop_consumes_through_islice_is_not_skipped_over(tmp_path
 #: A generator made before the loop, advanced by the loop's own header: no rule names it, and no
 #: image can compare a generator's position. The line after the main loop shows where it is.
 GENERATOR = (
-    PY_PRELUDE
+    PY_TOY_PRELUDE
     + """\
 import itertools
 def batches():
@@ -336,7 +320,7 @@ gen = batches()
 for epoch in range(4):
     HEADER
 """
-    + PY_STEP
+    + PY_TOY_STEP
     + PY_EPOCH_END
     + """\
 print("after", next(gen))
@@ -347,23 +331,23 @@ print("after", next(gen))
 @pytest.mark.parametrize(
     "header",
     [
-        "for idx in itertools.islice(gen, 3):",
-        "for _, idx in zip(range(3), gen):",
-        "for idx in gen:\n        if idx[0] < 8: break",
+        "for batch in itertools.islice(gen, 3):",
+        "for _, batch in zip(range(3), gen):",
+        "for batch in gen:\n        if batch[0] < 8: break",
     ],
     ids=["islice", "zip", "direct"],
 )
 def test_a_generator_the_loop_header_advances_is_not_skipped_over(
     tmp_path: Path, header: str
 ) -> None:
-    """``for idx in itertools.islice(gen, 3)`` advances ``gen``. Checkpointed without it, a
+    """``for batch in itertools.islice(gen, 3)`` advances ``gen``. Checkpointed without it, a
     skipped instance would leave ``gen`` where it was, and the line after the main loop would
     print another batch (``diff`` exit 1). Record sees, at the loop's entry, that the
     iterator it advances is held by a name, and stops checkpointing the loop."""
     text = GENERATOR.replace("HEADER", header)
     if "break" in header:  # the step goes after the break, inside the loop
-        text = text.replace("        if idx[0] < 8: break\n", "").replace(
-            PY_STEP, PY_STEP + "        if idx[0] < 8:\n            break\n"
+        text = text.replace("        if batch[0] < 8: break\n", "").replace(
+            PY_TOY_STEP, PY_TOY_STEP + "        if batch[0] < 8:\n            break\n"
         )
     _replayed_and_said(
         tmp_path,

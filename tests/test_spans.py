@@ -18,35 +18,23 @@ from typing import Any
 
 from flortrain.static.analysis import analyse
 from flortrain.static.source import parse
-from tests.protocol import FIXTURES, flortrain, plain, probe_lines, record, replay_matches_plain
+from tests.protocol import (
+    FIXTURES,
+    PY_TOY_PRELUDE,
+    PY_TOY_STEP,
+    flortrain,
+    plain,
+    probe_lines,
+    record,
+    replay_matches_plain,
+)
 
 REALCODE = FIXTURES / "realcode"
 
 EVERY = {"FLORTRAIN_PERIOD": "every"}
 
-#: A linear model trained by plain-Python SGD: ``weight`` a list the step changes in place, the
-#: batches drawn from the global ``random`` stream.
-PY_HEADER = textwrap.dedent("""\
-    import random
-    random.seed(0)
-    data = [[random.gauss(0.0, 1.0) for _ in range(4)] for _ in range(64)]
-    target = [sum(x) for x in data]
-    weight = [0.0, 0.0, 0.0, 0.0]
-""")
-
-#: One SGD step over the samples ``batch`` (8 spaces: inside the memoized loop), leaving the
-#: batch's mean squared error in ``loss``.
-PY_STEP = """\
-        loss = 0.0
-        for i in batch:
-            err = sum(w * x for w, x in zip(weight, data[i])) - target[i]
-            loss += err * err / len(batch)
-            for k in range(4):
-                weight[k] -= 0.02 * err * data[i][k]
-"""
-
 STEPS = (
-    PY_HEADER
+    PY_TOY_PRELUDE
     + textwrap.dedent("""\
     iter_num = 0
     max_iters = 29
@@ -56,7 +44,7 @@ STEPS = (
         for micro in range(2):
             batch = idx[micro * 4 : (micro + 1) * 4]
 """)
-    + PY_STEP
+    + PY_TOY_STEP
     + textwrap.dedent("""\
         #PROBE
         if iter_num % 10 == 0:
@@ -69,14 +57,14 @@ STEPS = (
 )
 
 EPOCHS = (
-    PY_HEADER
+    PY_TOY_PRELUDE
     + textwrap.dedent("""\
     for epoch in range(12):
         perm = random.sample(range(64), 64)
         for b in range(4):
             batch = perm[b * 16 : (b + 1) * 16]
 """)
-    + PY_STEP
+    + PY_TOY_STEP
     + textwrap.dedent("""\
         #PROBE
         print(f"epoch {epoch} loss {loss:.6f}")
@@ -357,14 +345,14 @@ def test_a_probe_reading_a_name_bound_only_in_some_iterations_stops_jumps(tmp_pa
     """`val` is bound every third epoch; the boundary does not hold it (the recorded script
     never reads it across iterations), so a jump would leave a stale `val` for the probe."""
     text = (
-        PY_HEADER
+        PY_TOY_PRELUDE
         + textwrap.dedent("""\
         for epoch in range(20):
             perm = random.sample(range(64), 64)
             for b in range(4):
                 batch = perm[b * 16 : (b + 1) * 16]
     """)
-        + PY_STEP
+        + PY_TOY_STEP
         + textwrap.dedent("""\
             if epoch % 3 == 0:
                 val = sum((sum(w * x for w, x in zip(weight, xs)) - t) ** 2 for xs, t in zip(data, target))
@@ -440,13 +428,13 @@ def test_a_jump_restores_the_loop_target_instead_of_trusting_the_iterator(tmp_pa
 
 def test_a_guard_on_a_match_capture_is_not_taken_from_the_iteration_start(tmp_path: Path) -> None:
     text = (
-        PY_HEADER
+        PY_TOY_PRELUDE
         + textwrap.dedent("""\
         for step in range(24):
             for b in range(2):
                 batch = range(b * 8, (b + 1) * 8)
     """)
-        + PY_STEP
+        + PY_TOY_STEP
         + textwrap.dedent("""\
             match step % 4:
                 case r:
