@@ -145,9 +145,9 @@ INNER_PY = (
 def _setup(
     tmp_path: Path, text: str, probe: str, env: dict[str, str], at: str = "#PROBE inner"
 ) -> tuple[Path, str]:
-    """Record ``text``, its probe markers comments (checking it prints what python prints), then
-    put the probe in at the marker ``at``; returns the script and what python prints with the
-    probe."""
+    """Record ``text``, whose probe markers are comments (checking it prints what python
+    prints), then put the probe in at the marker ``at``; returns the script and what python
+    prints with the probe."""
     script = tmp_path / "train.py"
     script.write_text(text)
     truth = plain(script)
